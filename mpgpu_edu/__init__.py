@@ -1,0 +1,1 @@
+"""mpgpu-edu: multi-GPU training, built from scratch."""

@@ -1,0 +1,182 @@
+"""``launch``: run an SPMD function on every rank and collect results, trace, stats and logs."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpgpu_edu.comm import ops
+from mpgpu_edu.comm.base import CommStats
+from mpgpu_edu.comm.errors import (Aborted, LaunchTimeoutError, RankError,
+                                   UnmatchedMessageError)
+from mpgpu_edu.comm.replay import replay
+from mpgpu_edu.comm.sim import Router, SimCommunicator, _StreamFailure
+from mpgpu_edu.trace import Trace
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass
+class LaunchResult:
+    """What a launch returns: per-rank results, the trace, per-rank stats and logs."""
+
+    results: list[Any]
+    trace: Trace
+    stats: list[CommStats]
+    logs: list[list[str]]
+    cluster: Any = None
+    backend: str = "sim"
+    ledgers: list[Any] = field(default_factory=list)
+    op_lists: dict[tuple[int, int], list[ops.Op]] = field(default_factory=dict, repr=False)
+
+    @property
+    def bytes_sent_per_rank(self) -> list[int]:
+        return [s.bytes_sent for s in self.stats]
+
+    @property
+    def bytes_received_per_rank(self) -> list[int]:
+        return [s.bytes_received for s in self.stats]
+
+    def bytes_per_link(self) -> dict[tuple[int, int], int]:
+        """Bytes sent from each rank to each peer: {(src, dst): bytes}."""
+        return {(src, dst): b for src, s in enumerate(self.stats) for dst, b in s.sent_to.items()}
+
+    def retime(self, cluster: Any) -> Trace:
+        """The same run's timeline on another cluster of the same world size (simulator only)."""
+        if not self.op_lists:
+            raise ValueError("only a simulated run can be re-timed")
+        if cluster.world_size != len(self.results):
+            raise ValueError(f"this run has {len(self.results)} ranks but the cluster has "
+                             f"{cluster.world_size} devices: pick a cluster of the same size")
+        return replay(self.op_lists, cluster, len(self.results),
+                      {"cluster": getattr(cluster, "name", "")})[0]
+
+
+def resolve_cluster(cluster: Any) -> Any:
+    """A ``Cluster``, a preset name, or an int N (N devices on a uniform 10 GB/s, 10 us
+    network) -> a ``Cluster``."""
+    from mpgpu_edu.cluster import Cluster
+
+    if isinstance(cluster, str):
+        return Cluster.preset(cluster)
+    if isinstance(cluster, bool) or cluster is None:
+        raise TypeError("launch needs a cluster: a Cluster, a preset name or a number of ranks")
+    if isinstance(cluster, int):
+        if cluster < 1:
+            raise ValueError(f"world size must be at least 1, got {cluster}")
+        return Cluster.uniform(cluster, alpha_s=1e-5, beta_Bps=1e10)
+    return cluster
+
+
+def launch(fn: Callable[..., Any], cluster: Any, *args: Any, backend: str = "sim",
+           timeout: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> LaunchResult:
+    """Run ``fn(comm, *args, **kwargs)`` on every rank.
+
+    ``backend="sim"`` runs the ranks as threads on the simulated ``cluster`` (a ``Cluster``,
+    a preset name such as ``"4xA100-nvlink"``, or a number of ranks). ``"gloo"`` and
+    ``"nccl"`` run real ``torch.distributed`` processes; then ``cluster`` is the number of
+    processes (or a Cluster, whose world size is used).
+
+    If a rank raises, every rank is stopped and ``RankError`` carries that rank's traceback; a
+    deadlock raises ``DeadlockError``; ranks still running after ``timeout`` seconds raise
+    ``LaunchTimeoutError`` naming what each rank was doing.
+    """
+    if backend == "sim":
+        return run_sim(fn, resolve_cluster(cluster), args, kwargs, timeout)
+    if backend in ("gloo", "nccl"):
+        from mpgpu_edu.comm.dist import launch_dist
+
+        return launch_dist(fn, cluster, args, kwargs, backend=backend, timeout=timeout)
+    raise ValueError(f"unknown backend {backend!r}: use 'sim', 'gloo' or 'nccl'")
+
+
+def run_sim(fn: Callable[..., Any], cluster: Any, args: tuple, kwargs: dict,
+            timeout: float = DEFAULT_TIMEOUT_S) -> LaunchResult:
+    n = cluster.world_size
+    if n < 1:
+        raise ValueError(f"cluster {getattr(cluster, 'name', '')!r} has no visible devices "
+                         "(is CUDA_VISIBLE_DEVICES empty or invalid?): make at least one visible")
+    stats = [CommStats() for _ in range(n)]
+    router = Router(n, stats)
+    ledgers = cluster.new_ledgers()
+    comms = [SimCommunicator(r, n, router, cluster, ledgers[r], stats[r]) for r in range(n)]
+    results: list[Any] = [None] * n
+    errors: dict[int, tuple[BaseException, str]] = {}
+
+    def body(rank: int) -> None:
+        comm = comms[rank]
+        comm.bind(comm.host)
+        try:
+            results[rank] = fn(comm, *args, **kwargs)
+        except Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the launcher
+            errors[rank] = (exc, traceback.format_exc())
+            router.fail(exc)
+        finally:
+            router.finish(comm.host)
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True, name=f"rank-{r}")
+               for r in range(n)]
+    for t in threads:
+        t.start()
+    _join(threads, comms, router, timeout)
+    _raise_failure(router, errors)
+    _check_unmatched(router)
+    op_lists = {(c.rank, lane.lane): lane.ops for c in comms
+                for lane in (c.host, c.stream.actor) if lane.ops or lane.lane == ops.HOST}
+    trace, logs = replay(op_lists, cluster, n, {"cluster": getattr(cluster, "name", "")})
+    return LaunchResult(results, trace, stats,
+                        [[f"[{t * 1e3:10.4f} ms] {text}" for t, text in log] for log in logs],
+                        cluster, "sim", ledgers, op_lists)
+
+
+def _join(threads: list[threading.Thread], comms: list[SimCommunicator], router: Router,
+          timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    streams = lambda: [c.stream.thread for c in comms if c.stream.thread is not None]  # noqa
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    for t in streams():
+        t.join(max(0.0, deadline - time.monotonic()))
+    alive = [t for t in threads + streams() if t.is_alive()]
+    if not alive:
+        return
+    lines = []
+    for a in router.actors:
+        doing = {"blocked": a.pending, "idle": "idle", "done": "finished",
+                 "running": "running Python code (an endless loop?)"}[a.state]
+        lines.append(f"  {a.name}: {doing}")
+    err = LaunchTimeoutError(f"ranks still running after {timeout:g} s, all stopped:\n"
+                             + "\n".join(lines)
+                             + "\nRaise `timeout=` if the work is just slow, else look for a "
+                             "rank waiting on a message nobody sends.")
+    router.fail(err)
+    for t in alive:
+        t.join(2.0)
+    raise err
+
+
+def _raise_failure(router: Router, errors: dict[int, tuple[BaseException, str]]) -> None:
+    failure = router.failure
+    if failure is None:
+        return
+    if isinstance(failure, _StreamFailure):
+        tb = "".join(traceback.format_exception(failure.original))
+        raise RankError(failure.rank, failure.original, tb) from failure.original
+    for rank, (exc, tb) in sorted(errors.items()):
+        if exc is failure:
+            raise RankError(rank, exc, tb) from exc
+    raise failure
+
+
+def _check_unmatched(router: Router) -> None:
+    left = [p for queue in router.unmatched.values() for p in queue]
+    if left:
+        lines = "\n".join(f"  rank {p.actor.rank}: {p.describe()}" for p in left)
+        raise UnmatchedMessageError("the program ended with messages nobody matched:\n" + lines
+                                    + "\nEvery send needs a recv on the peer with the same tag.")

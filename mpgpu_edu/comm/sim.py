@@ -1,0 +1,369 @@
+"""The simulated backend: every rank is a thread, tensors are real, time is simulated.
+
+Execution and timing are separate. While the ranks run, a *router* matches each send with its
+receive (the n-th send on a channel meets the n-th receive), copies the data and records every
+operation in the rank's op list. Nothing here reads a clock. Afterwards ``replay`` turns the op
+lists into a timeline with the cluster's cost model, so the same program always gives the same
+trace, whatever the thread interleaving.
+
+Semantics that catch real bugs: a blocking ``send`` returns only once the receiver has posted
+the matching receive (synchronous send), so an ordering that can hang NCCL or gloo hangs here
+too, and is then reported: when every live rank is blocked the router stops them all and raises
+a ``DeadlockError`` listing each rank's pending operation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from mpgpu_edu.comm import ops
+from mpgpu_edu.comm.base import CommStats, Communicator, MemoryRecorder, Work, nbytes_of
+from mpgpu_edu.comm.errors import Aborted, DeadlockError, MessageMismatchError
+from mpgpu_edu.comm.flops import FlopCount
+
+
+class Actor:
+    """One thread of one rank: its program (lane 0) or its communication stream (lane 1)."""
+
+    def __init__(self, rank: int, lane: int) -> None:
+        self.rank, self.lane = rank, lane
+        self.ops: list[ops.Op] = []
+        self.state = "running"  # running | blocked | idle | done
+        self.pending = ""
+        self.ready: Callable[[], bool] = lambda: True
+        self.region: list[Any] | None = None  # [counter, kind, label, flops already emitted]
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank}" + (" (comm stream)" if self.lane == ops.STREAM else "")
+
+
+class _Posted:
+    """A posted send or receive waiting for (or done with) its partner."""
+
+    def __init__(self, post: ops.Post, tensor: torch.Tensor, actor: Actor) -> None:
+        self.post, self.tensor, self.actor, self.done = post, tensor, actor, False
+
+    def describe(self) -> str:
+        p = self.post
+        what = f"send to rank {p.dst}" if p.op == "send" else f"recv from rank {p.src}"
+        dtype = str(self.tensor.dtype).replace("torch.", "")
+        return (f"{what}, tag {p.tag}, {p.nbytes} bytes ({dtype} {list(self.tensor.shape)})"
+                + (", on its comm stream" if p.lane == ops.STREAM else ""))
+
+
+class Router:
+    """Matches posts, moves data, and watches for deadlock. One per launch."""
+
+    def __init__(self, world_size: int, stats: list[CommStats]) -> None:
+        self.cond = threading.Condition()
+        self.world_size, self.stats = world_size, stats
+        self.actors: list[Actor] = []
+        self.unmatched: dict[tuple[int, int, int, int], deque[_Posted]] = {}
+        self.seq: dict[tuple, int] = {}
+        self.handles = itertools.count()
+        self.failure: BaseException | None = None
+
+    # ---- posting and matching -------------------------------------------------------------
+    def post(self, actor: Actor, op: str, tensor: torch.Tensor, peer: int, tag: int,
+             blocking: bool) -> _Posted:
+        src, dst = (actor.rank, peer) if op == "send" else (peer, actor.rank)
+        key = (src, dst, tag, actor.lane)
+        with self.cond:
+            self.raise_if_failed()
+            seq = self.seq.get((op, *key), 0)
+            self.seq[(op, *key)] = seq + 1
+            post = ops.Post(op, src, dst, tag, actor.lane, seq, nbytes_of(tensor), blocking,
+                            next(self.handles))
+            actor.ops.append(post)
+            mine = _Posted(post, tensor, actor)
+            queue = self.unmatched.setdefault(key, deque())
+            if queue and queue[0].post.op != op:
+                other = queue.popleft()
+                send, recv = (mine, other) if op == "send" else (other, mine)
+                self._deliver(send, recv)
+            else:
+                queue.append(mine)
+            return mine
+
+    def _deliver(self, send: _Posted, recv: _Posted) -> None:
+        a, b = send.tensor, recv.tensor
+        if a.shape != b.shape or a.dtype != b.dtype or a.is_meta != b.is_meta:
+            err = MessageMismatchError(
+                f"message mismatch on tag {send.post.tag}: rank {send.post.src} sends "
+                f"{_kind(a)} but rank {send.post.dst} receives into {_kind(b)}; make both "
+                "sides use the same shape and dtype (and both real or both meta tensors)")
+            self.fail(err)
+            raise err
+        if not a.is_meta:
+            b.copy_(a)
+        self.stats[send.post.src].record_send(send.post.dst, send.post.nbytes)
+        self.stats[recv.post.dst].record_recv(recv.post.src, recv.post.nbytes)
+        send.done = recv.done = True
+        self.cond.notify_all()
+
+    # ---- blocking, failure and deadlock -----------------------------------------------------
+    def block(self, actor: Actor, ready: Callable[[], bool], pending: str,
+              state: str = "blocked") -> None:
+        """Wait until ``ready()``; raise ``Aborted`` if the launch failed meanwhile."""
+        with self.cond:
+            while not ready():
+                self.raise_if_failed()
+                actor.state, actor.pending, actor.ready = state, pending, ready
+                self._check_deadlock()
+                self.raise_if_failed()
+                self.cond.wait(0.5)
+            actor.state, actor.pending, actor.ready = "running", "", lambda: True
+
+    def finish(self, actor: Actor) -> None:
+        with self.cond:
+            actor.state = "done"
+            self._check_deadlock()
+            self.cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.failure is None:
+                self.failure = exc
+            self.cond.notify_all()
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise Aborted()
+
+    def _check_deadlock(self) -> None:
+        if self.failure is not None:
+            return
+        live = [a for a in self.actors if a.state != "done"]
+        if not live or any(a.state == "running" or a.ready() for a in live):
+            return
+        if all(a.state == "idle" for a in live):
+            return  # only idle comm streams are left: their hosts finished, they will exit
+        lines = [f"  {a.name}: {a.pending}" for a in self.actors if a.state == "blocked"]
+        lines += [f"  {a.name}: finished" for a in self.actors
+                  if a.state == "done" and a.lane == ops.HOST]
+        self.failure = DeadlockError(
+            "deadlock: every rank is blocked and none can make progress\n" + "\n".join(lines)
+            + "\nA blocking send waits until its receiver posts the matching recv. Check that "
+            "every send has a matching recv on the peer (same tag) in an order both sides "
+            "reach, or use isend/irecv so that both directions can be in flight at once.")
+        self.cond.notify_all()
+
+
+def _kind(t: torch.Tensor) -> str:
+    dtype = str(t.dtype).replace("torch.", "")
+    return f"{'meta ' if t.is_meta else ''}{dtype} {list(t.shape)} ({nbytes_of(t)} bytes)"
+
+
+class _PostWork(Work):
+    def __init__(self, comm: SimCommunicator, posted: _Posted) -> None:
+        self.comm, self.posted = comm, posted
+
+    def wait(self) -> None:
+        actor = self.comm.actor()
+        self.comm.flush_region(actor)
+        actor.ops.append(ops.Wait(self.posted.post.handle))
+        self.comm.router.block(actor, lambda: self.posted.done,
+                               "waiting for its " + self.posted.describe())
+
+
+class _JobWork(Work):
+    def __init__(self, comm: SimCommunicator, job: int) -> None:
+        self.comm, self.job = comm, job
+
+    def wait(self) -> Any:
+        actor = self.comm.actor()
+        self.comm.flush_region(actor)
+        actor.ops.append(ops.WaitJob(self.job))
+        stream = self.comm.stream
+        self.comm.router.block(actor, lambda: self.job in stream.results,
+                               f"waiting for comm-stream job {self.job}")
+        return stream.results.pop(self.job)
+
+
+class _Stream:
+    """A rank's communication stream: a thread that runs submitted jobs in order."""
+
+    def __init__(self, comm: SimCommunicator) -> None:
+        self.comm = comm
+        self.actor = Actor(comm.rank, ops.STREAM)
+        self.jobs: deque[tuple[int, Callable[..., Any], tuple]] = deque()
+        self.results: dict[int, Any] = {}
+        self.count = itertools.count()
+        self.thread: threading.Thread | None = None
+
+
+class SimMemory(MemoryRecorder):
+    def __init__(self, comm: SimCommunicator, ledger: Any) -> None:
+        self.comm, self.ledger = comm, ledger
+        self.held: dict[int, tuple[str, int, str]] = {}
+
+    def alloc(self, category: str, nbytes: int, label: str = "") -> int:
+        token = self.ledger.alloc(category, nbytes, label)
+        self.held[token] = (category, nbytes, label)
+        self.comm.actor().ops.append(ops.Memory(category, nbytes, label))
+        return token
+
+    def free(self, token: int) -> None:
+        self.ledger.free(token)
+        category, nbytes, label = self.held.pop(token)
+        self.comm.actor().ops.append(ops.Memory(category, -nbytes, label))
+
+
+class SimCommunicator(Communicator):
+    """One rank's view of the simulated cluster."""
+
+    def __init__(self, rank: int, world_size: int, router: Router, cluster: Any,
+                 ledger: Any, stats: CommStats) -> None:
+        self.rank, self.world_size, self.router, self.cluster = rank, world_size, router, cluster
+        self.stats = stats
+        self.host = Actor(rank, ops.HOST)
+        self.stream = _Stream(self)
+        self._memory = SimMemory(self, ledger)
+        self._local = threading.local()
+        router.actors.append(self.host)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def memory(self) -> MemoryRecorder:
+        return self._memory
+
+    def actor(self) -> Actor:
+        return getattr(self._local, "actor", self.host)
+
+    def bind(self, actor: Actor) -> None:
+        self._local.actor = actor
+
+    # ---- point to point ---------------------------------------------------------------------
+    def _post(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
+              blocking: bool) -> _Posted:
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"rank {self.rank}: peer {peer} does not exist (world size "
+                             f"{self.world_size}, ranks 0..{self.world_size - 1})")
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} tries to {op} to/from itself: a rank already "
+                             "has its own data, skip the message")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{op} needs a torch.Tensor, got {type(tensor).__name__}")
+        actor = self.actor()
+        self.flush_region(actor)
+        return self.router.post(actor, op, tensor, peer, tag, blocking)
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        posted = self._post("send", tensor, dst, tag, True)
+        self.router.block(self.actor(), lambda: posted.done, posted.describe())
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
+        posted = self._post("recv", tensor, src, tag, True)
+        self.router.block(self.actor(), lambda: posted.done, posted.describe())
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
+        return _PostWork(self, self._post("send", tensor, dst, tag, False))
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Work:
+        return _PostWork(self, self._post("recv", tensor, src, tag, False))
+
+    # ---- compute ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def compute(self, kind: str = "compute", label: str = "",
+                seconds: float | None = None) -> Iterator[None]:
+        actor = self.actor()
+        if actor.region is not None:  # nested: counted by the outer region
+            yield
+            return
+        if seconds is not None:
+            yield
+            if seconds > 0:
+                actor.ops.append(ops.Compute(float(seconds), kind, label, 0.0))
+            return
+        counter = FlopCount()
+        actor.region = [counter, kind, label, {}]
+        try:
+            with counter:
+                yield
+        finally:
+            self.flush_region(actor)
+            actor.region = None
+
+    def flush_region(self, actor: Actor) -> None:
+        """Close the compute done so far in an open region, so that a message posted in the
+        middle of it (e.g. from a backward hook) starts at the right moment."""
+        if actor.region is None:
+            return
+        counter, kind, label, emitted = actor.region
+        seconds, flops = 0.0, 0.0
+        for dtype, total in counter.by_dtype.items():
+            new = total - emitted.get(dtype, 0.0)
+            if new > 0:
+                seconds += self.cluster.compute_seconds(new, dtype)
+                flops += new
+            emitted[dtype] = total
+        if seconds > 0:
+            actor.ops.append(ops.Compute(seconds, kind, label, flops))
+
+    # ---- the communication stream -------------------------------------------------------------
+    def run_async(self, fn: Callable[..., Any], *args: Any) -> Work:
+        host = self.actor()
+        if host.lane != ops.HOST:
+            raise RuntimeError("run_async is called from the rank's program, not from a job "
+                               "already on the comm stream")
+        self.flush_region(host)
+        stream = self.stream
+        job = next(stream.count)
+        host.ops.append(ops.Submit(job))
+        with self.router.cond:
+            self.router.raise_if_failed()
+            stream.jobs.append((job, fn, args))
+            if stream.thread is None:
+                self.router.actors.append(stream.actor)
+                stream.thread = threading.Thread(target=self._stream_loop, daemon=True,
+                                                 name=f"rank-{self.rank}-stream")
+                stream.thread.start()
+            self.router.cond.notify_all()
+        return _JobWork(self, job)
+
+    def _stream_loop(self) -> None:
+        stream, actor = self.stream, self.stream.actor
+        self.bind(actor)
+        try:
+            while True:
+                self.router.block(actor, lambda: bool(stream.jobs) or self.host.state == "done",
+                                  "idle", state="idle")
+                with self.router.cond:
+                    if not stream.jobs:
+                        break
+                    job, fn, args = stream.jobs.popleft()
+                actor.ops.append(ops.JobStart(job))
+                result = fn(*args)
+                actor.ops.append(ops.JobEnd(job))
+                with self.router.cond:
+                    stream.results[job] = result
+                    self.router.cond.notify_all()
+        except Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - reported by the launcher
+            self.router.fail(_StreamFailure(self.rank, exc))
+        finally:
+            self.router.finish(actor)
+
+    def log(self, text: str) -> None:
+        self.actor().ops.append(ops.Log(str(text)))
+
+
+class _StreamFailure(Exception):
+    """A job on a rank's comm stream raised; carries the rank and the original exception."""
+
+    def __init__(self, rank: int, original: BaseException) -> None:
+        super().__init__(f"comm stream of rank {rank}: {original!r}")
+        self.rank, self.original = rank, original
+        self.__traceback__ = original.__traceback__

@@ -1,0 +1,172 @@
+"""Model sizes without allocating the model: parameter counts from the architecture.
+
+A 7B-parameter model in fp32 is 25 GiB of weights alone, too much to build on a laptop just to
+ask "how big is it?". So a preset is a few numbers (layers, width, heads, MLP width, vocabulary)
+and its parameter count is a sum of matrix shapes:
+
+    embedding   V*d (+ P*d for learned positions, GPT-2)
+    each layer  attention 4*d*d (+ 4d biases) + MLP 2*d*f or 3*d*f (SwiGLU) (+ biases) + norms
+    final norm  d or 2d
+    output      V*d, or nothing when tied to the embedding (GPT-2)
+
+For GPT-2 small that is 124,439,808; for LLaMA-7B 6,738,415,616. ``meta_model`` builds the
+same shapes as a real ``nn.Module`` on the meta device (shapes, no storage), and
+``count_params`` of it agrees with the formula: that is how the formula is tested.
+
+``activation_bytes`` estimates what one forward pass keeps for the backward pass, with the
+per-layer formula of Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (2022), section 4.1.
+
+Sources: GPT-2, Radford et al. (2019) and the released checkpoints; LLaMA, Touvron et al.,
+"LLaMA: Open and Efficient Foundation Language Models" (2023), table 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """The shape of a decoder-only transformer: enough to count its parameters."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_ff: int                     # MLP hidden width
+    vocab_size: int
+    n_positions: int = 0          # learned position embeddings (GPT-2); 0 for rotary (LLaMA)
+    mlp: str = "gelu"             # "gelu": up and down matrices; "swiglu": gate, up and down
+    bias: bool = True             # biases on every linear layer (GPT-2) or none (LLaMA)
+    norm: str = "layernorm"       # "layernorm": weight and bias; "rmsnorm": weight only
+    tied_embeddings: bool = True  # output layer shares the token embedding's matrix
+
+
+def _gpt2(name: str, n_layers: int, d_model: int, n_heads: int) -> DecoderSpec:
+    return DecoderSpec(name, n_layers, d_model, n_heads, d_ff=4 * d_model, vocab_size=50257,
+                       n_positions=1024)
+
+
+def _llama(name: str, n_layers: int, d_model: int, n_heads: int, d_ff: int) -> DecoderSpec:
+    return DecoderSpec(name, n_layers, d_model, n_heads, d_ff, vocab_size=32000, mlp="swiglu",
+                       bias=False, norm="rmsnorm", tied_embeddings=False)
+
+
+PRESETS: dict[str, DecoderSpec] = {
+    spec.name: spec for spec in (
+        _gpt2("gpt2-small", 12, 768, 12),
+        _gpt2("gpt2-medium", 24, 1024, 16),
+        _gpt2("gpt2-large", 36, 1280, 20),
+        _gpt2("gpt2-xl", 48, 1600, 25),
+        _llama("llama-7b", 32, 4096, 32, 11008),
+        _llama("llama-13b", 40, 5120, 40, 13824),
+    )
+}
+
+
+def get_preset(name: str | DecoderSpec) -> DecoderSpec:
+    """The preset called ``name`` (a ``DecoderSpec`` passes through). Raises ValueError with
+    the known names otherwise."""
+    if isinstance(name, DecoderSpec):
+        return name
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def _norm_params(spec: DecoderSpec) -> int:
+    return 2 * spec.d_model if spec.norm == "layernorm" else spec.d_model
+
+
+def layer_params(spec: DecoderSpec) -> int:
+    """Parameters of one transformer layer: attention, MLP and its two norms."""
+    d, f = spec.d_model, spec.d_ff
+    attention = 4 * d * d + (4 * d if spec.bias else 0)          # q, k, v and output projection
+    if spec.mlp == "swiglu":
+        mlp = 3 * d * f + ((2 * f + d) if spec.bias else 0)        # gate, up: d->f; down: f->d
+    else:
+        mlp = 2 * d * f + ((f + d) if spec.bias else 0)            # up: d->f; down: f->d
+    return attention + mlp + 2 * _norm_params(spec)
+
+
+def param_breakdown(spec: str | DecoderSpec) -> dict[str, int]:
+    """Parameters by part: ``embedding``, ``layers``, ``final_norm``, ``lm_head`` (0 if tied)."""
+    spec = get_preset(spec)
+    d = spec.d_model
+    return {
+        "embedding": spec.vocab_size * d + spec.n_positions * d,
+        "layers": spec.n_layers * layer_params(spec),
+        "final_norm": _norm_params(spec),
+        "lm_head": 0 if spec.tied_embeddings else spec.vocab_size * d,
+    }
+
+
+def spec_params(spec: str | DecoderSpec) -> int:
+    """Total parameters of a preset (by name) or a ``DecoderSpec``, from the formula."""
+    return sum(param_breakdown(spec).values())
+
+
+def count_params(module: nn.Module) -> int:
+    """Parameters of a real module. A parameter shared by two layers (tied embeddings) counts
+    once, as ``module.parameters()`` yields it once. Works on meta-device modules."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def _norm(spec: DecoderSpec) -> nn.Module:
+    return nn.LayerNorm(spec.d_model) if spec.norm == "layernorm" else nn.RMSNorm(spec.d_model)
+
+
+def _layer(spec: DecoderSpec) -> nn.Module:
+    d, f, bias = spec.d_model, spec.d_ff, spec.bias
+    mlp = {"up": nn.Linear(d, f, bias=bias), "down": nn.Linear(f, d, bias=bias)}
+    if spec.mlp == "swiglu":
+        mlp["gate"] = nn.Linear(d, f, bias=bias)
+    return nn.ModuleDict({"norm1": _norm(spec), "qkv": nn.Linear(d, 3 * d, bias=bias),
+                          "proj": nn.Linear(d, d, bias=bias), "norm2": _norm(spec),
+                          "mlp": nn.ModuleDict(mlp)})
+
+
+def meta_model(spec: str | DecoderSpec) -> nn.Module:
+    """The preset's parameters as an ``nn.Module`` on the meta device: every shape, no storage,
+    so LLaMA-13B costs nothing to build. A skeleton for counting: it has no ``forward``."""
+    spec = get_preset(spec)
+    with torch.device("meta"):
+        parts: dict[str, nn.Module] = {"tok_emb": nn.Embedding(spec.vocab_size, spec.d_model)}
+        if spec.n_positions:
+            parts["pos_emb"] = nn.Embedding(spec.n_positions, spec.d_model)
+        parts["layers"] = nn.ModuleList(_layer(spec) for _ in range(spec.n_layers))
+        parts["norm"] = _norm(spec)
+        parts["lm_head"] = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        model = nn.ModuleDict(parts)
+    if spec.tied_embeddings:
+        model["lm_head"].weight = model["tok_emb"].weight
+    return model
+
+
+def activation_bytes(spec: str | DecoderSpec, batch: int, seq: int,
+                     precision: str = "mixed") -> int:
+    """Bytes of activations one forward pass keeps for backward, over all layers.
+
+    Per layer, with s = ``seq``, b = ``batch``, h = d_model, a = heads (Korthikanti et al. 2022,
+    eq. 1; no recomputation, no tensor or sequence parallelism)::
+
+        mixed (16-bit activations):  s*b*h * (34 + 5*a*s/h)
+        fp32:                        s*b*h * (66 + 9*a*s/h)
+
+    The fp32 line is the same accounting with 4-byte tensors; dropout masks stay 1 byte. The
+    paper's layer is GPT's (4h MLP, dropout); for SwiGLU models without dropout it is an
+    estimate. Embeddings and the output logits are left out.
+    """
+    spec = get_preset(spec)
+    if batch <= 0 or seq <= 0:
+        raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
+    if precision not in ("fp32", "mixed"):
+        raise ValueError(f"unknown precision {precision!r}: choose fp32 or mixed")
+    s, b, h, a = seq, batch, spec.d_model, spec.n_heads
+    linear, quadratic = (34, 5) if precision == "mixed" else (66, 9)
+    per_layer = s * b * h * linear + quadratic * a * s * s * b     # s*b*h*(c1 + c2*a*s/h)
+    return spec.n_layers * per_layer

@@ -1,0 +1,361 @@
+"""Pipeline schedules as values: which device runs which microbatch's forward or backward, when.
+
+A schedule is a grid with one row per device and one column per tick. Each cell is a ``Step``
+(the forward "F" or backward "B" of one microbatch on that device's stage) or ``None``, a
+bubble: the device idles. Device p runs stage p. A builder says only the *order* of steps on
+each device; ``from_order`` places that order on the earliest ticks its dependencies allow, in
+a unit-time model where a forward and a backward each take one tick:
+
+    F(s, m) needs F(s-1, m)              activations flow forward, one stage per tick
+    B(s, m) needs F(s, m) and B(s+1, m)  gradients flow backward; the last stage needs only F
+
+Everything else is a function of the value: ``validate``, ``render``, ``bubble_fraction``,
+``peak_activations``. A learner's hand-drawn grid (``from_grid``) is checked the same way as
+ours, and an executor runs any schedule by walking ``steps_of(schedule, device)``, receiving
+from ``recv_from(step)`` and sending to ``send_to(step)``, with no schedule logic of its own.
+
+    >>> print(gpipe(2, 2))
+    tick  | 0  1  2  3  4  5  |
+    dev 0 | F0 F1 .  .  B0 B1 |
+    dev 1 | .  F0 F1 B0 B1 .  |
+
+Cost (P stages, M microbatches): GPipe and 1F1B both take 2(M+P-1) ticks, so a device idles
+(P-1)/(M+P-1) of the time; GPipe's stage 0 holds M microbatches' activations, 1F1B's stage p
+at most P-p. References: Huang et al., "GPipe" (2019); Narayanan et al., "PipeDream" (2019)
+and "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (2021).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Op = Literal["F", "B"]
+
+
+class ScheduleError(ValueError):
+    """A schedule breaks a rule. The message shows the grid with the bad steps marked."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One unit of work: the forward ("F") or backward ("B") of one microbatch on one stage."""
+
+    stage: int
+    microbatch: int
+    op: Op
+
+    @property
+    def token(self) -> str:
+        """The step as a grid cell, e.g. ``"F3"``."""
+        return f"{self.op}{self.microbatch}"
+
+    def __str__(self) -> str:
+        return f"{self.op}(stage {self.stage}, mb {self.microbatch})"
+
+
+Grid = tuple[tuple[Step | None, ...], ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """``grid[device][tick]`` is the step that device runs at that tick, or None (a bubble).
+
+    Rows may be given as lists and of different lengths: they are stored as tuples, padded
+    with bubbles to the same length.
+    """
+
+    name: str
+    n_stages: int
+    n_microbatches: int
+    grid: Grid
+
+    def __post_init__(self) -> None:
+        width = max((len(row) for row in self.grid), default=0)
+        rows = tuple(tuple(row) + (None,) * (width - len(row)) for row in self.grid)
+        object.__setattr__(self, "grid", rows)
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+# ---- dependencies and placement ------------------------------------------------------------
+
+def dependencies(step: Step, n_stages: int) -> tuple[Step, ...]:
+    """The steps that must finish before ``step`` can start."""
+    s, m = step.stage, step.microbatch
+    if step.op == "F":
+        return (Step(s - 1, m, "F"),) if s > 0 else ()
+    if s == n_stages - 1:
+        return (Step(s, m, "F"),)
+    return (Step(s, m, "F"), Step(s + 1, m, "B"))
+
+
+def recv_from(step: Step, n_stages: int) -> int | None:
+    """The device whose output this step consumes: activations for F, gradients for B.
+
+    None when the input is local: stage 0's forward reads the batch, the last stage's
+    backward starts from the loss.
+    """
+    source = step.stage - 1 if step.op == "F" else step.stage + 1
+    return source if 0 <= source < n_stages else None
+
+
+def send_to(step: Step, n_stages: int) -> int | None:
+    """The device that consumes this step's output, or None (the loss, or the input's grad)."""
+    target = step.stage + 1 if step.op == "F" else step.stage - 1
+    return target if 0 <= target < n_stages else None
+
+
+def earliest_starts(orders: Sequence[Sequence[Step]], duration: Callable[[Step], float],
+                    send_s: float = 0) -> dict[Step, float]:
+    """Start time of every step when device d runs ``orders[d]`` in turn, each step as soon as
+    the device is free and its dependencies have finished (plus ``send_s`` when the dependency
+    ran on another device). Raises ScheduleError if the orders wait on each other forever."""
+    n_devices = len(orders)
+    start: dict[Step, float] = {}
+    end: dict[Step, float] = {}
+    done = [0] * n_devices
+    free: list[float] = [0] * n_devices
+    progress = True
+    while progress:
+        progress = False
+        for device, order in enumerate(orders):
+            while done[device] < len(order):
+                step = order[done[device]]
+                needs = dependencies(step, n_devices)
+                if any(need not in end for need in needs):
+                    break
+                ready = [end[need] + (send_s if need.stage != device else 0) for need in needs]
+                start[step] = max([free[device], *ready])
+                end[step] = free[device] = start[step] + duration(step)
+                done[device] += 1
+                progress = True
+    _check_finished(orders, done, end)
+    return start
+
+
+def _check_finished(orders: Sequence[Sequence[Step]], done: list[int], end: dict) -> None:
+    stuck = [(device, order[done[device]]) for device, order in enumerate(orders)
+             if done[device] < len(order)]
+    if stuck:
+        waits = "; ".join(
+            f"dev {device} cannot run {step}: it waits for "
+            + ", ".join(str(need) for need in dependencies(step, len(orders)) if need not in end)
+            for device, step in stuck)
+        raise ScheduleError(f"the step order can never finish: {waits}")
+
+
+def from_order(name: str, orders: Sequence[Sequence[Step]],
+               n_microbatches: int | None = None) -> Schedule:
+    """A schedule from each device's step order, every step on the earliest tick it can run."""
+    starts = earliest_starts(orders, duration=lambda step: 1)
+    width = max((int(tick) + 1 for tick in starts.values()), default=0)
+    grid = [[None] * width for _ in orders]
+    for step, tick in starts.items():
+        grid[step.stage][int(tick)] = step
+    if n_microbatches is None:
+        n_microbatches = max((step.microbatch for step in starts), default=-1) + 1
+    return Schedule(name, len(orders), n_microbatches, tuple(map(tuple, grid)))
+
+
+# ---- the builders ----------------------------------------------------------------------------
+
+def naive(n_stages: int) -> Schedule:
+    """The whole batch as one microbatch: forward through the stages in turn, then backward in
+    reverse. This is plain model parallelism ("layers 1-10 on GPU 1, 11-20 on GPU 2, ..."):
+    one device works at a time, so each idles (P-1)/P of the time."""
+    _check_sizes(n_stages, 1)
+    orders = [[Step(p, 0, "F"), Step(p, 0, "B")] for p in range(n_stages)]
+    return from_order("naive", orders, n_microbatches=1)
+
+
+def gpipe(n_stages: int, n_microbatches: int) -> Schedule:
+    """GPipe: every device runs all its forwards, then all its backwards.
+
+    Backwards run in microbatch order 0, 1, ..., M-1, the order 1F1B uses too, so the two
+    schedules differ only in *when* backwards start. Stage 0 holds all M microbatches'
+    activations when it turns from forward to backward.
+    """
+    _check_sizes(n_stages, n_microbatches)
+    mbs = range(n_microbatches)
+    orders = [[*(Step(p, m, "F") for m in mbs), *(Step(p, m, "B") for m in mbs)]
+              for p in range(n_stages)]
+    return from_order("gpipe", orders, n_microbatches)
+
+
+def one_f_one_b(n_stages: int, n_microbatches: int) -> Schedule:
+    """1F1B (PipeDream-Flush): stage p runs P-1-p warm-up forwards, then alternates one forward
+    and one backward, then runs the remaining backwards. Same makespan as GPipe, but a backward
+    frees its microbatch's activations early: stage p holds at most min(P-p, M) at once."""
+    _check_sizes(n_stages, n_microbatches)
+    orders = [_one_f_one_b_order(p, n_stages, n_microbatches) for p in range(n_stages)]
+    return from_order("1f1b", orders, n_microbatches)
+
+
+def _one_f_one_b_order(stage: int, n_stages: int, n_microbatches: int) -> list[Step]:
+    warmup = min(n_stages - 1 - stage, n_microbatches)
+    forwards = [Step(stage, m, "F") for m in range(n_microbatches)]
+    backwards = [Step(stage, m, "B") for m in range(n_microbatches)]
+    steady = [step for pair in zip(forwards[warmup:], backwards) for step in pair]
+    return forwards[:warmup] + steady + backwards[n_microbatches - warmup:]
+
+
+def _check_sizes(n_stages: int, n_microbatches: int) -> None:
+    if n_stages < 1 or n_microbatches < 1:
+        raise ValueError(f"a pipeline needs at least 1 stage and 1 microbatch, got "
+                         f"n_stages={n_stages}, n_microbatches={n_microbatches}")
+
+
+# ---- hand-drawn grids --------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"([FB])(\d+)")
+
+
+def from_grid(name: str, rows: str | Sequence[str | Sequence[Step | None]],
+              n_microbatches: int | None = None) -> Schedule:
+    """A schedule from a drawn grid, one row per device: ``["F0 F1 . B0 B1", ...]``.
+
+    Row p's tokens are stage p's steps; "." (or "-") is a bubble. ``rows`` may also be one
+    multi-line string such as render()'s output (the tick line, "dev p |" and bars are
+    skipped), or rows of Steps. ``n_microbatches`` defaults to the largest microbatch + 1.
+    """
+    if isinstance(rows, str):
+        rows = [line for line in rows.splitlines()
+                if line.strip() and not line.lstrip().startswith("tick")]
+    grid = [_parse_row(row, device) if isinstance(row, str) else tuple(row)
+            for device, row in enumerate(rows)]
+    if n_microbatches is None:
+        steps = [step for row in grid for step in row if step is not None]
+        n_microbatches = max((step.microbatch for step in steps), default=-1) + 1
+    return Schedule(name, len(grid), n_microbatches, tuple(grid))
+
+
+def _parse_row(text: str, device: int) -> tuple[Step | None, ...]:
+    body = re.sub(r"^\s*dev\s*\d+", "", text).replace("|", " ")
+    cells: list[Step | None] = []
+    for token in body.split():
+        token = token.strip("[]!").upper()
+        match = _TOKEN.fullmatch(token)
+        if token in (".", "-"):
+            cells.append(None)
+        elif match:
+            cells.append(Step(device, int(match[2]), match[1]))  # type: ignore[arg-type]
+        else:
+            raise ScheduleError(f"row {device}: cannot read {token!r}; write F<mb>, B<mb> or "
+                                f"'.' for a bubble, e.g. 'F0 F1 . B0'")
+    return tuple(cells)
+
+
+# ---- functions of a schedule ----------------------------------------------------------------
+
+def steps_of(schedule: Schedule, device: int) -> list[Step]:
+    """The steps device ``device`` runs, in order: all an executor needs to know."""
+    return [step for step in schedule.grid[device] if step is not None]
+
+
+def makespan_ticks(schedule: Schedule) -> int:
+    """Ticks from the start to the end of the last step (trailing bubbles do not count)."""
+    return max((tick + 1 for row in schedule.grid
+                for tick, step in enumerate(row) if step is not None), default=0)
+
+
+def bubble_fraction(schedule: Schedule) -> float:
+    """Idle slots / all slots, over P devices x makespan ticks."""
+    slots = schedule.n_stages * makespan_ticks(schedule)
+    busy = sum(step is not None for row in schedule.grid for step in row)
+    return (slots - busy) / slots if slots else 0.0
+
+
+def peak_activations(schedule: Schedule) -> list[int]:
+    """Per stage, the most microbatches whose forward has run and whose backward has not
+    finished: how many microbatches' activations the stage keeps at once."""
+    peaks = []
+    for row in schedule.grid:
+        held = peak = 0
+        for step in filter(None, row):
+            held += 1 if step.op == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+def render(schedule: Schedule, marked: Collection[tuple[int, int]] = ()) -> str:
+    """The grid as text, a tick header then one ``dev p | F0 F1 .  B0 |`` line per device.
+    Cells listed in ``marked`` as (device, tick) show as ``[F3]!``."""
+    n_ticks = len(schedule.grid[0]) if schedule.grid else 0
+    header = [str(tick) for tick in range(n_ticks)]
+    rows = [[_cell(step, (device, tick) in marked) for tick, step in enumerate(row)]
+            for device, row in enumerate(schedule.grid)]
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    labels = ["tick", *(f"dev {device}" for device in range(len(rows)))]
+    label_width = max(len(label) for label in labels)
+    return "\n".join(
+        f"{label.ljust(label_width)} | "
+        + " ".join(cell.ljust(width) for cell, width in zip(cells, widths)) + " |"
+        for label, cells in zip(labels, [header, *rows]))
+
+
+def _cell(step: Step | None, marked: bool) -> str:
+    text = "." if step is None else step.token
+    return f"[{text}]!" if marked else text
+
+
+def validate(schedule: Schedule) -> None:
+    """Raise ScheduleError unless every step of every microbatch appears exactly once, on its
+    stage's device, after the steps it depends on. The message lists each problem and shows
+    the grid with the offending cells marked."""
+    problems, marked = _problems(schedule)
+    if problems:
+        listed = "\n".join(f"  - {problem}" for problem in problems[:8])
+        more = f"\n  ... and {len(problems) - 8} more" if len(problems) > 8 else ""
+        raise ScheduleError(f"schedule {schedule.name!r} is invalid:\n{listed}{more}\n"
+                            f"{render(schedule, marked)}")
+
+
+def _problems(schedule: Schedule) -> tuple[list[str], set[tuple[int, int]]]:
+    n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
+    if len(schedule.grid) != n_stages:
+        return [f"the grid has {len(schedule.grid)} rows for {n_stages} stages: "
+                f"draw one row per device"], set()
+    problems: list[str] = []
+    marked: set[tuple[int, int]] = set()
+    where: dict[Step, int] = {}  # the tick of each step's first appearance
+    for device, row in enumerate(schedule.grid):
+        for tick, step in filter(lambda cell: cell[1] is not None, enumerate(row)):
+            problem = _misplaced(step, device, n_stages, n_mbs)
+            if problem is None and step in where:
+                problem = f"{step} appears twice, at ticks {where[step]} and {tick}"
+                marked.add((device, where[step]))
+            if problem is not None:
+                problems.append(problem)
+                marked.add((device, tick))
+            else:
+                where[step] = tick
+    problems += [f"{step} is missing: put {step.token} in dev {step.stage}'s row"
+                 for step in _all_steps(n_stages, n_mbs) if step not in where]
+    for step, tick in where.items():
+        for need in dependencies(step, n_stages):
+            if need in where and where[need] >= tick:
+                problems.append(f"{step} at tick {tick} runs before {need} finishes: that "
+                                f"runs at tick {where[need]}, so this can start at tick "
+                                f"{where[need] + 1} at the earliest")
+                marked.add((step.stage, tick))
+    return problems, marked
+
+
+def _misplaced(step: Step, device: int, n_stages: int, n_mbs: int) -> str | None:
+    if step.op not in ("F", "B"):
+        return f"{step} has op {step.op!r}: a step is 'F' (forward) or 'B' (backward)"
+    if step.stage != device:
+        return f"{step} sits on dev {device}, but stage {step.stage} runs on dev {step.stage}"
+    if not 0 <= step.microbatch < n_mbs:
+        return f"{step}: microbatch {step.microbatch} is outside 0..{n_mbs - 1}"
+    return None
+
+
+def _all_steps(n_stages: int, n_mbs: int) -> list[Step]:
+    return [Step(stage, m, op) for op in ("F", "B")
+            for stage in range(n_stages) for m in range(n_mbs)]

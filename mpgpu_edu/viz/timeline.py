@@ -1,0 +1,210 @@
+"""Timelines: who computed, who communicated, and who waited, device by device.
+
+One row per device and stream ("dev 0 compute", "dev 0 comm"), one bar per event coloured by
+its kind. Gaps on a compute row are the time that device had nothing to do: they are hatched
+grey, and the row ends with the device's idle share of the run ("idle 43%"). A pipeline's
+bubble is the hatched triangle you see at the start and end of a GPipe step.
+
+A comm stream can send and receive at the same time (links are full duplex); where it does,
+its row splits into two half-height lanes, sends above and receives below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from mpgpu_edu.trace import KINDS, Event, Trace
+from mpgpu_edu.viz.palette import (
+    COLORS, FONT_SIZE, IDLE_COLOR, IDLE_EDGE, IDLE_HATCH, OKABE_ITO, format_seconds, new_figure,
+    style, text_color_on, time_axis,
+)
+
+BAR_HEIGHT = 0.8
+LABEL_FONT_SIZE = 8
+
+
+def _kind_color(kind: str) -> str:
+    return COLORS.get(kind, OKABE_ITO["grey"])
+
+
+def _merged(events: Sequence[Event]) -> list[tuple[float, float]]:
+    """The union of the events' intervals, as sorted disjoint (start, end) pairs."""
+    out: list[list[float]] = []
+    for e in sorted(events, key=lambda e: e.start):
+        if out and e.start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e.end)
+        else:
+            out.append([e.start, e.end])
+    return [(a, b) for a, b in out]
+
+
+def idle_gaps(events: Sequence[Event], end: float) -> list[tuple[float, float]]:
+    """The intervals of [0, end] that no event covers: (start, end) pairs."""
+    gaps, cursor = [], 0.0
+    for start, stop in _merged(events):
+        if start > cursor:
+            gaps.append((cursor, start))
+        cursor = max(cursor, stop)
+    if end > cursor:
+        gaps.append((cursor, end))
+    return gaps
+
+
+def _has_overlap(events: Sequence[Event]) -> bool:
+    ordered = sorted(events, key=lambda e: e.start)
+    return any(b.start < a.end for a, b in zip(ordered, ordered[1:]))
+
+
+def _device_name(device: int, device_names: Mapping[int, str] | Sequence[str] | None) -> str:
+    if device_names is None:
+        return f"dev {device}"
+    return str(device_names[device])
+
+
+def _lanes(y: float, events: Sequence[Event], split: bool) -> list[tuple[Event, float, float]]:
+    """(event, centre y, height) for each event; with ``split``, sends take the upper half of
+    the row and everything else the lower half (the y axis points down)."""
+    if not split:
+        return [(e, y, BAR_HEIGHT) for e in events]
+    half = BAR_HEIGHT / 2
+    return [(e, y - half / 2 if e.kind == "send" else y + half / 2, half) for e in events]
+
+
+def _draw_bars(ax: Axes, placed: list[tuple[Event, float, float]], seconds_per_px: float) -> None:
+    for kind in dict.fromkeys(e.kind for e, _, _ in placed):
+        mine = [(e, y, h) for e, y, h in placed if e.kind == kind]
+        bars = ax.barh([y for _, y, _ in mine], [e.duration for e, _, _ in mine],
+                       left=[e.start for e, _, _ in mine], height=[h for _, _, h in mine],
+                       color=_kind_color(kind), edgecolor="white", linewidth=0.6, label=kind)
+        for rect in bars.patches:
+            rect.set_gid(f"event:{kind}")
+        for e, y, h in mine:
+            _label_inside(ax, e, y, h, seconds_per_px)
+
+
+def _label_inside(ax: Axes, e: Event, y: float, height: float, seconds_per_px: float) -> None:
+    """Write the event's label ("F3") inside its bar, only when it fits."""
+    if not e.label:
+        return
+    size = LABEL_FONT_SIZE if height >= BAR_HEIGHT else LABEL_FONT_SIZE - 1
+    text_px = len(e.label) * size * 0.62 * ax.figure.dpi / 72 + 4
+    if e.duration / seconds_per_px < text_px:
+        return
+    ax.text(e.start + e.duration / 2, y, e.label, ha="center", va="center", fontsize=size,
+            color=text_color_on(_kind_color(e.kind)), clip_on=True, gid="bar-label")
+
+
+def _draw_idle(ax: Axes, y: float, gaps: list[tuple[float, float]]) -> None:
+    if not gaps:
+        return
+    bars = ax.barh([y] * len(gaps), [b - a for a, b in gaps], left=[a for a, _ in gaps],
+                   height=BAR_HEIGHT, color=IDLE_COLOR, edgecolor=IDLE_EDGE, linewidth=0,
+                   hatch=IDLE_HATCH, label="idle")
+    for rect in bars.patches:
+        rect.set_gid("idle")
+
+
+def _legend(ax: Axes, kinds: set[str], with_idle: bool) -> None:
+    ordered = [k for k in KINDS if k in kinds] + sorted(kinds - set(KINDS))
+    handles = [Patch(facecolor=_kind_color(k), label=k) for k in ordered]
+    if with_idle:
+        handles.append(Patch(facecolor=IDLE_COLOR, edgecolor=IDLE_EDGE, hatch=IDLE_HATCH,
+                             linewidth=0, label="idle"))
+    if handles:
+        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles),
+                  frameon=False, fontsize=FONT_SIZE - 1, handlelength=1.6, borderaxespad=0.2)
+
+
+def _draw_timeline(ax: Axes, trace: Trace, *, title: str | None, devices: Sequence[int],
+                   streams: Sequence[str], show_idle: bool,
+                   device_names: Mapping[int, str] | Sequence[str] | None, span: float) -> None:
+    rows = [(d, s) for d in devices for s in streams]
+    makespan = trace.makespan
+    time_axis(ax, span)
+    # Axis width before layout, less the room the row labels will take: good enough to decide
+    # whether a bar's label fits inside it.
+    width_px = max(ax.get_window_extent().width - 90, 50)
+    seconds_per_px = (span if span > 0 else 1.0) / width_px
+    kinds: set[str] = set()
+    drew_idle = False
+    for y, (device, stream) in enumerate(rows):
+        events = trace.on(device, stream)
+        kinds.update(e.kind for e in events)
+        split = stream == "comm" and _has_overlap(events)
+        _draw_bars(ax, _lanes(y, events, split), seconds_per_px)
+        if stream == "compute" and makespan > 0:
+            if show_idle:
+                gaps = idle_gaps(events, makespan)
+                _draw_idle(ax, y, gaps)
+                drew_idle = drew_idle or bool(gaps)
+            ax.annotate(f"idle {trace.idle_fraction(device):.0%}", xy=(1.0, y),
+                        xycoords=("axes fraction", "data"), xytext=(6, 0),
+                        textcoords="offset points", va="center", ha="left",
+                        fontsize=FONT_SIZE - 1, gid="idle-label")
+    for i in range(1, len(devices)):
+        ax.axhline(i * len(streams) - 0.5, color="#B0B0B0", linewidth=0.8)
+    ax.set_yticks(range(len(rows)),
+                  [f"{_device_name(d, device_names)} {s}" for d, s in rows])
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first device on top
+    style(ax, grid="x")
+    ax.tick_params(axis="y", length=0)
+    _legend(ax, kinds, drew_idle)
+    if title is None:
+        plural = "s" if len(devices) != 1 else ""
+        title = (f"{trace.source} timeline: {len(devices)} device{plural}, "
+                 f"makespan {format_seconds(makespan)}")
+    ax.set_title(title, loc="left", pad=22, fontsize=FONT_SIZE + 1)
+
+
+def _devices(trace: Trace, devices: Sequence[int] | None) -> list[int]:
+    return list(range(trace.n_devices)) if devices is None else list(devices)
+
+
+def plot_timeline(trace: Trace, *, ax: Axes | None = None, title: str | None = None,
+                  devices: Sequence[int] | None = None,
+                  streams: Sequence[str] = ("compute", "comm"), show_idle: bool = True,
+                  device_names: Mapping[int, str] | Sequence[str] | None = None) -> Figure:
+    """A Gantt chart of ``trace``: one row per device and stream, bars coloured by kind
+    (``palette.KIND_COLORS``), idle gaps on compute rows hatched, and each compute row's
+    idle share (``trace.idle_fraction(device)``) written at its right end.
+
+    ``devices`` picks and orders the devices (default: all); ``device_names`` replaces
+    "dev 3" by a name of your own (``{3: "cuda:1 (GPU 3)"}``). Returns the figure (``ax``'s
+    figure when given)."""
+    devices = _devices(trace, devices)
+    if ax is None:
+        ax = new_figure(10, 0.6 * len(devices) * len(streams) + 1.5).add_subplot()
+    _draw_timeline(ax, trace, title=title, devices=devices, streams=streams,
+                   show_idle=show_idle, device_names=device_names, span=trace.makespan)
+    return ax.figure
+
+
+def plot_timelines_side_by_side(traces: Mapping[str, Trace], *, share_x: bool = True,
+                                devices: Sequence[int] | None = None,
+                                streams: Sequence[str] = ("compute", "comm"),
+                                show_idle: bool = True) -> Figure:
+    """Several timelines stacked on one time axis, titled by their keys: simulated against
+    measured, or GPipe against 1F1B. With ``share_x`` the shorter run ends early, and a dashed
+    line marks where each run ends."""
+    if not traces:
+        raise ValueError("plot_timelines_side_by_side needs at least one trace")
+    picked = {name: _devices(t, devices) for name, t in traces.items()}
+    heights = [0.6 * len(d) * len(streams) + 1.0 for d in picked.values()]
+    fig = new_figure(10, sum(heights) + 0.5)
+    axes = fig.subplots(len(traces), 1, sharex=share_x, height_ratios=heights, squeeze=False)
+    longest = max(t.makespan for t in traces.values())
+    for ax, (name, trace) in zip(axes[:, 0], traces.items()):
+        span = longest if share_x else trace.makespan
+        _draw_timeline(ax, trace, title=f"{name}: makespan {format_seconds(trace.makespan)}",
+                       devices=picked[name], streams=streams, show_idle=show_idle,
+                       device_names=None, span=span)
+        if share_x and trace.makespan < longest:
+            ax.axvline(trace.makespan, color="black", linestyle="--", linewidth=1)
+    if share_x:
+        for ax in axes[:-1, 0]:
+            ax.set_xlabel("")
+    return fig
