@@ -11,8 +11,8 @@ from typing import Any
 
 from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.base import CommStats
-from mpgpu_edu.comm.errors import (Aborted, LaunchTimeoutError, RankError,
-                                   UnmatchedMessageError)
+from mpgpu_edu.comm.errors import (Aborted, DeadlockError, LaunchTimeoutError,
+                                   MessageMismatchError, RankError, UnmatchedMessageError)
 from mpgpu_edu.comm.replay import replay
 from mpgpu_edu.comm.sim import Router, SimCommunicator, _StreamFailure
 from mpgpu_edu.trace import Trace
@@ -165,6 +165,8 @@ def _raise_failure(router: Router, errors: dict[int, tuple[BaseException, str]])
     failure = router.failure
     if failure is None:
         return
+    if isinstance(failure, (DeadlockError, MessageMismatchError)):
+        raise failure  # detected by the router, not raised by a learner's code
     if isinstance(failure, _StreamFailure):
         tb = "".join(traceback.format_exception(failure.original))
         raise RankError(failure.rank, failure.original, tb) from failure.original

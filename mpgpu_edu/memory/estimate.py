@@ -85,7 +85,8 @@ def convention(optimizer: str, precision: str, strategy: str, devices: int) -> s
         opt = f"{b['optimizer']} B fp32 optimizer state ({_OPTIMIZER_WHAT[optimizer]})"
     else:
         opt = (f"{b['optimizer']} B fp32 optimizer state (master copy + "
-               f"{_OPTIMIZER_WHAT[optimizer]}; K={b['optimizer']} in Rajbhandari et al. 2020)")
+               f"{_OPTIMIZER_WHAT[optimizer]}; K={b['optimizer']} in the notation of "
+               "Rajbhandari et al. 2020)")
     weights = "fp32" if precision == "fp32" else "16-bit"
     sharded = SHARDED[strategy]
     split = (f"{strategy} splits {', '.join(sharded)} over {devices} devices" if sharded

@@ -12,7 +12,7 @@ a unit-time model where a forward and a backward each take one tick:
 Everything else is a function of the value: ``validate``, ``render``, ``bubble_fraction``,
 ``peak_activations``. A learner's hand-drawn grid (``from_grid``) is checked the same way as
 ours, and an executor runs any schedule by walking ``steps_of(schedule, device)``, receiving
-from ``recv_from(step)`` and sending to ``send_to(step)``, with no schedule logic of its own.
+from ``recv_from(step, P)`` and sending to ``send_to(step, P)``, with no schedule logic of its own.
 
     >>> print(gpipe(2, 2))
     tick  | 0  1  2  3  4  5  |
@@ -125,6 +125,8 @@ def earliest_starts(orders: Sequence[Sequence[Step]], duration: Callable[[Step],
         for device, order in enumerate(orders):
             while done[device] < len(order):
                 step = order[done[device]]
+                if step in start:
+                    raise ScheduleError(f"{step} appears twice in the orders")
                 needs = dependencies(step, n_devices)
                 if any(need not in end for need in needs):
                     break
@@ -153,9 +155,10 @@ def from_order(name: str, orders: Sequence[Sequence[Step]],
     """A schedule from each device's step order, every step on the earliest tick it can run."""
     starts = earliest_starts(orders, duration=lambda step: 1)
     width = max((int(tick) + 1 for tick in starts.values()), default=0)
-    grid = [[None] * width for _ in orders]
-    for step, tick in starts.items():
-        grid[step.stage][int(tick)] = step
+    grid: list[list[Step | None]] = [[None] * width for _ in orders]
+    for device, order in enumerate(orders):
+        for step in order:
+            grid[device][int(starts[step])] = step
     if n_microbatches is None:
         n_microbatches = max((step.microbatch for step in starts), default=-1) + 1
     return Schedule(name, len(orders), n_microbatches, tuple(map(tuple, grid)))
