@@ -219,7 +219,7 @@ def test_a_step_on_the_wrong_device_is_marked(size, data):
     grid = [list(row) + [None] for row in schedule.grid]
     grid[0][tick], grid[1][-1] = None, step
     moved = Schedule("moved", schedule.n_stages, schedule.n_microbatches, tuple(grid))
-    with pytest.raises(ScheduleError, match=f"sits on dev 1, but stage 0 runs on dev 0") as error:
+    with pytest.raises(ScheduleError, match="sits on dev 1, but stage 0 runs on dev 0") as error:
         validate(moved)
     assert f"[{step.token}]!" in str(error.value)
 

@@ -116,9 +116,11 @@ def gather(comm: Communicator, tensor: torch.Tensor, root: int = 0) -> list[torc
         return None
     parts = []
     for peer in range(comm.world_size):
-        part = tensor.clone(memory_format=torch.contiguous_format)
-        if peer != root:
-            comm.recv(part, peer)
+        if peer == root:
+            parts.append(tensor.clone(memory_format=torch.contiguous_format))
+            continue
+        part = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+        comm.recv(part, peer)
         parts.append(part)
     return parts
 

@@ -301,14 +301,17 @@ class SimCommunicator(Communicator):
         if actor.region is None:
             return
         counter, kind, label, emitted = actor.region
+        # compute_seconds adds one launch overhead per call: pay it once per segment
+        overhead = getattr(self.cluster, "launch_overhead_s", 0.0)
         seconds, flops = 0.0, 0.0
         for dtype, total in counter.by_dtype.items():
             new = total - emitted.get(dtype, 0.0)
             if new > 0:
-                seconds += self.cluster.compute_seconds(new, dtype)
+                seconds += self.cluster.compute_seconds(new, dtype) - overhead
                 flops += new
             emitted[dtype] = total
-        if seconds > 0:
+        if flops > 0:
+            seconds += overhead
             actor.ops.append(ops.Compute(seconds, kind, label, flops))
 
     # ---- the communication stream -------------------------------------------------------------

@@ -1,0 +1,159 @@
+"""Closed forms: how long each collective takes, and how many bytes it moves.
+
+The model (alpha-beta, Hockney 1994): one message of ``nbytes`` between two devices takes
+``alpha + nbytes / beta`` seconds, ``alpha`` the latency (s) and ``beta`` the bandwidth (B/s).
+The forms assume the uniform topology of ``Cluster.uniform(n, alpha_s, beta_Bps)``: each
+device has its own port out and its own port in, so messages with distinct senders and
+distinct receivers run side by side. On that cluster the simulator gives exactly these
+numbers (tests check it to 1e-9). On a shared fabric (one PCIe bridge for all GPUs) messages
+queue for it and the simulator is slower than these forms: that gap is contention.
+
+Conventions:
+- ``n`` ranks, ``nbytes`` (S) the size of the tensor each rank holds.
+- Additions (and the division of a mean) cost zero simulated time: the collectives open no
+  compute regions, so only messages take time.
+- A message of 0 bytes still costs ``alpha``.
+
+Derivations, with ``m = alpha + S / beta`` the time of one whole-tensor message:
+- linear broadcast / reduce: the root sends (receives) N - 1 messages one after another:
+  ``(N - 1) m``.
+- naive all-reduce = linear reduce + linear broadcast: ``2 (N - 1) m``.
+- binomial tree, ``k = ceil(log2 N)``: the root receives from ranks 1, 2, 4, ..., 2^(k-1)
+  in turn (all exist, as 2^(k-1) < N), and rank 2^j has finished its own subtree (of
+  height j) by the time the root asks, so the root is never kept waiting: the reduce takes
+  exactly ``k m`` for *every* N, powers of two or not; the broadcast mirrors it. Tree
+  all-reduce: ``2 k m``.
+- ring: 2 (N - 1) steps, in each every rank sends one chunk of S / N bytes to its right
+  neighbour: ``2 (N - 1) (alpha + S / (N beta))``. When N does not divide the element count
+  the chunks differ by one element and the simulator is slightly (at most one element per
+  step) slower than this form.
+
+Bandwidth figures follow nccl-tests (NVIDIA, ``doc/PERFORMANCE.md``): ``algbw = S / t``, and
+for all-reduce ``busbw = algbw * 2 (N - 1) / N``, which is the per-link bandwidth the ring
+achieved, so it can be compared with the hardware's link speed whatever N is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def ceil_log2(n: int) -> int:
+    """Rounds of a binomial tree on ``n`` ranks: ``ceil(log2 n)``, computed exactly."""
+    _check_n(n)
+    return (n - 1).bit_length()
+
+
+def message_time(nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """One message: ``alpha + S / beta``."""
+    return alpha_s + nbytes / beta_Bps
+
+
+def broadcast_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Linear broadcast (``basic.broadcast``): ``(N - 1)(alpha + S / beta)``."""
+    _check_n(n)
+    return (n - 1) * message_time(nbytes, alpha_s, beta_Bps)
+
+
+def reduce_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Linear reduce (``basic.reduce``): ``(N - 1)(alpha + S / beta)``."""
+    return broadcast_time(n, nbytes, alpha_s, beta_Bps)
+
+
+def gather_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Linear gather (and scatter) of ``nbytes`` per rank: ``(N - 1)(alpha + s / beta)``."""
+    return broadcast_time(n, nbytes, alpha_s, beta_Bps)
+
+
+def tree_broadcast_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Binomial-tree broadcast (``basic.broadcast_tree``): ``ceil(log2 N)(alpha + S / beta)``.
+    ``tree_reduce_time`` is the same."""
+    return ceil_log2(n) * message_time(nbytes, alpha_s, beta_Bps)
+
+
+def tree_reduce_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Binomial-tree reduce (``basic.reduce_tree``): ``ceil(log2 N)(alpha + S / beta)``."""
+    return tree_broadcast_time(n, nbytes, alpha_s, beta_Bps)
+
+
+def ring_reduce_scatter_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Ring reduce-scatter of an S-byte tensor: ``(N - 1)(alpha + S / (N beta))``.
+    Ring all-gather with an S-byte *output* (S / N bytes from each rank) is the same."""
+    _check_n(n)
+    return (n - 1) * message_time(nbytes / n, alpha_s, beta_Bps)
+
+
+def ring_all_gather_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Ring all-gather whose output has S bytes: ``(N - 1)(alpha + S / (N beta))``."""
+    return ring_reduce_scatter_time(n, nbytes, alpha_s, beta_Bps)
+
+
+def naive_allreduce_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Naive all-reduce (linear reduce to rank 0, linear broadcast):
+    ``2 (N - 1)(alpha + S / beta)``."""
+    return 2 * broadcast_time(n, nbytes, alpha_s, beta_Bps)
+
+
+def tree_allreduce_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Tree all-reduce (binomial reduce, binomial broadcast):
+    ``2 ceil(log2 N)(alpha + S / beta)``."""
+    return 2 * tree_broadcast_time(n, nbytes, alpha_s, beta_Bps)
+
+
+def ring_allreduce_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """Ring all-reduce: ``2 (N - 1) alpha + 2 (N - 1) / N * S / beta``."""
+    _check_n(n)
+    return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * nbytes / beta_Bps
+
+
+ALLREDUCE_TIME: dict[str, Callable[[int, float, float, float], float]] = {
+    "naive": naive_allreduce_time,
+    "tree": tree_allreduce_time,
+    "ring": ring_allreduce_time,
+}
+
+
+def allreduce_time(algo: str, n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
+    """The closed form of the all-reduce named ``algo`` (``"naive"``, ``"tree"``, ``"ring"``)."""
+    if algo not in ALLREDUCE_TIME:
+        raise ValueError(f"unknown all-reduce algorithm {algo!r}: choose one of "
+                         + ", ".join(ALLREDUCE_TIME))
+    return ALLREDUCE_TIME[algo](n, nbytes, alpha_s, beta_Bps)
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """Algorithm bandwidth (nccl-tests): ``S / t`` in bytes/s, S the tensor size."""
+    if seconds <= 0:
+        raise ValueError(f"algbw needs a positive time, got {seconds} s")
+    return nbytes / seconds
+
+
+def busbw(nbytes: float, seconds: float, n: int) -> float:
+    """Bus bandwidth of an all-reduce (nccl-tests): ``algbw * 2 (N - 1) / N`` in bytes/s.
+    It is 0 for N = 1, where nothing crosses a link."""
+    _check_n(n)
+    return algbw(nbytes, seconds) * 2 * (n - 1) / n
+
+
+def ring_allreduce_bytes_sent(n: int, nbytes: float) -> float:
+    """Bytes every rank sends (and receives) in ring all-reduce: ``2 (N - 1) / N * S``,
+    exact when N divides the element count."""
+    _check_n(n)
+    return 2 * (n - 1) / n * nbytes
+
+
+def naive_allreduce_root_bytes(n: int, nbytes: float) -> float:
+    """Bytes rank 0 receives in naive all-reduce, and again sends: ``(N - 1) S`` each way
+    (every other rank sends S and receives S)."""
+    _check_n(n)
+    return (n - 1) * nbytes
+
+
+def tree_allreduce_root_bytes(n: int, nbytes: float) -> float:
+    """Bytes rank 0 receives in tree all-reduce, and again sends: ``ceil(log2 N) S``."""
+    return ceil_log2(n) * nbytes
+
+
+def _check_n(n: int) -> None:
+    if n < 1:
+        raise ValueError(f"the number of ranks must be at least 1, got {n}")
