@@ -50,7 +50,7 @@ def test_state_invariants(n: int) -> None:
     scattered = ring_state(n, n - 1)
     for r in range(n):
         full = [c for c in range(n) if scattered[r][c] == everyone]
-        assert full == [(r + 1) % n] if n > 1 else full == [0]
+        assert full == [(r + 1) % n]  # reduce-scatter leaves rank r the sum of chunk r+1
     done = ring_state(n, 2 * (n - 1))
     assert all(chunk == everyone for rank in done for chunk in rank)
     with pytest.raises(ValueError):

@@ -5,7 +5,9 @@ Each command is a module in this package with two functions::
     def add_parser(sub: argparse._SubParsersAction) -> None   # registers its sub-parser
     def run(args: argparse.Namespace) -> int                    # does the work, returns exit code
 
-``add_parser`` must call ``parser.set_defaults(func=run)``. Bad input raises ``UsageError``
+``add_parser`` must call ``parser.set_defaults(func=run)``, and the command's name is the
+module's name (``mpgpu-edu memory`` lives in ``cli/memory.py``): ``main`` imports only the
+module of the command it runs, so one command's heavy imports never slow down another. Bad input raises ``UsageError``
 (or ``ValueError``); ``main`` prints one line and exits with status 2, never a traceback.
 Commands that report numbers take ``--json`` and print one JSON object on stdout.
 """
@@ -27,21 +29,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"mpgpu-edu: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_names() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="mpgpu-edu", description="Multi-GPU training, built from scratch.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
+    for name in command_names():
+        if only is not None and name != only:
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        module = importlib.import_module(f"{__name__}.{name}")
         if hasattr(module, "add_parser"):
             module.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only = argv[0] if argv and argv[0] in command_names() else None
+    args = build_parser(only).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (UsageError, ValueError) as exc:
