@@ -61,14 +61,14 @@ def test_stacked_bars_by_category_in_palette_colours() -> None:
     assert texts(ax, "total") == ["16 GiB", "18 GiB"]
     assert ax.get_ylabel() == "memory (GiB)"
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["activations", "optimizer", "gradients", "parameters"]  # top of stack first
+    assert legend == ["activations", "optimizer", "gradients", "parameters"]  # as stacked
 
 
 def test_oom_only_where_the_total_exceeds_capacity() -> None:
     per_device = {"dev 0": REPLICA, "dev 1": {"parameters": 4 * GiB}}
     ax = plot_memory_bars(per_device, 24 * 10**9, capacity_label="RTX 4090").axes[0]
     assert texts(ax, "oom") == []
-    assert texts(ax, "capacity-label") == ["RTX 4090: 24 GB = 22.4 GiB"]
+    assert ax.get_legend().get_texts()[0].get_text() == "RTX 4090: 24 GB = 22.4 GiB"
     tight = plot_memory_bars(per_device, 15 * GiB).axes[0]
     oom = [t for t in tight.texts if t.get_gid() == "oom"]
     assert len(oom) == 1 and oom[0].get_text() == "OOM"
@@ -113,7 +113,7 @@ def test_memory_over_time_lines_per_device() -> None:
     assert max(steps[0].get_ydata()) == trace.peak_memory(0) == 2 * GiB
     assert steps[0].get_xdata()[-1] == pytest.approx(trace.makespan)  # held to the end
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend == ["dev 0 (peak 2 GiB)", "dev 1 (peak 2 GiB)"]
+    assert legend == ["capacity: 4 GiB", "dev 0 (peak 2 GiB)", "dev 1 (peak 2 GiB)"]
     assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_gid() == "capacity"] \
         == [4 * GiB]
     with pytest.raises(ValueError):

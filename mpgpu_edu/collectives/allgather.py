@@ -78,7 +78,7 @@ def all_gather(comm: Communicator, tensor: torch.Tensor) -> list[torch.Tensor]:
     n = comm.world_size
     out = torch.empty(n * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
     slots = list(torch.tensor_split(out, n))  # equal slots: out holds N tensors
-    slots[comm.rank].copy_(tensor.reshape(-1))
+    slots[comm.rank].copy_(tensor.detach().reshape(-1))
     ring_all_gather_chunks(comm, slots)
     return [slot.view(tensor.shape) for slot in slots]
 
@@ -94,7 +94,7 @@ def reduce_scatter(comm: Communicator, tensor: torch.Tensor, op: str = "sum") ->
     Cost (ring): N - 1 steps of alpha + S / (N beta); each rank sends (N - 1)/N of S."""
     check_op(op, tensor)
     n = comm.world_size
-    flat = tensor.reshape(-1).clone()  # work on a copy: the caller's tensor stays intact
+    flat = tensor.detach().reshape(-1).clone()  # a copy: the caller's tensor stays intact
     chunks = list(torch.tensor_split(flat, n))
     buffer = torch.empty_like(chunks[0])  # chunk 0 is the longest
     ring_reduce_scatter_chunks(comm, chunks, buffer)

@@ -57,13 +57,16 @@ def flat_view(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
     """A 1-D view of ``tensor`` to work on; changes reach ``tensor`` when the block ends.
 
     A contiguous tensor is viewed (no copy). A non-contiguous one (a transpose, a slice) is
-    copied to a contiguous buffer and written back, because backends send contiguous memory."""
-    if tensor.is_contiguous():
-        yield tensor.view(-1)
+    copied to a contiguous buffer and written back, because backends send contiguous memory.
+    The view is detached from autograd, so a parameter (a leaf that requires grad) can be
+    broadcast or averaged in place, as with ``torch.distributed``."""
+    data = tensor.detach()
+    if data.is_contiguous():
+        yield data.view(-1)
         return
-    flat = tensor.contiguous().view(-1)
+    flat = data.contiguous().view(-1)
     yield flat
-    tensor.copy_(flat.view(tensor.shape))
+    data.copy_(flat.view(data.shape))
 
 
 def broadcast(comm: Communicator, tensor: torch.Tensor, root: int = 0) -> None:
@@ -111,15 +114,16 @@ def gather(comm: Communicator, tensor: torch.Tensor, root: int = 0) -> list[torc
     Idea: every rank sends to the root, which receives them in rank order.
     Cost (linear): (N - 1)(alpha + S / beta) for tensors of S bytes each."""
     _check_root(comm, root)
+    data = tensor.detach()
     if comm.rank != root:
-        comm.send(tensor.contiguous(), root)
+        comm.send(data.contiguous(), root)
         return None
     parts = []
     for peer in range(comm.world_size):
         if peer == root:
-            parts.append(tensor.clone(memory_format=torch.contiguous_format))
+            parts.append(data.clone(memory_format=torch.contiguous_format))
             continue
-        part = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+        part = torch.empty(data.shape, dtype=data.dtype, device=data.device)
         comm.recv(part, peer)
         parts.append(part)
     return parts
@@ -147,9 +151,9 @@ def scatter(comm: Communicator, chunks: Sequence[torch.Tensor] | None, out: torc
                 raise ValueError(f"scatter: chunk {peer} is {chunk.dtype} {list(chunk.shape)} "
                                  f"but out is {out.dtype} {list(out.shape)}: make them match")
             if peer == root:
-                flat.copy_(chunk.reshape(-1))
+                flat.copy_(chunk.detach().reshape(-1))
             else:
-                comm.send(chunk.contiguous().view(-1), peer)
+                comm.send(chunk.detach().contiguous().view(-1), peer)
 
 
 def broadcast_tree(comm: Communicator, tensor: torch.Tensor, root: int = 0) -> None:

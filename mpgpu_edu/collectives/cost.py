@@ -112,6 +112,12 @@ ALLREDUCE_TIME: dict[str, Callable[[int, float, float, float], float]] = {
     "ring": ring_allreduce_time,
 }
 
+ALLREDUCE_FORMULA: dict[str, str] = {
+    "naive": "2(N-1)(alpha + S/beta)",
+    "tree": "2 ceil(log2 N)(alpha + S/beta)",
+    "ring": "2(N-1) alpha + 2(N-1)/N S/beta",
+}
+
 
 def allreduce_time(algo: str, n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
     """The closed form of the all-reduce named ``algo`` (``"naive"``, ``"tree"``, ``"ring"``)."""

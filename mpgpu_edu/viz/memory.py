@@ -13,6 +13,7 @@ from numbers import Integral
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from mpgpu_edu.trace import CATEGORIES, Trace
@@ -47,25 +48,22 @@ def _ordered_categories(bars: Mapping[str, Mapping[str, int]]) -> list[str]:
     return [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
 
 
-def _draw_capacity(ax: Axes, capacities: list[int | None], label: str | None) -> None:
-    """A dashed line at each bar's capacity: one line across the plot, labelled at its right
-    end, when all are equal; otherwise a short line over each bar (its value goes under the
-    bar's name, where it cannot collide with the totals)."""
+def _draw_capacity(ax: Axes, capacities: list[int | None], label: str | None) -> list[Line2D]:
+    """A dashed line at each bar's capacity: one line across the plot when all are equal,
+    otherwise a short line over each bar (its value goes under the bar's name). Returns the
+    legend entry; the legend, unlike text on the line, never hides behind a tall bar."""
     known = [c for c in capacities if c is not None]
     if not known:
-        return
+        return []
+    dashed = {"color": "black", "linestyle": "--", "linewidth": 1.2}
     if len(set(capacities)) == 1:
         name = f"{label}: " if label else "capacity: "
-        ax.axhline(known[0], color="black", linestyle="--", linewidth=1.2, gid="capacity")
-        ax.annotate(name + capacity_text(known[0]), xy=(1.0, known[0]),
-                    xycoords=("axes fraction", "data"), xytext=(-4, 4),
-                    textcoords="offset points", ha="right", va="bottom",
-                    fontsize=FONT_SIZE - 1, gid="capacity-label")
-        return
+        ax.axhline(known[0], gid="capacity", **dashed)
+        return [Line2D([], [], label=name + capacity_text(known[0]), **dashed)]
     for x, cap in enumerate(capacities):
         if cap is not None:
-            ax.hlines(cap, x - 0.42, x + 0.42, color="black", linestyle="--", linewidth=1.2,
-                      gid="capacity")
+            ax.hlines(cap, x - 0.42, x + 0.42, gid="capacity", **dashed)
+    return [Line2D([], [], label="capacity (under each name)", **dashed)]
 
 
 def _tick_labels(labels: list[str], capacities: list[int | None]) -> list[str]:
@@ -76,6 +74,40 @@ def _tick_labels(labels: list[str], capacities: list[int | None]) -> list[str]:
                for cap in capacities]
     return [name if cap is None else f"{name}\ncapacity\n{cap}"
             for name, cap in zip(labels, stacked)]
+
+
+def _capacities(capacity_bytes: int | Sequence[int] | None, n: int) -> list[int | None]:
+    if capacity_bytes is None or isinstance(capacity_bytes, Integral):
+        return [capacity_bytes] * n
+    capacities = list(capacity_bytes)
+    if len(capacities) != n:
+        raise ValueError(f"{len(capacities)} capacities for {n} devices")
+    return capacities
+
+
+def _draw_stacked_bars(ax: Axes, bars: Mapping[str, Mapping[str, int]],
+                       categories: list[str]) -> None:
+    bottom = [0] * len(bars)
+    for category in categories:
+        heights = [cats.get(category, 0) for cats in bars.values()]
+        drawn = ax.bar(range(len(bars)), heights, bottom=bottom, width=0.6, label=category,
+                       color=_category_color(category), edgecolor="white", linewidth=0.6)
+        for rect in drawn.patches:
+            rect.set_gid(f"memory:{category}")
+        bottom = [b + h for b, h in zip(bottom, heights)]
+
+
+def _annotate_totals(ax: Axes, totals: list[int], capacities: list[int | None]) -> None:
+    """Each bar's total on top, in red with "OOM" above it when it exceeds the capacity."""
+    for x, (total, cap) in enumerate(zip(totals, capacities)):
+        oom = cap is not None and total > cap
+        ax.annotate(format_bytes(total), xy=(x, total), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=FONT_SIZE - 1, gid="total",
+                    color=WARNING_COLOR if oom else "black")
+        if oom:
+            ax.annotate("OOM", xy=(x, total), xytext=(0, 16), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=FONT_SIZE + 1, fontweight="bold",
+                        color=WARNING_COLOR, gid="oom")
 
 
 def plot_memory_bars(per_device: PerDevice, capacity_bytes: int | Sequence[int] | None, *,
@@ -90,44 +122,21 @@ def plot_memory_bars(per_device: PerDevice, capacity_bytes: int | Sequence[int] 
     device, one per device, or None."""
     bars = _by_label(per_device)
     labels = list(bars)
-    if capacity_bytes is None or isinstance(capacity_bytes, Integral):
-        capacities = [capacity_bytes] * len(labels)
-    else:
-        capacities = list(capacity_bytes)
-        if len(capacities) != len(labels):
-            raise ValueError(f"{len(capacities)} capacities for {len(labels)} devices")
+    capacities = _capacities(capacity_bytes, len(labels))
     if ax is None:
         ax = new_figure(max(6.0, 1.3 * len(labels) + 3.0), 4.5).add_subplot()
     totals = [sum(bars[d].values()) for d in labels]
     categories = _ordered_categories(bars)
-    bottom = [0] * len(labels)
-    for category in categories:
-        heights = [bars[d].get(category, 0) for d in labels]
-        drawn = ax.bar(range(len(labels)), heights, bottom=bottom, width=0.6, label=category,
-                       color=_category_color(category), edgecolor="white", linewidth=0.6)
-        for rect in drawn.patches:
-            rect.set_gid(f"memory:{category}")
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    for x, (total, cap) in enumerate(zip(totals, capacities)):
-        oom = cap is not None and total > cap
-        ax.annotate(format_bytes(total), xy=(x, total), xytext=(0, 3), textcoords="offset points",
-                    ha="center", va="bottom", fontsize=FONT_SIZE - 1, gid="total",
-                    color=WARNING_COLOR if oom else "black")
-        if oom:
-            ax.annotate("OOM", xy=(x, total), xytext=(0, 16), textcoords="offset points",
-                        ha="center", va="bottom", fontsize=FONT_SIZE + 1, fontweight="bold",
-                        color=WARNING_COLOR, gid="oom")
-    _draw_capacity(ax, capacities, capacity_label)
+    _draw_stacked_bars(ax, bars, categories)
+    _annotate_totals(ax, totals, capacities)
+    capacity_handles = _draw_capacity(ax, capacities, capacity_label)
     top = max([*totals, *(c for c in capacities if c is not None), 1])
     bytes_axis(ax, top)
-    ax.set_ylim(0, top * 1.25)
+    ax.set_ylim(0, top * 1.25)  # room for the totals and "OOM" above the tallest bar
     ax.set_xticks(range(len(labels)), _tick_labels(labels, capacities))
     ax.set_xlim(-0.6, len(labels) - 0.4)
     style(ax, grid="y")
-    handles = [Patch(color=_category_color(c), label=c) for c in reversed(categories)]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-              fontsize=FONT_SIZE - 1, title="category (top first)",
-              title_fontsize=FONT_SIZE - 1)
+    _legend_right(ax, capacity_handles + _category_handles(categories))
     ax.set_title(title or "memory per device, by category", loc="left")
     return ax.figure
 
@@ -166,23 +175,30 @@ def _draw_stacked(ax: Axes, trace: Trace, device: int) -> tuple[list[str], int]:
     return drawn, peak
 
 
-def _finish(ax: Axes, trace: Trace, top: float, capacity_bytes: int | None) -> None:
+def _finish(ax: Axes, trace: Trace, top: float, capacity_bytes: int | None) -> list[Line2D]:
+    """Axes in units, room above the peak, and the capacity line; returns its legend entry."""
+    handles = []
     if capacity_bytes is not None:
-        ax.axhline(capacity_bytes, color="black", linestyle="--", linewidth=1.2, gid="capacity")
-        ax.annotate(f"capacity {capacity_text(capacity_bytes)}", xy=(0, capacity_bytes),
-                    xycoords=("axes fraction", "data"), xytext=(4, 3),
-                    textcoords="offset points", fontsize=FONT_SIZE - 1, va="bottom")
+        dashed = {"color": "black", "linestyle": "--", "linewidth": 1.2}
+        ax.axhline(capacity_bytes, gid="capacity", **dashed)
+        handles.append(Line2D([], [], label=f"capacity: {capacity_text(capacity_bytes)}",
+                              **dashed))
         top = max(top, capacity_bytes)
     time_axis(ax, trace.makespan or max((m.time for m in trace.memory), default=0.0))
     bytes_axis(ax, top)
     ax.set_ylim(0, max(top, 1) * 1.2)
     style(ax)
+    return handles
 
 
-def _category_legend(ax: Axes, categories: list[str]) -> None:
-    handles = [Patch(color=_category_color(c), label=c) for c in reversed(categories)]
+def _legend_right(ax: Axes, handles: list) -> None:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
               fontsize=FONT_SIZE - 1)
+
+
+def _category_handles(categories: list[str]) -> list[Patch]:
+    """Top of the stack first, as the areas are stacked."""
+    return [Patch(color=_category_color(c), label=c) for c in reversed(categories)]
 
 
 def plot_memory_over_time(trace: Trace, devices: Sequence[int] | None = None, *,
@@ -199,21 +215,19 @@ def plot_memory_over_time(trace: Trace, devices: Sequence[int] | None = None, *,
         ax = new_figure(9, 4).add_subplot()
     if stacked:
         drawn, top = _draw_stacked(ax, trace, devices[0])
-        _category_legend(ax, drawn)
+        handles = _category_handles(drawn)
         ax.set_title(f"memory on dev {devices[0]} over time, by category", loc="left")
     else:
-        top = 0
+        top, handles = 0, []
         for i, device in enumerate(devices):
             times, series = _steps(trace, device)
             totals = [sum(v[k] for v in series.values()) for k in range(len(times))]
             peak = max(totals)
-            ax.step(times, totals, where="post", color=series_color(i), linewidth=1.8,
-                    label=f"dev {device} (peak {format_bytes(peak)})")
+            handles += ax.step(times, totals, where="post", color=series_color(i), linewidth=1.8,
+                               label=f"dev {device} (peak {format_bytes(peak)})")
             top = max(top, peak)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-                  fontsize=FONT_SIZE - 1)
         ax.set_title("memory held per device over time", loc="left")
-    _finish(ax, trace, top, capacity_bytes)
+    _legend_right(ax, _finish(ax, trace, top, capacity_bytes) + handles)
     return ax.figure
 
 
@@ -233,8 +247,8 @@ def plot_memory_compare(traces: Mapping[str, Trace], device: int = 0, *,
         ax.set_title(f"{name}: dev {device}, peak {format_bytes(peak)}", loc="left")
     longest = max(traces.values(), key=lambda t: t.makespan)
     for ax, trace in zip(axes, traces.values()):
-        _finish(ax, longest if share_x else trace, max(tops), capacity_bytes)
+        capacity = _finish(ax, longest if share_x else trace, max(tops), capacity_bytes)
     for ax in axes[1:]:
         ax.set_ylabel("")
-    _category_legend(axes[-1], [c for c in CATEGORIES if c in drawn])
+    _legend_right(axes[-1], capacity + _category_handles([c for c in CATEGORIES if c in drawn]))
     return fig

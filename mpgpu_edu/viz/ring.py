@@ -165,6 +165,19 @@ def _title(world_size: int, step: int, total: int, nbytes: int | None) -> str:
             f"to its right neighbour (rank r+1), {what}")
 
 
+def _legend(ax: Axes, world_size: int, current: RingStep | None) -> None:
+    everyone = f" (all {world_size} ranks)" if world_size > 1 else ""
+    handles = [Patch(color=PARTIAL_COLOR, label="partial sum (fill = share of ranks added)"),
+               Patch(color=COMPLETE_COLOR, label=f"full sum{everyone}")]
+    if current:
+        handles += [Patch(facecolor="none", edgecolor=KIND_COLORS["send"], linewidth=2,
+                          label="chunk sent this step"),
+                    Patch(facecolor="none", edgecolor=KIND_COLORS["recv"], linewidth=2,
+                          linestyle="--", label=f"chunk received ({current.op})")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2,
+              frameon=False, fontsize=FONT_SIZE - 1)
+
+
 def plot_ring_step(world_size: int, step: int, ax: Axes | None = None, *,
                    nbytes: int | None = None) -> Figure:
     """The ring before step ``step`` (0-based; titled "step step+1 of 2(N-1)"): every rank's
@@ -190,16 +203,7 @@ def plot_ring_step(world_size: int, step: int, ax: Axes | None = None, *,
     ax.set_ylim(-half_height, half_height)
     ax.set_aspect("equal")
     ax.axis("off")
-    everyone = f" (all {world_size} ranks)" if world_size > 1 else ""
-    handles = [Patch(color=PARTIAL_COLOR, label="partial sum (fill = share of ranks added)"),
-               Patch(color=COMPLETE_COLOR, label=f"full sum{everyone}")]
-    if current:
-        handles += [Patch(facecolor="none", edgecolor=KIND_COLORS["send"], linewidth=2,
-                          label="chunk sent this step"),
-                    Patch(facecolor="none", edgecolor=KIND_COLORS["recv"], linewidth=2,
-                          linestyle="--", label=f"chunk received ({current.op})")]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2,
-              frameon=False, fontsize=FONT_SIZE - 1)
+    _legend(ax, world_size, current)
     ax.set_title(_title(world_size, step, total, nbytes), fontsize=FONT_SIZE, loc="left")
     return ax.figure
 

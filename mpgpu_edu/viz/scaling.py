@@ -61,6 +61,15 @@ def plot_scaling(results: Mapping[str, Mapping[int, float]], *, metric: str = "s
         ax.plot(ns, ys, marker=SERIES_MARKERS[i % len(SERIES_MARKERS)], color=series_color(i),
                 linewidth=1.8, label=label)
         _mark_slower(ax, [(n, y) for n, y in zip(ns, ys) if speedup[n] < 1])
+    _dress(ax, metric, sizes)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+              fontsize=FONT_SIZE - 1)
+    ax.set_title(title or f"{metric} as devices are added", loc="left")
+    return ax.figure
+
+
+def _dress(ax: Axes, metric: str, sizes: list[int]) -> None:
+    """The ideal line, the "1 device" line and the axes' labels and units."""
     ideal = sizes if metric == "speedup" else [1.0] * len(sizes)
     ax.plot(sizes, ideal, linestyle="--", color="black", linewidth=1, label="ideal", zorder=1)
     if metric == "speedup":
@@ -75,10 +84,6 @@ def plot_scaling(results: Mapping[str, Mapping[int, float]], *, metric: str = "s
     ax.set_xticks(sizes)
     ax.set_xlabel("devices (world size)")
     style(ax)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-              fontsize=FONT_SIZE - 1)
-    ax.set_title(title or f"{metric} as devices are added", loc="left")
-    return ax.figure
 
 
 def _algorithm_color(label: str, i: int) -> str:

@@ -98,14 +98,20 @@ def _label_inside(ax: Axes, e: Event, y: float, height: float, seconds_per_px: f
             color=text_color_on(_kind_color(e.kind)), clip_on=True, gid="bar-label")
 
 
-def _draw_idle(ax: Axes, y: float, gaps: list[tuple[float, float]]) -> None:
-    if not gaps:
-        return
-    bars = ax.barh([y] * len(gaps), [b - a for a, b in gaps], left=[a for a, _ in gaps],
-                   height=BAR_HEIGHT, color=IDLE_COLOR, edgecolor=IDLE_EDGE, linewidth=0,
-                   hatch=IDLE_HATCH, label="idle")
-    for rect in bars.patches:
-        rect.set_gid("idle")
+def _draw_idle(ax: Axes, y: float, trace: Trace, device: int, show_idle: bool) -> bool:
+    """Hatch the compute row's gaps (with ``show_idle``) and write the device's idle share at
+    the row's right end; returns whether any gap was hatched."""
+    gaps = idle_gaps(trace.on(device, "compute"), trace.makespan) if show_idle else []
+    if gaps:
+        bars = ax.barh([y] * len(gaps), [b - a for a, b in gaps], left=[a for a, _ in gaps],
+                       height=BAR_HEIGHT, color=IDLE_COLOR, edgecolor=IDLE_EDGE, linewidth=0,
+                       hatch=IDLE_HATCH, label="idle")
+        for rect in bars.patches:
+            rect.set_gid("idle")
+    ax.annotate(f"idle {trace.idle_fraction(device):.0%}", xy=(1.0, y),
+                xycoords=("axes fraction", "data"), xytext=(6, 0), textcoords="offset points",
+                va="center", ha="left", fontsize=FONT_SIZE - 1, gid="idle-label")
+    return bool(gaps)
 
 
 def _legend(ax: Axes, kinds: set[str], with_idle: bool) -> None:
@@ -123,7 +129,6 @@ def _draw_timeline(ax: Axes, trace: Trace, *, title: str | None, devices: Sequen
                    streams: Sequence[str], show_idle: bool,
                    device_names: Mapping[int, str] | Sequence[str] | None, span: float) -> None:
     rows = [(d, s) for d in devices for s in streams]
-    makespan = trace.makespan
     time_axis(ax, span)
     # Axis width before layout, less the room the row labels will take: good enough to decide
     # whether a bar's label fits inside it.
@@ -136,15 +141,8 @@ def _draw_timeline(ax: Axes, trace: Trace, *, title: str | None, devices: Sequen
         kinds.update(e.kind for e in events)
         split = stream == "comm" and _has_overlap(events)
         _draw_bars(ax, _lanes(y, events, split), seconds_per_px)
-        if stream == "compute" and makespan > 0:
-            if show_idle:
-                gaps = idle_gaps(events, makespan)
-                _draw_idle(ax, y, gaps)
-                drew_idle = drew_idle or bool(gaps)
-            ax.annotate(f"idle {trace.idle_fraction(device):.0%}", xy=(1.0, y),
-                        xycoords=("axes fraction", "data"), xytext=(6, 0),
-                        textcoords="offset points", va="center", ha="left",
-                        fontsize=FONT_SIZE - 1, gid="idle-label")
+        if stream == "compute" and trace.makespan > 0:
+            drew_idle = _draw_idle(ax, y, trace, device, show_idle) or drew_idle
     for i in range(1, len(devices)):
         ax.axhline(i * len(streams) - 0.5, color="#B0B0B0", linewidth=0.8)
     ax.set_yticks(range(len(rows)),
@@ -156,8 +154,8 @@ def _draw_timeline(ax: Axes, trace: Trace, *, title: str | None, devices: Sequen
     if title is None:
         plural = "s" if len(devices) != 1 else ""
         title = (f"{trace.source} timeline: {len(devices)} device{plural}, "
-                 f"makespan {format_seconds(makespan)}")
-    ax.set_title(title, loc="left", pad=22, fontsize=FONT_SIZE + 1)
+                 f"makespan {format_seconds(trace.makespan)}")
+    ax.set_title(title, loc="left", pad=22, fontsize=FONT_SIZE + 1)  # pad: the legend sits above
 
 
 def _devices(trace: Trace, devices: Sequence[int] | None) -> list[int]:

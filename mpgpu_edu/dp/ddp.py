@@ -1,0 +1,236 @@
+"""Distributed data parallel (DDP) from scratch, one refinement at a time.
+
+Every rank holds a full replica of the model and takes its shard of each batch. After
+backward, the ranks average their gradients with an all-reduce, so every replica applies the
+same update and stays identical. That is all of DDP; the rest is making the averaging cheap:
+
+- ``ddp_step``             naive: after backward, one all-reduce per parameter. Not used in
+                           practice, but a good start: every small tensor pays the latency.
+- ``ddp_step_bucketed``    flatten the gradients into buckets of about ``bucket_bytes``
+                           (reverse parameter order, the order backward produces them) and
+                           all-reduce each bucket: few large messages instead of many small.
+- ``ddp_step_overlapped``  start a bucket's all-reduce on the comm stream the moment its last
+                           gradient is ready, while backward still computes the earlier
+                           layers: communication hides behind compute.
+- ``ddp_step_accumulated`` gradient accumulation: several micro-batches, one all-reduce
+                           (the idea of ``DistributedDataParallel.no_sync``).
+
+Uneven shards are exact: each rank scales its loss by its share of the samples (see
+``mpgpu_edu.data.shard``), so the mean over ranks is the whole batch's gradient.
+Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
+VLDB 2020 (buckets, overlap, no_sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from mpgpu_edu.collectives import all_reduce, broadcast
+from mpgpu_edu.comm.base import Communicator, nbytes_of
+from mpgpu_edu.data import Batch, loss_fn, shard
+from mpgpu_edu.memory.measure import (saved_activations, track_gradients, track_optimizer_state,
+                                      track_parameters)
+from mpgpu_edu.reference import batch_for_step, make_optimizer, named_params
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb=25
+
+StepFn = Callable[..., torch.Tensor]
+
+
+def forward_backward(comm: Communicator, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """Forward and backward of ``scale * loss`` on ``(x, y)``, timed and with its saved
+    activations recorded; returns the (unscaled, detached) loss."""
+    with saved_activations(comm, "activations") as acts:
+        with comm.compute("forward"):
+            loss = loss_fn(model(x), y)
+        with comm.compute("backward"):
+            (loss * scale).backward()
+    acts.free()
+    return loss.detach()
+
+
+def optimizer_step(comm: Communicator, optimizer: torch.optim.Optimizer) -> None:
+    """Apply the averaged gradients, then zero them (kept allocated, as DDP's buckets are)."""
+    with comm.compute("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+
+def local_forward_backward(comm: Communicator, model: nn.Module, batch: Batch) -> torch.Tensor:
+    """This rank's shard of ``batch``, forward and backward; returns its loss times its
+    share, so that the sum over ranks is the whole batch's loss.
+
+    The loss is scaled by ``share * world_size`` before backward: the *mean* over ranks of
+    those gradients is ``sum_i share_i * g_i``, the whole batch's gradient, even when the
+    shards differ in size."""
+    (x, y), share = shard(batch, comm.rank, comm.world_size)
+    loss = forward_backward(comm, model, x, y, share * comm.world_size)
+    return loss * share
+
+
+def ddp_step(comm: Communicator, model: nn.Module, optimizer: torch.optim.Optimizer,
+             batch: Batch) -> torch.Tensor:
+    """One training step, naive: after backward, all-reduce (mean) every gradient, one
+    parameter at a time, then step. Returns this rank's share of the batch loss.
+
+    Cost: one all-reduce per parameter tensor: 2(N - 1) alpha each, so a model of many small
+    tensors pays mostly latency; none of it overlaps with compute."""
+    loss = local_forward_backward(comm, model, batch)
+    for p in model.parameters():
+        all_reduce(comm, p.grad, "mean")
+    optimizer_step(comm, optimizer)
+    return loss
+
+
+def make_buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """Group parameters, last first, into buckets of at most ``bucket_bytes`` (a parameter
+    larger than that gets a bucket of its own). Backward produces gradients roughly from
+    the last layer to the first, so the first bucket is the first one ready."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for p in reversed(list(params)):
+        if not buckets or size + nbytes_of(p) > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += nbytes_of(p)
+    return buckets
+
+
+def flatten_grads(bucket: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The bucket's gradients, copied into one flat buffer."""
+    return torch.cat([p.grad.reshape(-1) for p in bucket])
+
+
+def unflatten_grads(flat: torch.Tensor, bucket: Sequence[torch.Tensor]) -> None:
+    """Copy the flat buffer back into the bucket's gradients."""
+    offset = 0
+    for p in bucket:
+        p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+
+
+def ddp_step_bucketed(comm: Communicator, model: nn.Module, optimizer: torch.optim.Optimizer,
+                      batch: Batch, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> torch.Tensor:
+    """``ddp_step`` with the gradients flattened into buckets, one all-reduce per bucket.
+
+    Cost: per bucket 2(N - 1) alpha + 2 (N - 1)/N S_bucket / beta: the latency is paid once
+    per bucket instead of once per parameter; still after backward, never during it."""
+    loss = local_forward_backward(comm, model, batch)
+    for bucket in make_buckets(list(model.parameters()), bucket_bytes):
+        flat = flatten_grads(bucket)
+        with comm.memory.hold("comm_buffers", nbytes_of(flat), "bucket"):
+            all_reduce(comm, flat, "mean")
+            unflatten_grads(flat, bucket)
+    optimizer_step(comm, optimizer)
+    return loss
+
+
+def ddp_step_overlapped(comm: Communicator, model: nn.Module, optimizer: torch.optim.Optimizer,
+                        batch: Batch, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> torch.Tensor:
+    """``ddp_step_bucketed`` with communication overlapped with backward.
+
+    A hook on every parameter (``register_post_accumulate_grad_hook``) counts the gradients
+    of its bucket; when the last one is in, the bucket is flattened and its all-reduce starts
+    on the comm stream (``comm.run_async``) while backward goes on with earlier layers. After
+    backward we wait for all buckets. Buckets start in the same order on every rank, because
+    every rank runs the same backward.
+    Cost: about max(backward, communication) instead of their sum; what stays exposed is
+    the last bucket's all-reduce (the first layers' gradients come last)."""
+    buckets = make_buckets(list(model.parameters()), bucket_bytes)
+    bucket_of = {id(p): i for i, bucket in enumerate(buckets) for p in bucket}
+    missing = [len(bucket) for bucket in buckets]
+    started: list[tuple[int, torch.Tensor, int, object]] = []
+
+    def on_grad_ready(p: torch.Tensor) -> None:
+        i = bucket_of[id(p)]
+        missing[i] -= 1
+        if missing[i] == 0:
+            flat = flatten_grads(buckets[i])
+            token = comm.memory.alloc("comm_buffers", nbytes_of(flat), f"bucket {i}")
+            started.append((i, flat, token, comm.run_async(all_reduce, comm, flat, "mean")))
+
+    hooks = [p.register_post_accumulate_grad_hook(on_grad_ready)
+             for bucket in buckets for p in bucket]
+    try:
+        loss = local_forward_backward(comm, model, batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if len(started) != len(buckets):
+        raise RuntimeError(f"only {len(started)} of {len(buckets)} buckets got all their "
+                           "gradients: does every parameter take part in the loss?")
+    for i, flat, token, work in started:
+        work.wait()
+        unflatten_grads(flat, buckets[i])
+        comm.memory.free(token)
+    optimizer_step(comm, optimizer)
+    return loss
+
+
+def ddp_step_accumulated(comm: Communicator, model: nn.Module,
+                         optimizer: torch.optim.Optimizer, batch: Batch, micro_steps: int = 2,
+                         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> torch.Tensor:
+    """Gradient accumulation without sync: this rank's shard in ``micro_steps`` micro-batches,
+    each backward adding into ``.grad`` locally, then one bucketed all-reduce.
+
+    Only one micro-batch's activations are alive at a time, and the bytes sent per step do
+    not grow with ``micro_steps``: syncing after every micro-batch would send them
+    ``micro_steps`` times."""
+    (x, y), share = shard(batch, comm.rank, comm.world_size)
+    loss = torch.zeros((), device=x.device)
+    for j in range(micro_steps):
+        (xj, yj), micro_share = shard((x, y), j, micro_steps, who="micro-batches")
+        part = share * micro_share  # this micro-batch's share of the whole batch
+        loss = loss + forward_backward(comm, model, xj, yj, part * comm.world_size) * part
+    for bucket in make_buckets(list(model.parameters()), bucket_bytes):
+        flat = flatten_grads(bucket)
+        with comm.memory.hold("comm_buffers", nbytes_of(flat), "bucket"):
+            all_reduce(comm, flat, "mean")
+            unflatten_grads(flat, bucket)
+    optimizer_step(comm, optimizer)
+    return loss
+
+
+def broadcast_parameters(comm: Communicator, model: nn.Module) -> None:
+    """Make every replica start from rank 0's parameters (what DDP's constructor does)."""
+    with torch.no_grad():
+        flat = torch.cat([p.reshape(-1) for p in model.parameters()])
+        broadcast(comm, flat, root=0)
+        offset = 0
+        for p in model.parameters():
+            p.copy_(flat[offset: offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def train_ddp(comm: Communicator, step_fn: StepFn, model_fn: Callable[[], nn.Module],
+              batches: Sequence[Batch], optimizer: str = "sgd", lr: float = 0.05,
+              steps: int | None = None) -> dict:
+    """Every rank: build a replica, take rank 0's parameters, run ``steps`` steps of
+    ``step_fn`` (one of the ``ddp_step*``, or a ``functools.partial`` of one), and record
+    parameters, gradients and optimizer state in ``comm.memory``.
+
+    Returns ``{"params": {name: tensor}, "losses": [whole-batch loss of every step]}``,
+    identical on every rank (the losses are summed over ranks once, at the end)."""
+    steps = len(batches) if steps is None else steps
+    model = model_fn().to(comm.device)
+    broadcast_parameters(comm, model)
+    opt = make_optimizer(optimizer, model.parameters(), lr)
+    track_parameters(comm, model)
+    track_gradients(comm, model)
+    state = None
+    losses = []
+    for step in range(steps):
+        x, y = batch_for_step(batches, step)
+        losses.append(step_fn(comm, model, opt, (x.to(comm.device), y.to(comm.device))))
+        if state is None:
+            state = track_optimizer_state(comm, opt)
+    total = torch.stack(losses) if losses else torch.zeros(0)
+    all_reduce(comm, total, "sum")
+    return {"params": named_params(model), "losses": total.tolist()}

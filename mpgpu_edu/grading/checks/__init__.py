@@ -1,0 +1,61 @@
+"""The checks: for every exercise, a list of named cases, each worth some points.
+
+A case is a function of the learner's implementation (the exercise's function). It returns
+normally when the implementation passes, raises ``AssertionError`` (or ``CheckFailure``)
+with a message for the learner when it does not, and may return ``Evidence``: timelines to
+draw next to the reference's, or text such as a rendered schedule.
+
+Cases test structure as well as numbers: bytes and messages per rank from the simulator's
+``LaunchResult.stats``, the timeline (``LaunchResult.trace``), schedules' activations,
+optimizer state per rank. The reference is the package's own implementation. Cases marked
+``hidden`` are property tests (hypothesis, derandomized so every run tries the same
+examples): the learner sees their name and, on failure, the smallest failing example.
+
+Modules: ``lesson_00`` .. ``lesson_06``, each with ``CASES: dict[str, list[Case]]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpgpu_edu.grading.registry import get
+
+DEFAULT_CASE_TIMEOUT_S = 20.0
+
+
+class CheckFailure(AssertionError):
+    """A case failed: the message says what was expected and what came back."""
+
+
+@dataclass
+class Evidence:
+    """What a case can show beside its verdict: timelines (``{"yours": trace, "reference":
+    trace}``, drawn side by side) and text (a schedule grid, a table)."""
+
+    traces: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One named check worth ``points``: ``run(impl)`` raises on failure."""
+
+    name: str
+    points: int
+    run: Callable[[Callable[..., Any]], Evidence | None]
+    hidden: bool = False
+    timeout_s: float = DEFAULT_CASE_TIMEOUT_S
+
+
+def lesson_module(lesson: int) -> Any:
+    """``mpgpu_edu.grading.checks.lesson_NN`` (imports torch)."""
+    return importlib.import_module(f"{__name__}.lesson_{lesson:02d}")
+
+
+def cases_for(exercise_id: str) -> list[Case]:
+    """The cases of exercise ``exercise_id``."""
+    exercise = get(exercise_id)
+    return list(lesson_module(exercise.lesson).CASES[exercise.id])

@@ -1,0 +1,207 @@
+"""What every lesson's checks share: running SPMD code, refusing built-in collectives,
+property tests with a reproducible failing example, and comparing tensors."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.comm import (DeadlockError, LaunchResult, LaunchTimeoutError,
+                            MessageMismatchError, RankError, UnmatchedMessageError, launch)
+from mpgpu_edu.grading.checks import CheckFailure
+
+LAUNCH_TIMEOUT_S = 10.0
+ALPHA, BETA = 1e-5, 1e9
+
+
+class LearnerError(Exception):
+    """The learner's code raised: ``original`` is its exception (traceback included)."""
+
+    def __init__(self, message: str, original: BaseException) -> None:
+        super().__init__(message)
+        self.original = original
+
+
+def uniform(n: int) -> Cluster:
+    """The textbook cluster: every device its own port, alpha 10 us, beta 1 GB/s."""
+    return Cluster.uniform(n, alpha_s=ALPHA, beta_Bps=BETA)
+
+
+def run_spmd(fn: Callable[..., Any], cluster: Cluster | int, *args: Any,
+             timeout: float = LAUNCH_TIMEOUT_S) -> LaunchResult:
+    """``launch`` on the simulator, with a rank's failure turned into what the grader
+    reports: NotImplementedError and assertion failures as themselves, a deadlock or
+    mismatched messages as a failure, other exceptions as the learner's error."""
+    if isinstance(cluster, int):
+        cluster = uniform(cluster)
+    try:
+        return launch(fn, cluster, *args, timeout=timeout)
+    except RankError as exc:
+        original = exc.original
+        if isinstance(original, NotImplementedError):
+            raise original
+        if isinstance(original, AssertionError):
+            raise CheckFailure(f"rank {exc.rank}: {original}") from None
+        if original is None:
+            raise CheckFailure(str(exc).split("\n")[0]) from None
+        raise LearnerError(f"rank {exc.rank} raised {type(original).__name__}: {original}",
+                           original) from None
+    except (DeadlockError, MessageMismatchError, UnmatchedMessageError) as exc:
+        raise CheckFailure(f"{type(exc).__name__}: {exc}") from None
+    except LaunchTimeoutError:
+        raise
+
+
+# ---- from scratch means from send and recv -------------------------------------------------
+
+_DIST_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                     "reduce_scatter_tensor", "broadcast", "reduce", "gather", "scatter",
+                     "all_to_all", "all_to_all_single", "all_gather_object",
+                     "broadcast_object_list")
+_PACKAGE_MODULES = ("mpgpu_edu.collectives", "mpgpu_edu.collectives.allreduce",
+                    "mpgpu_edu.collectives.allgather", "mpgpu_edu.collectives.basic")
+
+
+def _forbidden_targets() -> list[tuple[Any, str, str]]:
+    """(owner, attribute, display name) of every collective an exercise must not call."""
+    import importlib
+
+    import torch.distributed as dist
+
+    targets = [(dist, name, f"torch.distributed.{name}") for name in _DIST_COLLECTIVES
+               if callable(getattr(dist, name, None))]
+    for module_name in _PACKAGE_MODULES:
+        module = importlib.import_module(module_name)
+        for name, value in vars(module).items():
+            if (inspect.isfunction(value) and not name.startswith("_")
+                    and value.__module__.startswith("mpgpu_edu.collectives")
+                    and name not in ("check_op", "finish_op", "flat_view")):
+                targets.append((module, name, f"{value.__module__}.{name}"))
+    return targets
+
+
+@contextlib.contextmanager
+def from_scratch(impl: Callable[..., Any], exercise_id: str) -> Iterator[None]:
+    """While inside, every built-in collective (``torch.distributed``'s and
+    ``mpgpu_edu.collectives``') raises, also when the learner's module imported it by name."""
+    originals = {}
+    patched: list[tuple[Any, str, Any]] = []
+    for owner, name, display in _forbidden_targets():
+        original = getattr(owner, name)
+        originals.setdefault(id(original), (original, display))
+        patched.append((owner, name, original))
+    learner_globals = getattr(impl, "__globals__", {})
+    for name, value in list(learner_globals.items()):
+        if id(value) in originals and originals[id(value)][0] is value:
+            patched.append((learner_globals, name, value))
+    try:
+        for owner, name, original in patched:
+            blocker = _blocker(exercise_id, originals[id(original)][1])
+            if isinstance(owner, dict):
+                owner[name] = blocker
+            else:
+                setattr(owner, name, blocker)
+        yield
+    finally:
+        for owner, name, original in reversed(patched):
+            if isinstance(owner, dict):
+                owner[name] = original
+            else:
+                setattr(owner, name, original)
+
+
+def _blocker(exercise_id: str, display: str) -> Callable[..., Any]:
+    def blocked(*args: Any, **kwargs: Any) -> Any:
+        raise CheckFailure(f"exercise {exercise_id} is built from comm.send/recv/isend/irecv "
+                           f"only, but it called {display}")
+    return blocked
+
+
+# ---- property tests --------------------------------------------------------------------------
+
+def property_check(body: Callable[..., None], max_examples: int = 20,
+                   **strategies: Any) -> None:
+    """Run ``body(**example)`` on examples drawn from ``strategies`` (hypothesis,
+    derandomized: every run tries the same examples). On failure raise ``CheckFailure``
+    naming the smallest failing example."""
+    from hypothesis import HealthCheck, given, settings
+
+    last: dict[str, Any] = {}
+
+    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(**strategies)
+    def prop(**example: Any) -> None:
+        last.clear()
+        last.update(example)
+        body(**example)
+
+    try:
+        prop()
+    except NotImplementedError:
+        raise
+    except AssertionError as exc:
+        raise CheckFailure(f"fails for {_example(last)}: {_first_line(exc)}") from None
+    except LearnerError as exc:
+        raise LearnerError(f"for {_example(last)}: {exc}", exc.original) from None
+    except LaunchTimeoutError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the learner's code raised
+        if type(exc).__name__ in ("ExceptionGroup", "MultipleFailures", "FlakyFailure"):
+            inner = getattr(exc, "exceptions", [exc])[0]
+            if isinstance(inner, NotImplementedError):
+                raise inner from None
+            raise CheckFailure(f"fails for {_example(last)}: {_first_line(inner)}") from None
+        raise LearnerError(f"for {_example(last)}: {type(exc).__name__}: {exc}", exc) from None
+
+
+def _example(example: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_short(v)}" for k, v in example.items()) or "an example"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text if text else type(exc).__name__
+
+
+# ---- comparisons -------------------------------------------------------------------------------
+
+def expect(condition: bool, message: str) -> None:
+    """Fail the case with ``message`` unless ``condition``."""
+    if not condition:
+        raise CheckFailure(message)
+
+
+def expect_close(got: Any, want: torch.Tensor, what: str, rtol: float = 1e-5,
+                 atol: float = 1e-6) -> None:
+    """``got`` is a tensor with ``want``'s shape and values (within tolerance)."""
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailure(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
+    if got.shape != want.shape:
+        raise CheckFailure(f"{what}: expected shape {list(want.shape)}, got {list(got.shape)}")
+    if not torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol):
+        worst = (got.double() - want.double()).abs().argmax().item()
+        flat_got, flat_want = got.reshape(-1), want.reshape(-1)
+        raise CheckFailure(f"{what}: wrong values, e.g. element {worst} is "
+                           f"{flat_got[worst].item():.6g}, expected {flat_want[worst].item():.6g}")
+
+
+def rank_inputs(world_size: int, numel: int, seed: int = 0) -> list[torch.Tensor]:
+    """One small-integer float tensor per rank (sums are exact in float32)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(-8, 9, (numel,), generator=generator).float()
+            for _ in range(world_size)]
+
+
+def bytes_of(numel: int, dtype: torch.dtype = torch.float32) -> int:
+    return numel * torch.empty(0, dtype=dtype).element_size()

@@ -1,0 +1,258 @@
+"""The pipeline executor: one interpreter that runs any schedule, and a pipeline train step.
+
+A schedule (``mpgpu_edu.pipeline.schedules``) is a value: for each device, the forward and
+backward steps it runs, in order. ``run_schedule`` walks this rank's steps and does the same
+thing for every one of them, whatever the schedule's name:
+
+    F(m): receive microbatch m's activation from the previous stage (stage 0 reads the batch),
+          run the stage forward, keep what backward needs, send the output to the next
+          stage (the last stage computes microbatch m's loss instead).
+    B(m): receive the gradient of m's output from the next stage (the last stage starts from
+          its loss), run backward, free m's activations, send the gradient of m's input to
+          the previous stage.
+
+That is the seed's picture: activations flow forward, gradients flow back, and a device
+with nothing to receive yet waits (a bubble). Naive model parallelism, GPipe and 1F1B differ
+only in the order of steps, which the schedule holds; the executor holds no schedule logic.
+
+Messages: sends are ``isend`` (waited for at the end), receives block. In a valid schedule
+every step's inputs come from steps at earlier ticks, so by induction on the tick every
+receive is eventually matched: no schedule that passes ``validate`` can deadlock here. Each
+message's tag names its microbatch and direction (``message_tag``).
+
+Cost per microbatch on a stage boundary: one activation message forward and one gradient
+message back, each ``alpha + bytes / beta`` on the link between the two devices.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mpgpu_edu.comm import Communicator, Work, nbytes_of
+from mpgpu_edu.pipeline.schedules import Schedule, Step, recv_from, send_to, steps_of
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+StageSeconds = tuple[float, float]
+
+
+def message_tag(step: Step) -> int:
+    """The tag of the message a step receives or sends: ``2 m`` for microbatch m's
+    activation, ``2 m + 1`` for its gradient."""
+    return 2 * step.microbatch + (1 if step.op == "B" else 0)
+
+
+@dataclass
+class _Pipeline:
+    """What every step of one ``run_schedule`` call needs (kept together to keep the two step
+    functions short)."""
+
+    comm: Communicator
+    n_stages: int
+    module: nn.Module
+    microbatches: Sequence[torch.Tensor] | None
+    targets: Sequence[torch.Tensor] | None
+    loss_fn: LossFn
+    recv_like: Sequence[torch.Tensor] | None
+    batch_size: int
+    seconds: StageSeconds | None
+    losses: list[float]
+
+
+@dataclass
+class _Saved:
+    """What microbatch m's backward needs: the stage's input (whose grad we send back), its
+    output (or the loss, on the last stage) and the memory record of the activations."""
+
+    inputs: torch.Tensor
+    outputs: torch.Tensor
+    token: int
+
+
+def run_schedule(comm: Communicator, schedule: Schedule, stage_module: nn.Module,
+                 microbatches: Sequence[torch.Tensor] | None,
+                 targets: Sequence[torch.Tensor] | None, loss_fn: LossFn, *,
+                 recv_like: Sequence[torch.Tensor] | None = None,
+                 batch_size: int | None = None,
+                 stage_seconds: StageSeconds | None = None) -> float | None:
+    """Run this rank's steps of ``schedule`` (rank p runs stage p, row p of the grid).
+
+    Stage 0 reads ``microbatches[m]``; the last stage reads ``targets[m]`` and computes
+    ``loss_fn(output, targets[m]) * len(targets[m]) / batch_size`` (``batch_size`` defaults to
+    the targets' total length, so with a mean ``loss_fn`` the gradients equal the full batch's
+    mean: 1/M per microbatch when they are equal). Any other stage receives its input into a
+    tensor shaped like ``recv_like[m]`` (a meta tensor will do, see ``stage_inputs_like``).
+
+    Gradients accumulate in ``stage_module``'s ``.grad``; the caller zeroes them and steps the
+    optimizer. ``stage_seconds=(forward_s, backward_s)`` times every step at fixed seconds on
+    the simulator (for teaching), instead of counting FLOPs.
+
+    Returns the summed (scaled) loss on the last stage, ``None`` on the others.
+    """
+    if schedule.n_stages != comm.world_size:
+        raise ValueError(f"schedule {schedule.name!r} has {schedule.n_stages} stages but the "
+                         f"communicator has {comm.world_size} ranks: one stage per rank")
+    is_last = comm.rank == schedule.n_stages - 1
+    _check_inputs(comm.rank, is_last, schedule, microbatches, targets, recv_like)
+    if batch_size is None:
+        batch_size = sum(len(t) for t in targets) if is_last else 1
+    run = _Pipeline(comm, schedule.n_stages, stage_module, microbatches, targets, loss_fn,
+                    recv_like, batch_size, stage_seconds, [])
+    saved: dict[int, _Saved] = {}
+    sends: list[tuple[Work, torch.Tensor]] = []
+    for step in steps_of(schedule, comm.rank):
+        do_step = _forward if step.op == "F" else _backward
+        sends += do_step(run, step, saved)
+    for work, _ in sends:  # keeping the tensor referenced until the send is done
+        work.wait()
+    return sum(run.losses) if is_last else None
+
+
+def _forward(run: _Pipeline, step: Step, saved: dict[int, _Saved]
+             ) -> list[tuple[Work, torch.Tensor]]:
+    comm, m = run.comm, step.microbatch
+    source, target = recv_from(step, run.n_stages), send_to(step, run.n_stages)
+    if source is None:
+        inputs = run.microbatches[m]
+    else:
+        inputs = torch.empty_like(run.recv_like[m], device=comm.device)
+        comm.recv(inputs, source, message_tag(step))
+        inputs.requires_grad_()
+    seconds = run.seconds[0] if run.seconds else None
+    acts = _ActivationBytes(run.module)
+    with comm.compute("forward", step.token, seconds=seconds), acts:
+        outputs = run.module(inputs)
+        if target is None:  # the last stage: this microbatch's share of the batch's loss
+            share = len(run.targets[m]) / run.batch_size
+            outputs = run.loss_fn(outputs, run.targets[m]) * share
+            run.losses.append(outputs.item())
+    token = comm.memory.alloc("activations", acts.nbytes, f"stage {step.stage} {step.token}")
+    saved[m] = _Saved(inputs, outputs, token)
+    if target is None:
+        return []
+    message = outputs.detach().contiguous()
+    return [(comm.isend(message, target, message_tag(step)), message)]
+
+
+def _backward(run: _Pipeline, step: Step, saved: dict[int, _Saved]
+              ) -> list[tuple[Work, torch.Tensor]]:
+    comm = run.comm
+    source, target = recv_from(step, run.n_stages), send_to(step, run.n_stages)
+    mine = saved.pop(step.microbatch)
+    grad = None  # the last stage starts from its loss
+    if source is not None:
+        grad = torch.empty_like(mine.outputs)
+        comm.recv(grad, source, message_tag(step))
+    seconds = run.seconds[1] if run.seconds else None
+    with comm.compute("backward", step.token, seconds=seconds):
+        if mine.outputs.requires_grad:  # False only for a stage with nothing to train
+            torch.autograd.backward(mine.outputs, grad)
+    comm.memory.free(mine.token)
+    if target is None:
+        return []
+    message = mine.inputs.grad.contiguous()
+    return [(comm.isend(message, target, message_tag(step)), message)]
+
+
+class _ActivationBytes(torch.autograd.graph.saved_tensors_hooks):
+    """Counts the bytes of the tensors autograd saves for backward (the activations), each
+    once, leaving out the module's parameters, which are held anyway."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.nbytes = 0
+        self._seen = {p.data_ptr() for p in module.parameters()}
+        super().__init__(self._pack, lambda tensor: tensor)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_meta and tensor.data_ptr() not in self._seen:
+            self._seen.add(tensor.data_ptr())
+            self.nbytes += nbytes_of(tensor)
+        return tensor
+
+
+def _check_inputs(rank: int, is_last: bool, schedule: Schedule,
+                  microbatches: Sequence[torch.Tensor] | None,
+                  targets: Sequence[torch.Tensor] | None,
+                  recv_like: Sequence[torch.Tensor] | None) -> None:
+    n = schedule.n_microbatches
+    needs = [("microbatches", microbatches, rank == 0), ("targets", targets, is_last),
+             ("recv_like", recv_like, rank > 0)]
+    for name, value, needed in needs:
+        if needed and (value is None or len(value) != n):
+            got = "nothing" if value is None else f"{len(value)}"
+            raise ValueError(f"stage {rank} needs {n} {name} (one per microbatch of schedule "
+                             f"{schedule.name!r}), got {got}")
+
+
+# ---- a train step ------------------------------------------------------------------------------
+
+def stage_inputs_like(earlier_stages: Sequence[nn.Module],
+                      microbatches: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Meta tensors shaped like what the stage after ``earlier_stages`` receives for each
+    microbatch: the microbatch run through copies of those stages on the meta device (no
+    data, no FLOPs). A real pipeline learns these shapes once, before training."""
+    meta_stages = [_meta_copy(stage) for stage in earlier_stages]
+    shapes = []
+    for batch in microbatches:
+        x = torch.empty_like(batch, device="meta")
+        for stage in meta_stages:
+            x = stage(x)
+        shapes.append(x)
+    return shapes
+
+
+def _meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers are meta tensors. Copying, rather than
+    swapping tensors in place, leaves the original untouched for ranks that share it."""
+    memo: dict[int, torch.Tensor] = {}
+    for t in module.parameters():
+        memo[id(t)] = nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad)
+    for t in module.buffers():
+        memo[id(t)] = torch.empty_like(t, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+def split_batch(batch: torch.Tensor, n_microbatches: int) -> list[torch.Tensor]:
+    """``batch`` cut into ``n_microbatches`` microbatches along dim 0 (``torch.tensor_split``:
+    sizes differ by at most one)."""
+    if not 1 <= n_microbatches <= len(batch):
+        raise ValueError(f"cannot split a batch of {len(batch)} samples into "
+                         f"{n_microbatches} microbatches: use 1..{len(batch)} microbatches")
+    return list(torch.tensor_split(batch, n_microbatches))
+
+
+def pipeline_train_step(comm: Communicator, model_stages: Sequence[nn.Module],
+                        schedule: Schedule, batch: torch.Tensor, targets: torch.Tensor,
+                        optimizer: torch.optim.Optimizer, loss_fn: LossFn | None = None, *,
+                        stage_seconds: StageSeconds | None = None) -> float | None:
+    """One optimizer update of pipeline training: split the batch into the schedule's
+    microbatches, run the schedule (``run_schedule``), step this stage's ``optimizer``.
+
+    ``model_stages`` are all the stages (every rank can build the whole model; rank p trains
+    ``model_stages[p]``). Returns the batch's mean loss on the last stage, ``None`` elsewhere.
+    With ``stage_seconds`` the optimizer step is free, so the timeline shows only the schedule.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss = run_pipeline_backward(comm, model_stages, schedule, batch, targets, loss_fn,
+                                 stage_seconds=stage_seconds)
+    with comm.compute("optimizer", "step", seconds=0.0 if stage_seconds else None):
+        optimizer.step()
+    return loss
+
+
+def run_pipeline_backward(comm: Communicator, model_stages: Sequence[nn.Module],
+                          schedule: Schedule, batch: torch.Tensor, targets: torch.Tensor,
+                          loss_fn: LossFn | None = None, *, batch_size: int | None = None,
+                          stage_seconds: StageSeconds | None = None) -> float | None:
+    """Forward and backward of the whole batch through the pipeline, gradients accumulated
+    in this rank's stage; no optimizer step (``pipeline_train_step`` adds it)."""
+    rank, m = comm.rank, schedule.n_microbatches
+    microbatches, mb_targets = split_batch(batch, m), split_batch(targets, m)
+    recv_like = stage_inputs_like(model_stages[:rank], microbatches) if rank > 0 else None
+    return run_schedule(comm, schedule, model_stages[rank], microbatches, mb_targets,
+                        loss_fn or nn.functional.mse_loss, recv_like=recv_like,
+                        batch_size=batch_size, stage_seconds=stage_seconds)

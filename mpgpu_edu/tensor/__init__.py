@@ -1,0 +1,29 @@
+"""Tensor (intra-layer) parallelism: one layer's weight split across ranks.
+
+- ``layers``: Megatron's f and g as autograd functions on our collectives, and the layers
+  built from them: ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP`` (column
+  then row), ``naive_parallel_mlp`` and the seed's ``ColumnParallelConv2d`` (64 channels as
+  4 ranks x 16).
+- ``runner``: training a tensor-parallel MLP against single-device training
+  (``mpgpu-edu run tp``).
+"""
+
+from mpgpu_edu.tensor.layers import (
+    ColumnParallelConv2d,
+    ColumnParallelLinear,
+    ParallelMLP,
+    RowParallelLinear,
+    copy_to_parallel,
+    gather_from_parallel,
+    naive_parallel_mlp,
+    reduce_from_parallel,
+    scatter_to_parallel,
+    shard,
+    shard_sizes,
+)
+
+__all__ = [
+    "ColumnParallelConv2d", "ColumnParallelLinear", "ParallelMLP", "RowParallelLinear",
+    "copy_to_parallel", "gather_from_parallel", "naive_parallel_mlp", "reduce_from_parallel",
+    "scatter_to_parallel", "shard", "shard_sizes",
+]

@@ -1,0 +1,118 @@
+"""Lesson 03 exercises: data parallel training (DDP) piece by piece.
+
+Every rank holds a replica of the model and trains on its own slice of the batch; averaging
+the gradients makes every replica take the same step. Here you may use the package's
+collectives (``mpgpu_edu.collectives.all_reduce``): lesson 01 built them.
+The function just below is solved for you: read it first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mpgpu_edu.collectives import all_reduce
+from mpgpu_edu.comm import Communicator
+
+
+# ---- worked example (solved, not graded) ---------------------------------------------------
+
+def local_batch(comm: Communicator, batch: torch.Tensor) -> torch.Tensor:
+    """This rank's slice of a global batch: the ``rank``-th of ``world_size`` nearly equal
+    parts along dimension 0 (``torch.tensor_split``), so every sample is used exactly once.
+
+    The gradient of a mean loss over the whole batch is the mean of the slices' gradients
+    when the slices are equal, which is why averaging gradients reproduces one device."""
+    return torch.tensor_split(batch, comm.world_size)[comm.rank]
+
+
+# ---- exercises ------------------------------------------------------------------------------
+
+def average_gradients(comm: Communicator, model: nn.Module) -> None:
+    """After ``loss.backward()``: replace every parameter's ``.grad`` by the mean of that
+    gradient over all ranks, in place, so that every replica takes the same optimizer step.
+
+    Every parameter of ``model`` has a gradient. Cost: one all-reduce per parameter, about
+    2(N - 1)/N of the model's bytes sent by every rank with the ring.
+    """
+    ### BEGIN SOLUTION 3.1
+    for param in model.parameters():
+        all_reduce(comm, param.grad, op="mean")
+    ### END SOLUTION
+
+
+def make_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Group parameters into buckets for all-reduce, as DDP does: ``sizes[i]`` is the
+    gradient size in bytes of parameter i (in ``model.parameters()`` order). Return lists
+    of parameter indices.
+
+    Backward produces gradients from the last parameter to the first, so walk the
+    parameters in *reverse* order and fill a bucket until the next parameter would take it
+    over ``bucket_bytes``; then start a new bucket. A parameter larger than ``bucket_bytes``
+    gets a bucket of its own. Do not change ``sizes``.
+
+    >>> make_buckets([4, 4, 4, 8], bucket_bytes=8)
+    [[3], [2, 1], [0]]
+    """
+    ### BEGIN SOLUTION 3.2
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for index in reversed(range(len(sizes))):
+        if current and filled + sizes[index] > bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(index)
+        filled += sizes[index]
+    if current:
+        buckets.append(current)
+    return buckets
+    ### END SOLUTION
+
+
+def backward_with_overlap(comm: Communicator, model: nn.Module, loss: torch.Tensor) -> None:
+    """Run ``loss.backward()`` and average every gradient over the ranks (as
+    ``average_gradients`` does) *while* backward is still running: start each parameter's
+    all-reduce on the communication stream (``comm.run_async``) as soon as its gradient is
+    ready (``param.register_post_accumulate_grad_hook``). Wait for all of them before
+    returning, and remove the hooks, so a later backward triggers no communication.
+
+    Cost: the all-reduces of the last layers hide behind the backward of the first ones;
+    only what is left after backward ends adds to the step time.
+    """
+    ### BEGIN SOLUTION 3.3
+    works = []
+
+    def hook(param: torch.Tensor) -> None:
+        works.append(comm.run_async(all_reduce, comm, param.grad, "mean"))
+
+    handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()]
+    try:
+        loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    for work in works:
+        work.wait()
+    ### END SOLUTION
+
+
+def adam_memory(model: nn.Module, precision: str = "fp32") -> dict[str, int]:
+    """Bytes that training ``model`` with Adam holds, by category: ``{"parameters": ...,
+    "gradients": ..., "optimizer": ...}``. Activations are not counted.
+
+    ``precision="fp32"``: 4 B per weight, 4 B per gradient, 8 B of optimizer state (two
+    moments). ``"mixed"``: 2 B weights and gradients, 12 B of fp32 optimizer state (master
+    copy + two moments). Frozen parameters (``requires_grad=False``) hold their weights
+    only: no gradient, no optimizer state. Raise ``ValueError`` for another precision.
+    Works for models on the meta device (use ``numel()``, never the data).
+    """
+    ### BEGIN SOLUTION 3.4
+    if precision not in ("fp32", "mixed"):
+        raise ValueError(f"precision must be 'fp32' or 'mixed', got {precision!r}")
+    weight, state = (4, 8) if precision == "fp32" else (2, 12)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"parameters": weight * total, "gradients": weight * trainable,
+            "optimizer": state * trainable}
+    ### END SOLUTION

@@ -1,0 +1,132 @@
+"""Lesson 04 exercises: pipeline parallelism, from the split to the schedule to the executor.
+
+A pipeline splits the layers into stages, stage p on device p, and streams microbatches
+through them. A schedule is a value: for each device, the order of its ``Step``s, where
+``Step(stage, microbatch, "F")`` is a forward and ``"B"`` a backward
+(``mpgpu_edu.pipeline``). ``from_order`` places such orders on ticks, ``validate`` checks
+them, ``render`` draws them. The function just below is solved for you: read it first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mpgpu_edu.comm import Communicator
+from mpgpu_edu.pipeline import Step, recv_from, send_to
+
+
+# ---- worked example (solved, not graded) ---------------------------------------------------
+
+def naive_orders(n_stages: int) -> list[list[Step]]:
+    """Plain model parallelism as a schedule: the whole batch is one microbatch (0); device
+    p runs its forward, then, once the later stages are done, its backward.
+
+    >>> from mpgpu_edu.pipeline import from_order
+    >>> print(from_order("naive", naive_orders(2)))
+    tick  | 0  1  2  3  |
+    dev 0 | F0 .  .  B0 |
+    dev 1 | .  F0 B0 .  |
+    """
+    return [[Step(p, 0, "F"), Step(p, 0, "B")] for p in range(n_stages)]
+
+
+# ---- exercises ------------------------------------------------------------------------------
+
+def balanced_boundaries(costs: list[float], n_stages: int) -> list[int]:
+    """Split layers with costs ``costs`` (in model order) into ``n_stages`` contiguous,
+    non-empty stages so that the most expensive stage is as cheap as possible. Return the
+    boundaries: the index of the first layer of every stage after the first (``n_stages - 1``
+    increasing numbers in ``1 .. len(costs) - 1``), as ``partition_by_list`` takes them.
+
+    Raise ``ValueError`` when ``n_stages`` is below 1 or above ``len(costs)``. Do not
+    change ``costs``.
+
+    >>> balanced_boundaries([3, 1, 1, 1, 2], 2)
+    [2]
+    """
+    ### BEGIN SOLUTION 4.1
+    n = len(costs)
+    if not 1 <= n_stages <= n:
+        raise ValueError(f"cannot split {n} layers into {n_stages} non-empty stages")
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + cost)
+    # best[k][j]: the smallest largest-stage cost of the first j layers in k stages
+    best = [[float("inf")] * (n + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, n_stages + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                largest = max(best[k - 1][i], prefix[j] - prefix[i])
+                if largest < best[k][j]:
+                    best[k][j], cut[k][j] = largest, i
+    boundaries, j = [], n
+    for k in range(n_stages, 1, -1):
+        j = cut[k][j]
+        boundaries.append(j)
+    return boundaries[::-1]
+    ### END SOLUTION
+
+
+def gpipe_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
+    """The GPipe schedule as each device's step order: device p runs the forwards of
+    microbatches 0 .. M - 1 on stage p, then their backwards in the same order 0 .. M - 1.
+
+    ``from_order("gpipe", gpipe_orders(P, M))`` then takes 2(M + P - 1) ticks, and stage 0
+    holds all M microbatches' activations when it turns from forward to backward.
+    """
+    ### BEGIN SOLUTION 4.2
+    mbs = range(n_microbatches)
+    return [[*(Step(p, m, "F") for m in mbs), *(Step(p, m, "B") for m in mbs)]
+            for p in range(n_stages)]
+    ### END SOLUTION
+
+
+def one_f_one_b_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
+    """The 1F1B schedule (PipeDream-Flush) as each device's step order: stage p runs
+    ``min(P - 1 - p, M)`` warm-up forwards, then alternates one forward and one backward
+    (backwards in microbatch order 0, 1, ...), then runs the backwards that are left.
+
+    Same makespan as GPipe, 2(M + P - 1) ticks, but stage p never holds more than
+    ``min(P - p, M)`` microbatches' activations.
+    """
+    ### BEGIN SOLUTION 4.3
+    orders = []
+    for p in range(n_stages):
+        warmup = min(n_stages - 1 - p, n_microbatches)
+        forwards = [Step(p, m, "F") for m in range(n_microbatches)]
+        backwards = [Step(p, m, "B") for m in range(n_microbatches)]
+        steady = [step for pair in zip(forwards[warmup:], backwards) for step in pair]
+        orders.append(forwards[:warmup] + steady + backwards[n_microbatches - warmup:])
+    return orders
+    ### END SOLUTION
+
+
+def pipeline_forward_step(comm: Communicator, stage: nn.Module, step: Step, n_stages: int,
+                          x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
+    """Run one forward ``step`` of a pipeline on this rank (rank p runs stage p) and return
+    the stage's output, still attached to the autograd graph (a backward step needs it).
+
+    1. Input: on stage 0 it is ``x`` (the microbatch); on later stages receive a float32
+       activation of shape ``in_shape`` from ``recv_from(step, n_stages)``.
+    2. Forward: ``stage(input)`` inside ``with comm.compute("forward", ...)`` so the
+       simulator times it.
+    3. Output: unless this is the last stage, send the output (detached) to
+       ``send_to(step, n_stages)``.
+
+    Every message uses ``tag=step.microbatch``, so microbatches cannot be mixed up.
+    """
+    ### BEGIN SOLUTION 4.4
+    source = recv_from(step, n_stages)
+    if source is not None:
+        x = torch.empty(in_shape)
+        comm.recv(x, source, tag=step.microbatch)
+    with comm.compute("forward", f"F{step.microbatch}"):
+        y = stage(x)
+    target = send_to(step, n_stages)
+    if target is not None:
+        comm.send(y.detach(), target, tag=step.microbatch)
+    return y
+    ### END SOLUTION
