@@ -124,7 +124,7 @@ def test_a_function_from_the_notebook_is_refused_before_starting():
 def test_a_lambda_or_closure_is_refused_clearly():
     with pytest.raises(NotPicklableError, match="lambda or is defined inside another function"):
         launch(lambda comm: 0, 2, backend="gloo")
-    with pytest.raises(NotPicklableError, match="`make.<locals>.inner`"):
+    with pytest.raises(NotPicklableError, match="make.<locals>.inner`"):
         def make():
             def inner(comm):
                 return 0

@@ -22,14 +22,17 @@ def gloo(fn, world_size: int = 2, timeout: float = 30):
 
 
 def worker_processes() -> list[psutil.Process]:
-    """Children of this process that are not multiprocessing's own helpers."""
+    """Descendants of this process, except multiprocessing's own helpers (the fork server and
+    the resource tracker, direct children that live as long as this process)."""
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if not any(h in " ".join(child.cmdline()) for h in MP_HELPERS):
-                found.append(child)
+            helper = child.ppid() == psutil.Process().pid and any(
+                h in " ".join(child.cmdline()) for h in MP_HELPERS)
         except psutil.NoSuchProcess:
-            pass
+            continue
+        if not helper:
+            found.append(child)
     return found
 
 

@@ -37,6 +37,7 @@ def read_constraints(text: str) -> dict[str, str]:
         line = line.split("#")[0].strip()
         if not line:
             continue
+        line = line.split(";")[0].strip()  # an environment marker: 'python_version >= "3.11"'
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^=<>~!;\s]+)", line)
         assert match, f"constraints.txt: {line!r} is not an exact pin name==version"
         pins[canonical(match[1])] = match[2]

@@ -104,7 +104,7 @@ EXERCISES: dict[str, Exercise] = {e.id: e for e in (
         "rank = replica * pp_size + stage."),
     _ex("6.1", "choose_strategy", "Choosing a strategy that fits", 5,
         "estimate_memory(...).fits(cluster.capacity_bytes(0))."),
-    _ex("6.2", "exchange_with_partner", "Debugging: a swap that cannot deadlock", 4,
+    _ex("6.2", "exchange_with_partner", "Debugging: a swap that cannot deadlock", 5,
         "the lower rank of a pair sends first."),
 )}
 

@@ -1,0 +1,191 @@
+"""Asynchronous parameter server with bounded staleness, as a deterministic event simulation.
+
+In a synchronous step every worker waits for the slowest. Asynchronously, nobody waits: each
+worker pulls the parameters, computes a gradient, pushes it, and the server applies it the
+moment it arrives. The price is *staleness*: by the time a gradient arrives, the server may
+have applied s other updates since the worker pulled, so the gradient was computed at
+parameters s versions old. A bound keeps it in check: a gradient staler than
+``staleness_bound`` is dropped (the worker pulls fresh parameters and tries again).
+
+Which gradient arrives first depends on timing, and the simulator's threads have no timing
+of their own, so this module is an event simulation at the level of the strategy: each
+worker's compute time (given, or from FLOPs on the cluster) and the transfer times over its
+route to the server (alpha, beta, and the resources the route shares, as the simulator's
+replay does) order the events; the updates themselves are real tensor math, applied in that
+order with their real staleness. The result is deterministic and carries a ``Trace``.
+
+Roles: the server is the last device; devices ``0 .. N - 2`` are workers. The k-th gradient
+*started* (in simulated time; ties go to the lower worker) uses ``batches[k % len(batches)]``
+whole, so runs with different numbers of workers see the same data in the same order.
+Dean et al., "Large Scale Distributed Deep Networks" (Downpour SGD), NeurIPS 2012;
+Ho et al., "More Effective Distributed ML via a Stale Synchronous Parallel Parameter Server",
+NeurIPS 2013.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpgpu_edu.comm.flops import FlopCount
+from mpgpu_edu.data import Batch, loss_fn
+from mpgpu_edu.dp.dataparallel import flat_params, load_flat_params
+from mpgpu_edu.dp.ddp import flatten_grads
+from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.trace import Event, Trace
+
+
+@dataclass
+class AsyncResult:
+    """What an asynchronous run did, update by update."""
+
+    losses: list[float]       # loss of the server's parameters on the eval batch, per update
+    staleness: list[int]      # staleness of every applied gradient
+    workers: list[int]        # which worker sent every applied gradient
+    dropped: int              # gradients dropped for being too stale
+    seconds: float            # simulated time at which the last update was applied
+    trace: Trace
+    params: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
+
+    @property
+    def updates_per_second(self) -> float:
+        return len(self.staleness) / self.seconds
+
+
+class Links:
+    """Transfers over a cluster's routes: a transfer holds every resource of its route for
+    ``nbytes / beta`` and ends ``alpha`` later (the simulator's replay model)."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster, self.free_at = cluster, {}
+        self.events: list[Event] = []
+
+    def transfer(self, src: int, dst: int, nbytes: int, ready: float, label: str) -> float:
+        """Schedule a transfer that can start at ``ready``; returns when it arrives."""
+        route = self.cluster.route(src, dst)
+        start = max([ready] + [self.free_at.get(r, 0.0) for r in route.resources])
+        hold = nbytes / route.beta_Bps
+        for r in route.resources:
+            self.free_at[r] = start + hold
+        end = start + route.alpha_s + hold
+        self.events.append(Event(src, "comm", "send", start, end, label, nbytes, peer=dst))
+        self.events.append(Event(dst, "comm", "recv", start, end, label, nbytes, peer=src))
+        return end
+
+
+def compute_events(device: int, start: float, seconds: float, label: str) -> list[Event]:
+    """A gradient's compute as forward (1/3) then backward (2/3), their FLOP ratio."""
+    mid = start + seconds / 3
+    return [Event(device, "compute", "forward", start, mid, label),
+            Event(device, "compute", "backward", mid, start + seconds, label)]
+
+
+def gradient(model: nn.Module, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float]:
+    """The flat gradient of the loss on ``batch`` at the flat ``params``; and its FLOPs."""
+    load_flat_params(model, params)
+    model.zero_grad(set_to_none=False)
+    with FlopCount() as counter:
+        loss_fn(model(batch[0]), batch[1]).backward()
+    return flatten_grads(list(model.parameters())), counter.total
+
+
+def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[Batch],
+             updates: int, worker_seconds: Sequence[float] | None = None,
+             staleness_bound: int = 4, optimizer: str = "sgd", lr: float = 0.05,
+             server_seconds: float = 0.0, eval_batch: Batch | None = None) -> AsyncResult:
+    """Run the asynchronous parameter server on ``cluster`` until ``updates`` gradients have
+    been applied.
+
+    ``worker_seconds[w]`` is worker w's time for one gradient (default: its FLOPs on the
+    cluster, the same for all); ``server_seconds`` the server's time to apply one.
+    Losses are measured on ``eval_batch`` (default: the first batch) after every update."""
+    server, n_workers = cluster.world_size - 1, cluster.world_size - 1
+    if n_workers < 1:
+        raise ValueError("an asynchronous parameter server needs at least 2 devices "
+                         f"(a server and a worker), got {cluster.world_size}")
+    if worker_seconds is not None and len(worker_seconds) != n_workers:
+        raise ValueError(f"worker_seconds needs one time per worker ({n_workers}), "
+                         f"got {len(worker_seconds)}")
+    master = model_fn()
+    opt = make_optimizer(optimizer, master.parameters(), lr)
+    replicas = [model_fn() for _ in range(n_workers)]
+    eval_batch = eval_batch if eval_batch is not None else batches[0]
+    nbytes = flat_params(master).numel() * flat_params(master).element_size()
+    links, events = Links(cluster), []
+    result = AsyncResult([], [], [], 0, 0.0, Trace(cluster.world_size))
+    version, server_free, started = 0, 0.0, 0
+    queue: list[tuple[float, int, int, str, Any]] = []
+
+    def start_gradient(w: int, at: float) -> None:
+        nonlocal started
+        batch = batches[started % len(batches)]
+        grad, flops = gradient(replicas[w], flat_params(master), batch)
+        seconds = (worker_seconds[w] if worker_seconds is not None
+                   else cluster.compute_seconds(flops))
+        events.extend(compute_events(w, at, seconds, f"gradient {started}"))
+        heapq.heappush(queue, (at + seconds, w, started, "computed", (grad, version)))
+        started += 1
+
+    for w in range(n_workers):
+        start_gradient(w, 0.0)
+    while len(result.staleness) < updates:
+        t, w, k, what, (grad, pulled) = heapq.heappop(queue)
+        if what == "computed":
+            arrive = links.transfer(w, server, nbytes, t, f"gradient {k}")
+            heapq.heappush(queue, (arrive, w, k, "arrived", (grad, pulled)))
+            continue
+        begin = max(t, server_free)
+        staleness = version - pulled
+        server_free = begin + server_seconds
+        if staleness > staleness_bound:
+            result.dropped += 1
+            label = f"drop gradient {k} of worker {w} (staleness {staleness})"
+        else:
+            apply_gradient(master, opt, grad)
+            version += 1
+            result.staleness.append(staleness)
+            result.workers.append(w)
+            result.losses.append(evaluate(master, eval_batch))
+            result.seconds = server_free
+            label = f"apply gradient {k} of worker {w} (staleness {staleness})"
+        events.append(Event(server, "compute", "optimizer", begin, server_free, label))
+        back = links.transfer(server, w, nbytes, server_free, f"parameters v{version}")
+        start_gradient(w, back)
+    result.trace = Trace(cluster.world_size, sorted(events + links.events,
+                                                    key=lambda e: (e.start, e.device)),
+                         meta={"cluster": getattr(cluster, "name", ""),
+                               "strategy": "async parameter server"})
+    result.params = named_params(master)
+    return result
+
+
+def apply_gradient(model: nn.Module, optimizer: torch.optim.Optimizer,
+                   grad: torch.Tensor) -> None:
+    offset = 0
+    for p in model.parameters():
+        p.grad = grad[offset: offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    optimizer.step()
+
+
+def evaluate(model: nn.Module, batch: Batch) -> float:
+    with torch.no_grad():
+        return loss_fn(model(batch[0]), batch[1]).item()
+
+
+def sync_ps_step_seconds(cluster: Any, worker_seconds: Sequence[float], nbytes: int,
+                         server_seconds: float = 0.0) -> float:
+    """Time of one *synchronous* step with the same costs: every worker computes, the
+    gradients queue on the server's link, the server applies their sum once all are in,
+    and sends the parameters back to each; the step ends when the last worker has them."""
+    server, links = cluster.world_size - 1, Links(cluster)
+    arrived = [links.transfer(w, server, nbytes, s, "gradient")
+               for w, s in enumerate(worker_seconds)]
+    applied = max(arrived) + server_seconds
+    return max(links.transfer(server, w, nbytes, applied, "parameters")
+               for w in range(len(worker_seconds)))
