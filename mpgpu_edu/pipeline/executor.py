@@ -85,7 +85,7 @@ def run_schedule(comm: Communicator, schedule: Schedule, stage_module: nn.Module
     ``loss_fn(output, targets[m]) * len(targets[m]) / batch_size`` (``batch_size`` defaults to
     the targets' total length, so with a mean ``loss_fn`` the gradients equal the full batch's
     mean: 1/M per microbatch when they are equal). Any other stage receives its input into a
-    tensor shaped like ``recv_like[m]`` (a meta tensor will do, see ``stage_inputs_like``).
+    tensor of ``recv_like[m]``'s shape and dtype (see ``stage_inputs_like``).
 
     Gradients accumulate in ``stage_module``'s ``.grad``; the caller zeroes them and steps the
     optimizer. ``stage_seconds=(forward_s, backward_s)`` times every step at fixed seconds on
@@ -119,7 +119,8 @@ def _forward(run: _Pipeline, step: Step, saved: dict[int, _Saved]
     if source is None:
         inputs = run.microbatches[m]
     else:
-        inputs = torch.empty_like(run.recv_like[m], device=comm.device)
+        like = run.recv_like[m]
+        inputs = torch.empty(like.shape, dtype=like.dtype, device=comm.device)
         comm.recv(inputs, source, message_tag(step))
         inputs.requires_grad_()
     seconds = run.seconds[0] if run.seconds else None
@@ -192,17 +193,30 @@ def _check_inputs(rank: int, is_last: bool, schedule: Schedule,
 
 def stage_inputs_like(earlier_stages: Sequence[nn.Module],
                       microbatches: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Meta tensors shaped like what the stage after ``earlier_stages`` receives for each
-    microbatch: the microbatch run through copies of those stages on the meta device (no
-    data, no FLOPs). A real pipeline learns these shapes once, before training."""
-    meta_stages = [_meta_copy(stage) for stage in earlier_stages]
+    """Tensors shaped like what the stage after ``earlier_stages`` receives for each
+    microbatch (zero-stride views: they hold one element, not the activation).
+
+    A real pipeline learns these shapes once, before training. Here zero samples of each
+    microbatch run through the earlier stages, which finds the feature shape and dtype without
+    computing anything; a stage must keep the batch dimension first (Linear, Conv, ReLU do).
+    Stages that refuse an empty batch (BatchNorm while training) are probed on the meta
+    device instead, which is general but slow the first time."""
     shapes = []
     for batch in microbatches:
-        x = torch.empty_like(batch, device="meta")
-        for stage in meta_stages:
-            x = stage(x)
-        shapes.append(x)
+        try:
+            features = _probe(earlier_stages, batch[:0])
+        except (RuntimeError, ValueError):
+            features = _probe([_meta_copy(stage) for stage in earlier_stages],
+                              torch.empty_like(batch[:0], device="meta"))
+        shapes.append(features.new_zeros(()).expand(len(batch), *features.shape[1:]))
     return shapes
+
+
+def _probe(stages: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        for stage in stages:
+            x = stage(x)
+    return x
 
 
 def _meta_copy(module: nn.Module) -> nn.Module:
