@@ -9,7 +9,7 @@ state. That is what lets a single-device run be the oracle for every parallel on
   come from a fixed "teacher" network, so there is something to learn;
 - ``loss_fn``: mean squared error, averaged over the batch;
 - ``light()`` and ``heavy()``: two workloads (a model and a global batch) for scaling studies.
-  Same model; the heavy one computes 256 times more per step, so its gradient exchange is
+  Same model; the heavy one computes 32 times more per step, so its gradient exchange is
   small next to its compute, and the light one's is not (the seed's first pitfall).
 """
 
@@ -26,6 +26,9 @@ from torch import nn
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs (B, in), targets (B, out))
 
 TEACHER_SEED = 1234  # the function every batch's targets come from
+DEMO_SIZES = (8, 32, 32, 2)  # the model of the ``mpgpu-edu run`` demos
+DEMO_BATCH = 24  # samples per step in the demos: splits evenly over 1, 2, 3, 4, 6, 8 ranks
+DEMO_LR = 0.05
 
 
 def make_mlp(sizes: Sequence[int], seed: int = 0, device: str | torch.device = "cpu") -> nn.Module:
@@ -108,9 +111,9 @@ class Workload:
 
 
 def light() -> Workload:
-    """6.3 M parameters (25 MB of fp32 gradients), 64 samples a step: little compute for the
-    bytes each step must exchange."""
-    return Workload("light", (512, 2048, 2048, 512), 64)
+    """6.3 M parameters (25 MB of fp32 gradients), 512 samples a step: little compute for
+    the bytes each step must exchange."""
+    return Workload("light", (512, 2048, 2048, 512), 512)
 
 
 def heavy() -> Workload:

@@ -57,3 +57,26 @@ def train_single(model_fn: Callable[[], nn.Module], batches: Sequence[Batch],
         opt.step()
         losses.append(loss.item())
     return named_params(model), losses
+
+
+TOLERANCE = 1e-5  # largest parameter difference a strategy may show against the oracle
+
+
+def compare_to_reference(strategy: str, backend: str, world_size: int, optimizer: str,
+                         params: dict[str, torch.Tensor], losses: Sequence[float],
+                         reference: tuple[dict[str, torch.Tensor], list[float]]) -> dict:
+    """The report every ``run_demo`` returns: our loss curve and parameters against the
+    single-device reference's, and whether they agree within ``TOLERANCE``."""
+    ref_params, ref_losses = reference
+    diff = max(((params[name].cpu() - ref).abs().max().item()
+                for name, ref in ref_params.items()), default=0.0)
+    losses = [float(v) for v in losses]
+    return {"strategy": strategy, "backend": backend, "world_size": world_size,
+            "steps": len(losses), "optimizer": optimizer, "losses": losses,
+            "reference_losses": list(ref_losses),
+            "final_loss": losses[-1] if losses else None,
+            "reference_final_loss": ref_losses[-1] if ref_losses else None,
+            "max_abs_param_diff": diff,
+            "max_abs_loss_diff": max((abs(a - b) for a, b in zip(losses, ref_losses)),
+                                     default=0.0),
+            "tolerance": TOLERANCE, "matches": diff <= TOLERANCE}

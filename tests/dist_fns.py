@@ -128,3 +128,16 @@ def pid(comm) -> int:
 
 def unpicklable_result(comm):
     return lambda: comm.rank
+
+
+def late_wait(comm, seconds: float) -> None:
+    """Rank 1 posts irecv, computes, then waits: its recv event spans post to wait."""
+    if comm.rank == 0:
+        comm.send(torch.ones(8), 1)
+        return None
+    got = torch.zeros(8)
+    work = comm.irecv(got, 0)
+    with comm.compute("backward", "while the message arrives"):
+        time.sleep(seconds)
+    work.wait()
+    return got.sum().item()

@@ -41,6 +41,22 @@ def test_ring_shift_moves_data_and_counts_bytes_per_peer(world_size):
                                        for r in range(world_size)}
 
 
+def test_a_cluster_gives_the_world_size_and_one_rank_works_alone():
+    from mpgpu_edu.cluster import Cluster
+
+    assert gloo(dist_fns.whoami, Cluster.preset("2xCPU-gloo")).results[1] == (1, 2, "cpu")
+    assert gloo(dist_fns.whoami, 1).results == [(0, 1, "cpu")]
+
+
+def test_irecv_event_spans_from_post_to_wait():
+    result = gloo(dist_fns.late_wait, 2, 0.2)
+    assert result.results[1] == 8.0
+    recv = result.trace.on(1, "comm", "recv")[0]
+    compute = result.trace.on(1, "compute", "backward")[0]
+    assert recv.start <= compute.start and recv.end >= compute.end
+    assert recv.nbytes == 32 and recv.peer == 0
+
+
 def test_blocking_send_recv():
     assert gloo(dist_fns.blocking_pair, 2, 100).results == [0.0, sum(range(100))]
 
@@ -149,6 +165,7 @@ def test_run_without_torchrun_says_how_to_start_it(monkeypatch, capsys):
     assert run_main(["no_such_entry"]) == 2
 
 
+@pytest.mark.slow
 def test_torchrun_runs_a_registered_entry():
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -21,18 +21,19 @@ def gloo(fn, world_size: int = 2, timeout: float = 30):
     return launch(fn, world_size, backend="gloo", timeout=timeout)
 
 
-def worker_processes() -> list[psutil.Process]:
-    """Descendants of this process, except multiprocessing's own helpers (the fork server and
-    the resource tracker, direct children that live as long as this process)."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
+def worker_processes(since: float = 0.0) -> list[psutil.Process]:
+    """Descendants of this process started after ``since``, except multiprocessing's own
+    helpers (the fork server and the resource tracker: direct children that live as long as
+    this process)."""
+    me, found = psutil.Process(), []
+    for child in me.children(recursive=True):
         try:
-            helper = child.ppid() == psutil.Process().pid and any(
-                h in " ".join(child.cmdline()) for h in MP_HELPERS)
+            helper = child.ppid() == me.pid and any(h in " ".join(child.cmdline())
+                                                    for h in MP_HELPERS)
+            if not helper and child.create_time() >= since and child.status() != "zombie":
+                found.append(child)
         except psutil.NoSuchProcess:
-            continue
-        if not helper:
-            found.append(child)
+            pass
     return found
 
 
@@ -79,6 +80,7 @@ def test_an_unpicklable_result_is_explained():
 
 
 def test_the_pool_is_replaced_after_a_fault_and_nothing_is_left_behind():
+    started = time.time() - 1.0
     old = get_pool(2, "gloo").pids
     with pytest.raises(RankError):
         gloo(dist_fns.raise_on_rank_1)
@@ -87,6 +89,6 @@ def test_the_pool_is_replaced_after_a_fault_and_nothing_is_left_behind():
     assert gloo(dist_fns.whoami).results == [(0, 2, "cpu"), (1, 2, "cpu")]
     new = get_pool(2, "gloo").pids
     assert set(new).isdisjoint(old)
-    assert {p.pid for p in worker_processes()} == set(new)
+    assert {p.pid for p in worker_processes(started)} == set(new)
     shutdown_pools()
-    assert worker_processes() == []
+    assert worker_processes(started) == []

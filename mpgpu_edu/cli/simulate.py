@@ -208,13 +208,13 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 def _pipeline_step(comm: Communicator, model: torch.nn.Sequential, placement: Any,
                    schedule: Any, batch: torch.Tensor, seconds: list[tuple[float, float]]) -> None:
+    """Forward and backward of one batch through the pipeline (the optimizer step adds no
+    time to a schedule, so it is left out)."""
     from mpgpu_edu.pipeline import split_module
-    from mpgpu_edu.pipeline.executor import pipeline_train_step
+    from mpgpu_edu.pipeline.executor import run_pipeline_backward
 
-    stages = split_module(model, placement)
-    optimizer = torch.optim.SGD(stages[comm.rank].parameters(), lr=0.01)
-    pipeline_train_step(comm, stages, schedule, batch, batch, optimizer,
-                        stage_seconds=seconds[comm.rank])
+    run_pipeline_backward(comm, split_module(model, placement), schedule, batch, batch,
+                          stage_seconds=seconds[comm.rank])
 
 
 def simulate_pipeline(schedule_name: str, n_stages: int, n_microbatches: int | None,

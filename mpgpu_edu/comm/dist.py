@@ -66,8 +66,9 @@ class WorkerDiedError(RankError):
 
 @dataclass
 class Lanes:
-    """The process groups of one process: ``main`` (the default group) for the rank's program
-    and ``stream`` for its communication stream. Created once per process, by every rank."""
+    """The process groups of one process: ``main`` for the rank's program (``None``: the
+    default group) and ``stream`` for its communication stream; and the rank's device.
+    Made once per process, by every rank at the same point (``init_lanes``)."""
 
     main: Any
     stream: Any
@@ -75,13 +76,13 @@ class Lanes:
 
 
 def init_lanes(backend: str) -> Lanes:
-    """After ``dist.init_process_group``: make the stream lane's group and pick the device."""
-    stream = dist.new_group(backend=backend)
+    """After ``dist.init_process_group``: pick the device and make the stream's group."""
+    device = torch.device("cpu")
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
         torch.cuda.set_device(local)
-        return Lanes(None, stream, torch.device("cuda", local))
-    return Lanes(None, stream, torch.device("cpu"))
+        device = torch.device("cuda", local)
+    return Lanes(None, dist.new_group(backend=backend), device)
 
 
 class OpBoard:

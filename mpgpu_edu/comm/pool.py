@@ -26,10 +26,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import functools
 import io
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -38,6 +40,8 @@ import types
 from collections import OrderedDict
 from multiprocessing.connection import Connection, wait
 from typing import Any
+
+from torch.distributed import TCPStore
 
 from mpgpu_edu.comm.dist import MAIN, STREAM, NotPicklableError, OpBoard, WorkerDiedError
 from mpgpu_edu.comm.errors import LaunchTimeoutError, RankError
@@ -92,7 +96,7 @@ def _main_message(obj: Any) -> str:
 def pickle_job(fn: Any, args: tuple, kwargs: dict) -> bytes:
     """Pickle ``(fn, args, kwargs)`` for the workers, or raise ``NotPicklableError`` saying
     why and what to do instead (no pickling traceback)."""
-    target = getattr(fn, "func", fn)  # functools.partial
+    target = fn.func if isinstance(fn, functools.partial) else fn
     name = getattr(target, "__qualname__", "")
     if getattr(target, "__module__", None) == "__main__":
         raise NotPicklableError(_main_message(target))
@@ -125,8 +129,6 @@ class WorkerPool:
         self.lock = threading.Lock()
         ctx = _context()
         self.array = ctx.RawArray("c", 2 * world_size * SLOT_BYTES)
-        from torch.distributed import TCPStore
-
         # The launcher hosts the rendezvous store on a free port chosen by the OS.
         self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.conns: list[Connection] = []
@@ -156,7 +158,8 @@ class WorkerPool:
         if bad:
             self.kill()
             rank, message = min(bad.items())
-            detail = message[2] if message[0] == "error" else "its process died"
+            detail = (message[2] if message[0] == "error"
+                      else f"its process died (exit code {message[1]})")
             raise RuntimeError(f"the {self.backend} worker processes did not start: rank {rank}"
                                f" failed:\n{detail}")
         self.ready = True
@@ -166,7 +169,8 @@ class WorkerPool:
         cwd = os.getcwd()
         header = pickle.dumps(([p or cwd for p in sys.path], cwd, job))
         for conn in self.conns:
-            conn.send_bytes(header)
+            with contextlib.suppress(OSError):  # a dead worker is reported by _collect
+                conn.send_bytes(header)
         messages = self._collect(timeout, "ok")
         failed = {r: m for r, m in messages.items() if m[0] != "ok"}
         for rank, message in sorted(messages.items()):
@@ -182,12 +186,12 @@ class WorkerPool:
         first_failure: float | None = None
         while len(messages) < self.world_size:
             now = time.monotonic()
-            if first_failure is not None and now > first_failure + GRACE_S:
-                break
-            if now > deadline:
+            until = deadline if first_failure is None else first_failure + GRACE_S
+            if now > until:
+                if first_failure is not None:
+                    break
                 self.timed_out(messages, timeout)
             waiting = [r for r in range(self.world_size) if r not in messages]
-            until = deadline if first_failure is None else first_failure + GRACE_S
             wait([self.conns[r] for r in waiting] + [self.procs[r].sentinel for r in waiting],
                  max(0.0, until - now))
             for r in waiting:
@@ -234,10 +238,8 @@ class WorkerPool:
     def stop(self) -> None:
         """Ask idle workers to leave their process group and exit; kill the stragglers."""
         for conn in self.conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.send_bytes(b"stop")
-            except OSError:
-                pass
         deadline = time.monotonic() + 2.0
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -336,12 +338,12 @@ atexit.register(shutdown_pools)
 def run_job(fn: Any, cluster: Any, args: tuple, kwargs: dict, backend: str,
             timeout: float) -> Any:
     """``launch_dist``'s body: pickle, run on the pool, and gather a ``LaunchResult``."""
-    from mpgpu_edu.comm.launch import LaunchResult
+    from mpgpu_edu.comm.launch import LaunchResult, resolve_cluster
     from mpgpu_edu.trace import Trace
 
-    world_size = cluster if isinstance(cluster, int) else cluster.world_size
-    if isinstance(world_size, bool) or world_size < 1:
-        raise ValueError(f"world size must be at least 1, got {world_size}")
+    world_size = resolve_cluster(cluster).world_size
+    if world_size < 1:
+        raise ValueError("the cluster has no visible devices: make at least one visible")
     if backend == "nccl":
         _check_gpus(world_size)
     job = pickle_job(fn, args, kwargs)
@@ -375,6 +377,7 @@ def _check_gpus(world_size: int) -> None:
 def _worker_main(rank: int, world_size: int, backend: str, port: int, conn: Connection,
                  array: Any) -> None:
     """A worker: join the process group once, then run jobs until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the launcher's to handle
     board, lock = SharedBoard(array, rank), threading.Lock()
 
     def send(message: tuple) -> None:
@@ -438,7 +441,6 @@ def _run_one(message: bytes, lanes: Any, board: SharedBoard, send: Any, baseline
     with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
         try:
             fn, args, kwargs = pickle.loads(job)
-            _note_modules(baseline, seen)
             comm = DistCommunicator(lanes, board,
                                     lambda exc: send(_error(exc, output.getvalue())))
             comm.start_clock()
@@ -447,6 +449,8 @@ def _run_one(message: bytes, lanes: Any, board: SharedBoard, send: Any, baseline
             payload = _pickle_reply(comm, result)
         except BaseException as exc:  # noqa: BLE001 - reported to the launcher
             return _error(exc, output.getvalue())
+        finally:
+            _note_modules(baseline, seen)
     return ("ok", payload, output.getvalue())
 
 

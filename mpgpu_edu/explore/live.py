@@ -86,4 +86,5 @@ def dropdown(description: str, options: Any, value: Any) -> widgets.Dropdown:
 
 
 def percent(x: float) -> str:
-    return f"{x:.0%}"
+    """``0.273`` -> ``"27%"``; small shares keep a digit: ``0.0026`` -> ``"0.3%"``."""
+    return f"{x:.0%}" if abs(x) >= 0.01 or x == 0 else f"{x:.1%}"

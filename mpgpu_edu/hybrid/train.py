@@ -31,7 +31,7 @@ from mpgpu_edu.hybrid.mesh import Mesh, MeshGroups, make_groups
 from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, run_pipeline_backward
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
-from mpgpu_edu.pipeline.runner import Batches, OptimizerFactory, optimizer_factory
+from mpgpu_edu.pipeline.runner import Batches, OptimizerFactory, make_stage_optimizer
 from mpgpu_edu.pipeline.schedules import Schedule
 
 
@@ -52,7 +52,7 @@ def all_reduce_gradients(comm: Communicator, module: nn.Module) -> None:
 
 def hybrid_train_step(groups: MeshGroups, model_stages: Sequence[nn.Module],
                       schedule: Schedule, batch: torch.Tensor, targets: torch.Tensor,
-                      optimizer: torch.optim.Optimizer, loss_fn: LossFn | None = None, *,
+                      optimizer: torch.optim.Optimizer | None, loss_fn: LossFn | None = None, *,
                       stage_seconds: StageSeconds | None = None) -> float | None:
     """One optimizer update of DP x PP training (steps 1-4 above). Returns the whole batch's
     mean loss on the ranks of the last stage, ``None`` on the others."""
@@ -62,12 +62,13 @@ def hybrid_train_step(groups: MeshGroups, model_stages: Sequence[nn.Module],
                          f"{schedule.n_microbatches} microbatches: use a larger batch")
     inputs = torch.tensor_split(batch, dp)[groups.dp_index]
     labels = torch.tensor_split(targets, dp)[groups.dp_index]
-    optimizer.zero_grad(set_to_none=True)
+    model_stages[groups.pp_index].zero_grad(set_to_none=True)
     loss = run_pipeline_backward(groups.pipeline, model_stages, schedule, inputs, labels,
                                  loss_fn, batch_size=len(batch), stage_seconds=stage_seconds)
     all_reduce_gradients(groups.data, model_stages[groups.pp_index])
-    with groups.data.compute("optimizer", "step", seconds=0.0 if stage_seconds else None):
-        optimizer.step()
+    if optimizer is not None:  # None: a stage with nothing to train
+        with groups.data.compute("optimizer", "step", seconds=0.0 if stage_seconds else None):
+            optimizer.step()
     if loss is None:
         return None
     total = torch.tensor([loss], device=groups.data.device)
@@ -88,7 +89,7 @@ def train_hybrid(comm: Communicator, mesh: Mesh, model: nn.Sequential, batches: 
     groups = make_groups(comm, mesh)
     stages = split_module(copy.deepcopy(model), placement or partition_balanced(model, mesh.pp))
     mine = stages[groups.pp_index].to(comm.device)
-    optimizer = (make_opt or optimizer_factory("sgd"))(mine.parameters())
+    optimizer = make_stage_optimizer(mine, make_opt)
     track_parameters(comm, mine)
     track_gradients(comm, mine)
     losses = []
@@ -96,7 +97,7 @@ def train_hybrid(comm: Communicator, mesh: Mesh, model: nn.Sequential, batches: 
         inputs, targets = inputs.to(comm.device), targets.to(comm.device)
         losses.append(hybrid_train_step(groups, stages, schedule, inputs, targets, optimizer,
                                         loss_fn, stage_seconds=stage_seconds))
-        if len(losses) == 1:  # optimizers make their state in the first step
+        if len(losses) == 1 and optimizer is not None:  # state appears in the first step
             track_optimizer_state(comm, optimizer)
     is_last = groups.pp_index == mesh.pp - 1
     return {"dp_index": groups.dp_index, "pp_index": groups.pp_index,

@@ -241,20 +241,23 @@ def split_batch(batch: torch.Tensor, n_microbatches: int) -> list[torch.Tensor]:
 
 def pipeline_train_step(comm: Communicator, model_stages: Sequence[nn.Module],
                         schedule: Schedule, batch: torch.Tensor, targets: torch.Tensor,
-                        optimizer: torch.optim.Optimizer, loss_fn: LossFn | None = None, *,
+                        optimizer: torch.optim.Optimizer | None,
+                        loss_fn: LossFn | None = None, *,
                         stage_seconds: StageSeconds | None = None) -> float | None:
     """One optimizer update of pipeline training: split the batch into the schedule's
-    microbatches, run the schedule (``run_schedule``), step this stage's ``optimizer``.
+    microbatches, run the schedule (``run_schedule``), step this stage's ``optimizer`` (None
+    for a stage with nothing to train, such as a lone ReLU).
 
     ``model_stages`` are all the stages (every rank can build the whole model; rank p trains
     ``model_stages[p]``). Returns the batch's mean loss on the last stage, ``None`` elsewhere.
     With ``stage_seconds`` the optimizer step is free, so the timeline shows only the schedule.
     """
-    optimizer.zero_grad(set_to_none=True)
+    model_stages[comm.rank].zero_grad(set_to_none=True)
     loss = run_pipeline_backward(comm, model_stages, schedule, batch, targets, loss_fn,
                                  stage_seconds=stage_seconds)
-    with comm.compute("optimizer", "step", seconds=0.0 if stage_seconds else None):
-        optimizer.step()
+    if optimizer is not None:
+        with comm.compute("optimizer", "step", seconds=0.0 if stage_seconds else None):
+            optimizer.step()
     return loss
 
 

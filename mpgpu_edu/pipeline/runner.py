@@ -57,6 +57,15 @@ def optimizer_factory(name: str, lr: float = 0.05) -> OptimizerFactory:
     return functools.partial(make_optimizer, name, lr=lr)
 
 
+def make_stage_optimizer(stage: nn.Module, make_opt: OptimizerFactory | None = None
+                         ) -> torch.optim.Optimizer | None:
+    """``make_opt(stage.parameters())`` (default plain SGD), or None for a stage without
+    parameters (a lone ReLU): there is nothing for it to update."""
+    if not any(True for _ in stage.parameters()):
+        return None
+    return (make_opt or optimizer_factory("sgd"))(stage.parameters())
+
+
 def train_pipeline(comm: Communicator, model: nn.Sequential, batches: Batches,
                    schedule: Schedule, placement: Placement | None = None,
                    make_opt: OptimizerFactory | None = None, loss_fn: LossFn = mse_loss,
@@ -67,7 +76,7 @@ def train_pipeline(comm: Communicator, model: nn.Sequential, batches: Batches,
     stages = split_module(copy.deepcopy(model),
                           placement or partition_balanced(model, schedule.n_stages))
     mine = stages[comm.rank].to(comm.device)
-    optimizer = (make_opt or optimizer_factory("sgd"))(mine.parameters())
+    optimizer = make_stage_optimizer(mine, make_opt)
     track_parameters(comm, mine)
     track_gradients(comm, mine)
     losses = []
@@ -75,7 +84,7 @@ def train_pipeline(comm: Communicator, model: nn.Sequential, batches: Batches,
         inputs, targets = inputs.to(comm.device), targets.to(comm.device)
         losses.append(pipeline_train_step(comm, stages, schedule, inputs, targets, optimizer,
                                           loss_fn, stage_seconds=stage_seconds))
-        if len(losses) == 1:  # optimizers make their state in the first step
+        if len(losses) == 1 and optimizer is not None:  # state appears in the first step
             track_optimizer_state(comm, optimizer)
     is_last = comm.rank == schedule.n_stages - 1
     return {"stage": comm.rank, "losses": losses if is_last else None,

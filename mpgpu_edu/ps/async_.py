@@ -15,8 +15,9 @@ replay does) order the events; the updates themselves are real tensor math, appl
 order with their real staleness. The result is deterministic and carries a ``Trace``.
 
 Roles: the server is the last device; devices ``0 .. N - 2`` are workers. The k-th gradient
-*started* (in simulated time; ties go to the lower worker) uses ``batches[k % len(batches)]``
-whole, so runs with different numbers of workers see the same data in the same order.
+the server hands parameters out for (in simulated time; ties go to the lower worker) uses
+``batches[k % len(batches)]`` whole, so runs with different numbers of workers see the same
+data in the same order.
 Dean et al., "Large Scale Distributed Deep Networks" (Downpour SGD), NeurIPS 2012;
 Ho et al., "More Effective Distributed ML via a Stale Synchronous Parallel Parameter Server",
 NeurIPS 2013.
@@ -85,13 +86,20 @@ def compute_events(device: int, start: float, seconds: float, label: str) -> lis
             Event(device, "compute", "backward", mid, start + seconds, label)]
 
 
-def gradient(model: nn.Module, params: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, float]:
-    """The flat gradient of the loss on ``batch`` at the flat ``params``; and its FLOPs."""
+def gradient(model: nn.Module, params: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The flat gradient of the loss on ``batch`` at the flat ``params``."""
     load_flat_params(model, params)
     model.zero_grad(set_to_none=False)
+    loss_fn(model(batch[0]), batch[1]).backward()
+    return flatten_grads(list(model.parameters()))
+
+
+def gradient_seconds(cluster: Any, model: nn.Module, batch: Batch) -> float:
+    """Time of one gradient on the cluster's device: its forward and backward FLOPs."""
     with FlopCount() as counter:
         loss_fn(model(batch[0]), batch[1]).backward()
-    return flatten_grads(list(model.parameters())), counter.total
+    model.zero_grad(set_to_none=False)
+    return cluster.compute_seconds(counter.total)
 
 
 def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[Batch],
@@ -114,6 +122,8 @@ def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[
     master = model_fn()
     opt = make_optimizer(optimizer, master.parameters(), lr)
     replicas = [model_fn() for _ in range(n_workers)]
+    if worker_seconds is None:
+        worker_seconds = [gradient_seconds(cluster, replicas[0], batches[0])] * n_workers
     eval_batch = eval_batch if eval_batch is not None else batches[0]
     nbytes = flat_params(master).numel() * flat_params(master).element_size()
     links, events = Links(cluster), []
@@ -124,11 +134,9 @@ def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[
     def start_gradient(w: int, at: float) -> None:
         nonlocal started
         batch = batches[started % len(batches)]
-        grad, flops = gradient(replicas[w], flat_params(master), batch)
-        seconds = (worker_seconds[w] if worker_seconds is not None
-                   else cluster.compute_seconds(flops))
-        events.extend(compute_events(w, at, seconds, f"gradient {started}"))
-        heapq.heappush(queue, (at + seconds, w, started, "computed", (grad, version)))
+        grad = gradient(replicas[w], flat_params(master), batch)
+        events.extend(compute_events(w, at, worker_seconds[w], f"gradient {started}"))
+        heapq.heappush(queue, (at + worker_seconds[w], w, started, "computed", (grad, version)))
         started += 1
 
     for w in range(n_workers):

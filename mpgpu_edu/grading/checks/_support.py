@@ -13,7 +13,7 @@ import torch
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import (DeadlockError, LaunchResult, LaunchTimeoutError,
                             MessageMismatchError, RankError, UnmatchedMessageError, launch)
-from mpgpu_edu.grading.checks import CheckFailure
+from mpgpu_edu.grading.checks import CheckFailure, Evidence
 
 LAUNCH_TIMEOUT_S = 10.0
 ALPHA, BETA = 1e-5, 1e9
@@ -129,20 +129,30 @@ def property_check(body: Callable[..., None], max_examples: int = 20,
     """Run ``body(**example)`` on examples drawn from ``strategies`` (hypothesis,
     derandomized: every run tries the same examples). On failure raise ``CheckFailure``
     naming the smallest failing example."""
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, Phase, given, settings
 
     last: dict[str, Any] = {}
+    unfinished: list[NotImplementedError] = []  # a stub: no need to search and shrink
 
     @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), print_blob=False)
+              suppress_health_check=list(HealthCheck), print_blob=False,
+              report_multiple_bugs=False,
+              phases=(Phase.explicit, Phase.generate, Phase.shrink))
     @given(**strategies)
     def prop(**example: Any) -> None:
+        if unfinished:
+            return
         last.clear()
         last.update(example)
-        body(**example)
+        try:
+            body(**example)
+        except NotImplementedError as exc:
+            unfinished.append(exc)
 
     try:
         prop()
+        if unfinished:
+            raise unfinished[0]
     except NotImplementedError:
         raise
     except AssertionError as exc:
@@ -172,6 +182,16 @@ def _short(value: Any) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def showing(evidence: Evidence) -> Iterator[Evidence]:
+    """Attach ``evidence`` to a failure raised inside, so the report can draw it."""
+    try:
+        yield evidence
+    except CheckFailure as exc:
+        exc.evidence = evidence  # type: ignore[attr-defined]
+        raise
 
 
 # ---- comparisons -------------------------------------------------------------------------------

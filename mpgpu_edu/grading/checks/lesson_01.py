@@ -16,7 +16,8 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce_ring
 from mpgpu_edu.grading.checks import Case, Evidence
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, from_scratch,
-                                               property_check, rank_inputs, run_spmd, uniform)
+                                               property_check, rank_inputs, run_spmd, showing,
+                                               uniform)
 
 Impl = Callable[..., Any]
 
@@ -155,11 +156,12 @@ def _ring_time(impl: Impl) -> Evidence:
         all_reduce_ring(comm, torch.ones(numel))
 
     ref = run_spmd(reference, uniform(n))
-    evidence = Evidence(traces={"yours": yours.trace, "reference (ring)": ref.trace})
-    expect(yours.trace.makespan <= 1.1 * ref.trace.makespan,
-           f"your all-reduce of 4 MiB on 4 ranks takes {yours.trace.makespan * 1e3:.3f} ms, "
-           f"the ring {ref.trace.makespan * 1e3:.3f} ms: do all ranks send at the same time "
-           "(isend before recv)?")
+    with showing(Evidence(traces={"yours": yours.trace,
+                                  "reference (ring)": ref.trace})) as evidence:
+        expect(yours.trace.makespan <= 1.1 * ref.trace.makespan,
+               f"your all-reduce of 4 MiB on 4 ranks takes {yours.trace.makespan * 1e3:.3f} "
+               f"ms, the ring {ref.trace.makespan * 1e3:.3f} ms: do all ranks send at the "
+               "same time (isend before recv)?")
     return evidence
 
 

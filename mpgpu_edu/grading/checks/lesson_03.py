@@ -18,7 +18,7 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.grading.checks import Case, CheckFailure, Evidence
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, property_check,
-                                               run_spmd, uniform)
+                                               run_spmd, showing, uniform)
 from mpgpu_edu.memory import bytes_per_param, estimate_memory
 
 Impl = Callable[..., Any]
@@ -197,19 +197,20 @@ def _overlap_timeline(impl: Impl) -> Evidence:
     cluster = _overlap_cluster(n)
     yours = run_spmd(_averaging_program(impl, OVERLAP_WIDTHS, x, y, True), cluster)
     plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, x, y, True), cluster)
-    evidence = Evidence(traces={"yours": yours.trace,
-                                "no overlap (all-reduce after backward)": plain.trace})
-    backward_end = max(e.end for e in yours.trace.on(0, "compute") if e.kind == "backward")
-    first_comm = min((e.start for e in yours.trace.on(0, "comm")), default=float("inf"))
-    expect(first_comm < backward_end,
-           f"communication starts at {first_comm * 1e6:.1f} us, after backward ends at "
-           f"{backward_end * 1e6:.1f} us: start each all-reduce from the gradient's hook")
-    expect(_intervals_overlap(yours.trace, 0) > 0,
-           "communication and backward never run at the same time: the hook must start the "
-           "all-reduce on the comm stream (comm.run_async) instead of waiting for it")
-    expect(yours.trace.makespan < plain.trace.makespan,
-           f"the step takes {yours.trace.makespan * 1e6:.1f} us, no faster than all-reducing "
-           f"after backward ({plain.trace.makespan * 1e6:.1f} us)")
+    traces = {"yours": yours.trace, "no overlap (all-reduce after backward)": plain.trace}
+    with showing(Evidence(traces=traces)) as evidence:
+        compute = yours.trace.on(0, "compute")
+        backward_end = max(e.end for e in compute if e.kind == "backward")
+        first_comm = min((e.start for e in yours.trace.on(0, "comm")), default=float("inf"))
+        expect(first_comm < backward_end,
+               f"communication starts at {first_comm * 1e6:.1f} us, after backward ends at "
+               f"{backward_end * 1e6:.1f} us: start each all-reduce from the gradient's hook")
+        expect(_intervals_overlap(yours.trace, 0) > 0,
+               "communication and backward never run at the same time: the hook must start "
+               "the all-reduce on the comm stream (comm.run_async) instead of waiting for it")
+        expect(yours.trace.makespan < plain.trace.makespan,
+               f"the step takes {yours.trace.makespan * 1e6:.1f} us, no faster than "
+               f"all-reducing after backward ({plain.trace.makespan * 1e6:.1f} us)")
     return evidence
 
 

@@ -1,0 +1,268 @@
+"""The headless tour: every strategy of the course on one simulated cluster, as files.
+
+``run_demo(out, preset)`` runs one training step of each strategy on the first four devices of
+a preset (default ``4xRTX4090-pcie``: four consumer GPUs sharing one PCIe host bridge, where
+communication costs show) and writes, into ``out``:
+
+- ``summary.json``: per run, the step time, each device's idle share, the bubble (pipelines),
+  and each device's peak memory, in total and by category;
+- ``trace_<run>.json``: the run's timeline in Chrome's trace format (open it in Perfetto,
+  https://ui.perfetto.dev);
+- PNG figures: the device map, a timeline and the peak memory of every run, DDP naive against
+  overlapped, GPipe against 1F1B (timelines and memory over time), and DDP's scaling.
+
+The runs are the package's own code: ``ps_step`` (one server, the other ranks workers),
+``ddp_step`` and ``ddp_step_overlapped`` (4 MiB buckets), on the ``heavy`` workload of
+``mpgpu_edu.data`` built from *meta* tensors (shapes without data: the simulator counts the
+FLOPs and bytes of the real 6.3 M-parameter step without spending them); and
+``pipeline_train_step`` under GPipe and 1F1B, on a real MLP of 8 Linear layers split into one stage per
+device, each forward taking 4 ms and each backward 8 ms so the schedules' shapes show. Every
+run uses Adam, whose two moments show under "optimizer".
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.comm import Communicator, launch
+from mpgpu_edu.data import Workload, heavy, light, make_mlp
+from mpgpu_edu.dp.ddp import ddp_step, ddp_step_overlapped
+from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
+from mpgpu_edu.pipeline.executor import pipeline_train_step
+from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
+from mpgpu_edu.pipeline.schedules import Schedule, gpipe, one_f_one_b
+from mpgpu_edu.ps.sync import ps_step
+from mpgpu_edu.trace import Trace
+
+DEFAULT_CLUSTER = "4xRTX4090-pcie"
+DEVICES = 4
+BUCKET_BYTES = 4 * 2**20
+MICROBATCHES = 8
+STAGE_SECONDS = (0.004, 0.008)  # forward, backward of one microbatch on one stage
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Run:
+    """One simulated training step: its name (file names), a title, and its trace."""
+
+    name: str
+    title: str
+    trace: Trace
+    schedule: Schedule | None = None
+
+
+# ---- the SPMD programs: one training step each, with its memory recorded -------------------
+
+def _meta_step(comm: Communicator, workload: Workload, step: Callable, server: bool) -> None:
+    """One step of ``step`` on a meta copy of ``workload``; with ``server`` the last rank is a
+    parameter server, the only one with an optimizer."""
+    model = workload.model(device="meta")
+    mine = not server or comm.rank == comm.world_size - 1
+    optimizer = torch.optim.Adam(model.parameters()) if mine else None
+    track_parameters(comm, model)
+    track_gradients(comm, model)
+    step(comm, model, optimizer, workload.make_batch(device="meta"))
+    if optimizer is not None:
+        track_optimizer_state(comm, optimizer)
+
+
+def _pipeline_step(comm: Communicator, model: torch.nn.Sequential, placement: Placement,
+                   schedule: Schedule, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    stages = split_module(copy.deepcopy(model), placement)
+    mine = stages[comm.rank]
+    optimizer = torch.optim.Adam(mine.parameters(), lr=1e-3)
+    track_parameters(comm, mine)
+    track_gradients(comm, mine)
+    pipeline_train_step(comm, stages, schedule, *batch, optimizer, stage_seconds=STAGE_SECONDS)
+    track_optimizer_state(comm, optimizer)
+
+
+# ---- the tour ----------------------------------------------------------------------------------
+
+def demo_cluster(preset: str) -> Cluster:
+    """The first four devices of ``preset`` (all of them if it has fewer, at least two)."""
+    machine = Cluster.preset(preset)
+    n = min(DEVICES, machine.n_physical)
+    if n < 2:
+        raise ValueError(f"the demo needs a preset with at least 2 devices; {preset} has "
+                         f"{machine.n_physical}")
+    return machine.with_visible(",".join(str(d) for d in range(n)))
+
+
+def pipeline_setup(n_stages: int) -> tuple[torch.nn.Sequential, Placement, tuple]:
+    """The model, its placement (balanced by parameters) and one batch of the pipeline runs."""
+    # 8 Linear layers (256 wide) with a ReLU between each two; a batch large enough that
+    # activations, not parameters, fill a stage's memory.
+    model = make_mlp([256] * 9)
+    generator = torch.Generator().manual_seed(0)
+    batch = (torch.randn(4096, 256, generator=generator),
+             torch.randn(4096, 256, generator=generator))
+    return model, partition_balanced(model, n_stages), batch
+
+
+def strategy_runs(cluster: Cluster, progress: Progress) -> tuple[list[Run], Placement]:
+    """Run the five steps on ``cluster``; returns them and the pipeline's placement."""
+    n = cluster.world_size
+    work = heavy()
+    model, placement, batch = pipeline_setup(n)
+    plans: list[tuple[str, str, Callable[[], Trace], Schedule | None]] = [
+        ("ps", f"parameter server: rank {n - 1} serves, ranks 0..{n - 2} compute",
+         lambda: launch(_meta_step, cluster, work, ps_step, True).trace, None),
+        ("ddp_naive", "DDP, naive: one all-reduce per parameter, after backward",
+         lambda: launch(_meta_step, cluster, work, ddp_step, False).trace, None),
+        ("ddp_overlapped", "DDP, overlapped: 4 MiB buckets all-reduced during backward",
+         lambda: launch(_meta_step, cluster, work, functools.partial(
+             ddp_step_overlapped, bucket_bytes=BUCKET_BYTES), False).trace, None)]
+    for name, build in (("gpipe", gpipe), ("1f1b", one_f_one_b)):
+        schedule = build(n, MICROBATCHES)
+        plans.append((name, f"pipeline, {name.upper()}: {n} stages x {MICROBATCHES} "
+                            "microbatches", functools.partial(
+                                _launch_pipeline, cluster, model, placement, schedule, batch),
+                      schedule))
+    runs = []
+    for name, title, go, schedule in plans:
+        started = time.perf_counter()
+        runs.append(Run(name, title, go(), schedule))
+        progress(f"{title} ... {time.perf_counter() - started:.1f} s")
+    return runs, placement
+
+
+def _launch_pipeline(cluster: Cluster, model: torch.nn.Sequential, placement: Placement,
+                     schedule: Schedule, batch: tuple) -> Trace:
+    return launch(_pipeline_step, cluster, model, placement, schedule, batch).trace
+
+
+def scaling_results(cluster: Cluster) -> dict[str, dict[int, float]]:
+    """DDP (overlapped) step time on 1..N devices of ``cluster``, light and heavy workload:
+    ``{label: {N: seconds}}`` for ``plot_scaling``."""
+    results: dict[str, dict[int, float]] = {}
+    step = functools.partial(ddp_step_overlapped, bucket_bytes=BUCKET_BYTES)
+    for work in (light(), heavy()):
+        label = f"{work.name}: batch {work.batch}"
+        results[label] = {}
+        for n in range(1, cluster.world_size + 1):
+            first_n = cluster.with_visible(",".join(str(p) for p in cluster.visible[:n]))
+            results[label][n] = launch(_meta_step, first_n, work, step, False).trace.makespan
+    return results
+
+
+# ---- what the runs show ------------------------------------------------------------------------
+
+def summarize(run: Run) -> dict:
+    """The numbers of ``summary.json`` for one run, all read from its trace."""
+    trace, n = run.trace, run.trace.n_devices
+    idle = [trace.idle_fraction(d) for d in range(n)]
+    entry = {"title": run.title, "devices": n, "steps": 1, "step_s": trace.makespan,
+             "idle_fraction": idle, "bytes_sent": trace.bytes_sent(),
+             "peak_memory": [trace.peak_memory(d) for d in range(n)],
+             "peak_memory_by_category": [trace.peak_memory_by_category(d) for d in range(n)],
+             "trace": f"trace_{run.name}.json"}
+    if run.schedule is not None:
+        p, m = run.schedule.n_stages, run.schedule.n_microbatches
+        entry |= {"schedule": run.schedule.name, "microbatches": m,
+                  "bubble_fraction": sum(idle) / n, "bubble_formula": (p - 1) / (m + p - 1)}
+    return entry
+
+
+def write_figures(out: Path, cluster: Cluster, runs: list[Run], placement: Placement,
+                  scaling: dict[str, dict[int, float]]) -> list[str]:
+    """Every PNG of the tour; returns their file names."""
+    from mpgpu_edu.viz.devicemap import plot_device_map
+    from mpgpu_edu.viz.memory import plot_memory_compare
+    from mpgpu_edu.viz.scaling import plot_scaling
+    from mpgpu_edu.viz.timeline import plot_timeline, plot_timelines_side_by_side
+
+    by_name = {run.name: run for run in runs}
+    pipelines = {"GPipe": by_name["gpipe"].trace, "1F1B": by_name["1f1b"].trace}
+    figures = {
+        "device_map": plot_device_map(cluster, placement, memory=by_name["gpipe"].trace,
+                                      title=f"{cluster.name}: the pipeline's stages and "
+                                            "their peak memory under GPipe"),
+        "timeline_ps": plot_timeline(by_name["ps"].trace, title=by_name["ps"].title),
+        "timeline_ddp_naive_vs_overlapped": plot_timelines_side_by_side(
+            {"DDP naive": by_name["ddp_naive"].trace,
+             "DDP overlapped": by_name["ddp_overlapped"].trace}),
+        "timeline_gpipe_vs_1f1b": plot_timelines_side_by_side(pipelines),
+        "memory_peak": memory_figure(cluster, runs),
+        "memory_over_time_gpipe_vs_1f1b": plot_memory_compare(pipelines, device=0),
+        "scaling": plot_scaling(scaling, title=f"DDP (overlapped) on {cluster.name}: speedup "
+                                               "as devices are added"),
+    }
+    for name, figure in figures.items():
+        figure.savefig(out / f"{name}.png")
+    return [f"{name}.png" for name in figures]
+
+
+def memory_figure(cluster: Cluster, runs: list[Run]):
+    """Each run's peak memory per device, by category, one panel per run. No capacity line:
+    these small models would be slivers under a 24 GiB one."""
+    from matplotlib.patches import Patch
+
+    from mpgpu_edu.viz.memory import plot_memory_bars
+    from mpgpu_edu.viz.palette import format_bytes, new_figure
+
+    fig = new_figure(4.2 * len(runs), 4.2)
+    axes = fig.subplots(1, len(runs), squeeze=False)[0]
+    handles: dict[str, Patch] = {}
+    for ax, run in zip(axes, runs):
+        peaks = [run.trace.peak_memory_by_category(d) for d in range(run.trace.n_devices)]
+        plot_memory_bars(peaks, None, title=run.name, ax=ax)
+        legend = ax.get_legend()
+        handles |= {h.get_label(): h for h in legend.legend_handles}
+        legend.remove()
+    fig.legend(handles=list(handles.values()), loc="outside lower center", ncol=len(handles),
+               frameon=False)
+    fig.suptitle(f"peak memory per device, by category (each {cluster.gpu.display_name} "
+                 f"holds {format_bytes(cluster.gpu.memory_bytes)})", x=0.01, ha="left")
+    return fig
+
+
+def run_demo(out: str | Path, preset: str = DEFAULT_CLUSTER,
+             progress: Progress = lambda line: None) -> dict:
+    """Run the tour on ``preset`` and write its files into ``out`` (created if missing);
+    ``progress`` gets one line per stage. Returns the summary (also ``summary.json``)."""
+    started = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cluster = demo_cluster(preset)
+    progress(f"cluster {cluster.name}: devices {cluster.visible} of {cluster.n_physical}, "
+             f"{cluster.gpu.display_name}")
+    runs, placement = strategy_runs(cluster, progress)
+    for run in runs:
+        run.trace.save_chrome(out / f"trace_{run.name}.json")
+    scaling = scaling_results(cluster)
+    progress(f"DDP scaling on 1..{cluster.world_size} devices, light and heavy workload")
+    figures = write_figures(out, cluster, runs, placement, scaling)
+    progress(f"{len(figures)} figures written to {out}")
+    summary = {"cluster": cluster.name, "gpu": cluster.gpu.display_name,
+               "visible": cluster.visible, "world_size": cluster.world_size,
+               "runs": {run.name: summarize(run) for run in runs},
+               "scaling_step_s": scaling, "figures": figures,
+               "elapsed_s": time.perf_counter() - started}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def table(summary: dict) -> str:
+    """The summary as a short table: one line per run."""
+    from mpgpu_edu.viz.palette import format_bytes, format_seconds
+
+    lines = [f"{'run':<16}{'step':>10}  {'idle per device':<24}{'bubble':>7}  peak memory "
+             "(fullest device)"]
+    for name, run in summary["runs"].items():
+        idle = " ".join(f"{x:.0%}" for x in run["idle_fraction"])
+        bubble = f"{run['bubble_fraction']:.0%}" if "bubble_fraction" in run else "-"
+        lines.append(f"{name:<16}{format_seconds(run['step_s']):>10}  {idle:<24}{bubble:>7}  "
+                     f"{format_bytes(max(run['peak_memory']))}")
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""The ring stepper: ring all-reduce one step at a time, with a slider (and a play button).
+
+    fig, info = ring_view(world_size=4, step=2)
+    info["phase"], info["sends"]      # "reduce-scatter", (2, 3, 0, 1)
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+
+from mpgpu_edu.explore.live import Explorer, slider
+from mpgpu_edu.viz.ring import plot_ring_step, ring_state, ring_steps
+
+
+def ring_view(world_size: int = 4, step: int = 0, nbytes: int | None = None) -> tuple:
+    """The ring of ``world_size`` ranks before step ``step`` (0 .. 2(N-1); the last shows the
+    result). Returns ``(figure, info)``; ``info`` holds ``total_steps``, ``phase``
+    ("reduce-scatter", "all-gather" or "done"), ``sends`` (the chunk each rank sends) and
+    ``complete`` (how many full sums each rank holds)."""
+    steps = ring_steps(world_size)
+    fig = plot_ring_step(world_size, step, nbytes=nbytes)
+    current = steps[step] if step < len(steps) else None
+    state = ring_state(world_size, step)
+    info = {"world_size": world_size, "step": step, "total_steps": len(steps),
+            "phase": current.phase if current else "done",
+            "sends": current.sends if current else (),
+            "complete": [sum(len(chunk) == world_size for chunk in rank) for rank in state]}
+    return fig, info
+
+
+def describe(info: dict) -> str:
+    if info["phase"] == "done":
+        return f"<b>done</b> after {info['total_steps']} steps: every rank holds every sum"
+    return (f"<b>step {info['step'] + 1} of {info['total_steps']}</b> ({info['phase']}) "
+            f"&nbsp; full sums held per rank: {info['complete']}")
+
+
+def ring_stepper(world_size: int = 4, nbytes: int | None = None) -> Explorer:
+    """A slider over the 2(N-1) steps of ring all-reduce on ``world_size`` ranks (and one for
+    the number of ranks); the play button walks through the steps."""
+    total = 2 * (world_size - 1)
+    controls = {"world_size": slider("ranks", world_size, 1, 8),
+                "step": slider("step", 0, 0, total)}
+    play = widgets.Play(value=0, min=0, max=total, interval=1200, description="play")
+    widgets.jslink((play, "value"), (controls["step"], "value"))
+    widgets.jslink((play, "max"), (controls["step"], "max"))
+
+    def fit_steps(change: dict) -> None:  # before the redraw: the step must exist
+        controls["step"].max = 2 * (change["new"] - 1)
+
+    controls["world_size"].observe(fit_steps, names="value")
+    return Explorer(ring_view, controls, describe, fixed={"nbytes": nbytes}, extra=[play])

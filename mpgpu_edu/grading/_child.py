@@ -1,0 +1,241 @@
+"""The child side of ``runner``: limit itself, import the learner's file, run the cases.
+
+Imported by the forkserver before it forks children, so torch and the checks are loaded
+once; everything the learner's code could disturb happens after the fork.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib.util
+import io
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mpgpu_edu.comm import LaunchTimeoutError
+from mpgpu_edu.grading.checks import Case, Evidence, cases_for, lesson_module
+from mpgpu_edu.grading.checks._support import LearnerError
+from mpgpu_edu.grading.registry import LESSONS
+
+for _lesson in LESSONS:  # preload every lesson's checks in the server
+    lesson_module(_lesson)
+
+
+class CaseTimeout(BaseException):
+    """Raised in the main thread when a case runs past its soft timeout."""
+
+
+class CappedOutput(io.TextIOBase):
+    """A text stream that keeps the first ``limit`` characters and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.parts, self.kept, self.dropped = limit, [], 0, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        text = str(text)
+        room = self.limit - self.kept
+        if room > 0:
+            self.parts.append(text[:room])
+            self.kept += min(room, len(text))
+        self.dropped += max(0, len(text) - max(room, 0))
+        return len(text)
+
+    def take(self) -> str:
+        text = "".join(self.parts)
+        if self.dropped:
+            text += f"\n[... {self.dropped} more characters of output not kept]"
+        self.parts, self.kept, self.dropped = [], 0, 0
+        return text
+
+
+def main(conn: Any, request: dict) -> None:
+    """Entry point of a child: run cases ``request["start"]..`` of one exercise."""
+    try:
+        _isolate(request)
+        output = CappedOutput(request["output_chars"])
+        sys.stdout = sys.stderr = output
+        _run(conn, request, output)
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+        os._exit(0)  # do not wait for threads the learner's code left running
+
+
+def _isolate(request: dict) -> None:
+    with contextlib.suppress(OSError):
+        os.setsid()  # lead a process group: the parent stops it and its children at once
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.chdir(request["workdir"])
+    sys.dont_write_bytecode = True
+    sys.path.insert(0, request["workdir"])
+    os.environ["MPLBACKEND"] = "Agg"
+    torch.set_num_threads(1)
+    _limit_memory(request["memory_bytes"])
+    signal.signal(signal.SIGALRM, _on_alarm)
+
+
+def _limit_memory(extra_bytes: int) -> None:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return
+    size = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                size = int(line.split()[1]) * 1024
+    limit = size + extra_bytes
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise CaseTimeout()
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _run(conn: Any, request: dict, output: CappedOutput) -> None:
+    started = time.monotonic()
+    cases = cases_for(request["exercise"])
+    conn.send({"type": "cases", "cases": [{"name": c.name, "points": c.points,
+                                           "hidden": c.hidden} for c in cases]})
+    conn.send({"type": "import"})
+    try:
+        with _alarm(min(30.0, request["budget_s"])):
+            impl = _load(request["file"], request["function"])
+    except BaseException as exc:  # noqa: BLE001 - anything the file does on import
+        conn.send({"type": "import_error", "message": _import_message(exc, request)})
+        return
+    figure_sent = False
+    for index in range(request["start"], len(cases)):
+        case = cases[index]
+        left = request["budget_s"] - (time.monotonic() - started)
+        if left <= 0:
+            break
+        soft = min(case.timeout_s, request["case_timeout_s"] or case.timeout_s, left)
+        conn.send({"type": "start", "index": index, "timeout_s": soft})
+        result, evidence = _run_case(case, impl, soft, output, request)
+        conn.send(dict(result, type="result", index=index))
+        if request["figures"] and not figure_sent and evidence is not None and evidence.traces:
+            png = _figure(evidence)
+            if png:
+                conn.send({"type": "figure", "png": png})
+                figure_sent = True
+        if result["status"] == "timeout":
+            break  # threads may still be running: continue in a fresh process
+    conn.send({"type": "done"})
+
+
+def _load(file: str, function: str) -> Any:
+    name = Path(file).stem
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    target: Any = module
+    for part in function.split("."):
+        if not hasattr(target, part):
+            raise AttributeError(f"the file has no function {function} (was it renamed or "
+                                 "deleted? `mpgpu-edu reset ID` restores the stub)")
+        target = getattr(target, part)
+    return target
+
+
+def _import_message(exc: BaseException, request: dict) -> str:
+    shown = request["display_file"]
+    if isinstance(exc, CaseTimeout):
+        return f"importing {shown} did not finish in time (a loop at the top level?)"
+    if isinstance(exc, SyntaxError):
+        return f"{shown} has a syntax error, line {exc.lineno}: {exc.msg}"
+    if isinstance(exc, SystemExit):
+        return f"importing {shown} called sys.exit({exc.code!r})"
+    return f"importing {shown} failed: {type(exc).__name__}: {exc}" + _learner_frames(
+        exc, request)
+
+
+def _run_case(case: Case, impl: Any, soft: float, output: CappedOutput,
+              request: dict) -> tuple[dict, Evidence | None]:
+    started = time.monotonic()
+    evidence: Evidence | None = None
+    try:
+        with _alarm(soft):
+            evidence = case.run(impl)
+        status, message = "passed", ""
+    except BaseException as exc:  # noqa: BLE001 - classified for the report
+        evidence = getattr(exc, "evidence", None)
+        status, message = _classify(exc, soft, request)
+    text = evidence.text if isinstance(evidence, Evidence) else ""
+    result = {"name": case.name, "max_points": case.points, "status": status,
+              "message": message, "hidden": case.hidden, "output": output.take(),
+              "seconds": round(time.monotonic() - started, 3), "text": text}
+    return result, evidence if isinstance(evidence, Evidence) else None
+
+
+def _classify(exc: BaseException, soft: float, request: dict) -> tuple[str, str]:
+    if isinstance(exc, CaseTimeout):
+        return "timeout", (f"still running after {soft:g} s (an endless loop? a rank waiting "
+                           "for a message nobody sends?)")
+    if isinstance(exc, LaunchTimeoutError):
+        return "timeout", str(exc)
+    if isinstance(exc, NotImplementedError):
+        return "not_implemented", str(exc) or "not implemented yet"
+    if isinstance(exc, AssertionError):
+        return "failed", str(exc) or "a check failed"
+    if isinstance(exc, SystemExit):
+        return "error", (f"the code called sys.exit({exc.code!r}): return a value or raise "
+                         "an exception instead")
+    original = exc.original if isinstance(exc, LearnerError) else exc
+    if isinstance(original, MemoryError) or "can't allocate memory" in str(original):
+        gib = request["memory_bytes"] / 2**30
+        return "error", (f"ran out of memory (the limit is {gib:g} GiB above the process's "
+                         f"start): {type(original).__name__}: {str(original)[:200]}")
+    head = str(exc) if isinstance(exc, LearnerError) else f"{type(exc).__name__}: {exc}"
+    return "error", head + _learner_frames(original, request)
+
+
+def _learner_frames(exc: BaseException, request: dict) -> str:
+    """The traceback lines that point into the learner's file, with its real name."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if f.filename == request["file"]]
+    lines = [f'  File "{request["display_file"]}", line {f.lineno}, in {f.name}\n'
+             f"    {f.line or ''}" for f in mine[-4:]]
+    return ("\n" + "\n".join(lines)) if lines else ""
+
+
+def _figure(evidence: Evidence) -> str:
+    try:
+        from mpgpu_edu.viz.timeline import plot_timelines_side_by_side
+    except ImportError:
+        return ""
+    try:
+        figure = plot_timelines_side_by_side(evidence.traces)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=72)
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+    except Exception:  # noqa: BLE001 - a figure is a bonus, never a failure
+        return ""

@@ -1,0 +1,49 @@
+"""Parameter server: some ranks keep the parameters, the others compute gradients.
+
+- ``sync``     one server (the last rank); every step waits for every worker
+- ``sharded``  K servers (the last K ranks), each owning 1/K of the parameters
+- ``async_``   no waiting, bounded staleness: an event simulation with real updates
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from mpgpu_edu.data import DEMO_BATCH, DEMO_LR, DEMO_SIZES, make_batches, make_mlp
+from mpgpu_edu.ps.async_ import AsyncResult, async_ps, sync_ps_step_seconds
+from mpgpu_edu.ps.sharded import ps_step_sharded, servers_of, train_ps_sharded
+from mpgpu_edu.ps.sync import check_ps_world, ps_step, server_step, train_ps, worker_step
+from mpgpu_edu.reference import compare_to_reference, train_single
+
+__all__ = ["AsyncResult", "async_ps", "check_ps_world", "ps_step", "ps_step_sharded",
+           "run_demo", "server_step", "servers_of", "sync_ps_step_seconds", "train_ps",
+           "train_ps_sharded", "worker_step"]
+
+
+def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
+             n_servers: int = 1, batch_size: int = DEMO_BATCH, lr: float = DEMO_LR,
+             cluster: Any = None, **_: Any) -> dict:
+    """Train the demo MLP with a synchronous parameter server (``n_servers`` > 1: sharded)
+    on ``world_size`` ranks, the last ``n_servers`` of them servers, and compare with
+    single-device training. Returns the report of ``compare_to_reference`` plus
+    ``n_servers``, ``makespan_s`` and ``trace``."""
+    from mpgpu_edu.comm import launch
+    from mpgpu_edu.data import check_split
+
+    check_ps_world(world_size, n_servers)
+    check_split(batch_size, world_size - n_servers, "workers")
+    model_fn = functools.partial(make_mlp, DEMO_SIZES)
+    batches = make_batches(steps, batch_size, DEMO_SIZES[0], DEMO_SIZES[-1])
+    target = cluster if (cluster is not None and backend == "sim") else world_size
+    if n_servers == 1:
+        run = launch(train_ps, target, model_fn, batches, optimizer, lr, backend=backend)
+    else:
+        run = launch(train_ps_sharded, target, model_fn, batches, n_servers, optimizer, lr,
+                     backend=backend)
+    result = run.results[0]  # rank 0 is a worker
+    report = compare_to_reference("ps", backend, world_size, optimizer, result["params"],
+                                  result["losses"],
+                                  train_single(model_fn, batches, optimizer, lr))
+    report.update(n_servers=n_servers, makespan_s=run.trace.makespan, trace=run.trace)
+    return report
