@@ -48,7 +48,7 @@ def visible_devices(value: str | None, n_physical: int) -> list[int]:
     >>> visible_devices("0,2,-1,1", 4)
     [0, 2]
     """
-    # Exercise 0.1 (about 15 lines). Hint: read leading digits; stop at the first entry CUDA rejects.
+    # Exercise 0.1 (about 15 lines). Hint: read the leading digits; stop at the first bad entry.
     raise NotImplementedError("Exercise 0.1: visible_devices (notebooks/00_welcome.ipynb)")
 
 

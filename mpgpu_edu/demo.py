@@ -15,9 +15,9 @@ The runs are the package's own code: ``ps_step`` (one server, the other ranks wo
 ``ddp_step`` and ``ddp_step_overlapped`` (4 MiB buckets), on the ``heavy`` workload of
 ``mpgpu_edu.data`` built from *meta* tensors (shapes without data: the simulator counts the
 FLOPs and bytes of the real 6.3 M-parameter step without spending them); and
-``pipeline_train_step`` under GPipe and 1F1B, on a real MLP of 8 Linear layers split into one stage per
-device, each forward taking 4 ms and each backward 8 ms so the schedules' shapes show. Every
-run uses Adam, whose two moments show under "optimizer".
+``pipeline_train_step`` under GPipe and 1F1B, on a real MLP of 8 Linear layers split into one
+stage per device, each forward taking 4 ms and each backward 8 ms so the schedules' shapes
+show. Every run uses Adam, its two moments already allocated as in any step after the first.
 """
 
 from __future__ import annotations
@@ -64,28 +64,40 @@ class Run:
 
 # ---- the SPMD programs: one training step each, with its memory recorded -------------------
 
+def _adam(comm: Communicator, module: torch.nn.Module) -> torch.optim.Optimizer:
+    """Adam with its state already there, as in every step after the first (Adam creates its
+    moments in its first ``step``): one step on zero gradients, which moves no parameter and,
+    outside any compute region, takes no simulated time. Records parameters, gradients and
+    the optimizer state in ``comm.memory``."""
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    track_parameters(comm, module)
+    track_gradients(comm, module)
+    track_optimizer_state(comm, optimizer)
+    return optimizer
+
+
 def _meta_step(comm: Communicator, workload: Workload, step: Callable, server: bool) -> None:
     """One step of ``step`` on a meta copy of ``workload``; with ``server`` the last rank is a
     parameter server, the only one with an optimizer."""
     model = workload.model(device="meta")
-    mine = not server or comm.rank == comm.world_size - 1
-    optimizer = torch.optim.Adam(model.parameters()) if mine else None
-    track_parameters(comm, model)
-    track_gradients(comm, model)
+    if server and comm.rank != comm.world_size - 1:
+        track_parameters(comm, model)
+        track_gradients(comm, model)
+        optimizer = None
+    else:
+        optimizer = _adam(comm, model)
     step(comm, model, optimizer, workload.make_batch(device="meta"))
-    if optimizer is not None:
-        track_optimizer_state(comm, optimizer)
 
 
 def _pipeline_step(comm: Communicator, model: torch.nn.Sequential, placement: Placement,
                    schedule: Schedule, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
     stages = split_module(copy.deepcopy(model), placement)
-    mine = stages[comm.rank]
-    optimizer = torch.optim.Adam(mine.parameters(), lr=1e-3)
-    track_parameters(comm, mine)
-    track_gradients(comm, mine)
+    optimizer = _adam(comm, stages[comm.rank])
     pipeline_train_step(comm, stages, schedule, *batch, optimizer, stage_seconds=STAGE_SECONDS)
-    track_optimizer_state(comm, optimizer)
 
 
 # ---- the tour ----------------------------------------------------------------------------------
@@ -191,8 +203,8 @@ def write_figures(out: Path, cluster: Cluster, runs: list[Run], placement: Place
                                             "their peak memory under GPipe"),
         "timeline_ps": plot_timeline(by_name["ps"].trace, title=by_name["ps"].title),
         "timeline_ddp_naive_vs_overlapped": plot_timelines_side_by_side(
-            {"DDP naive": by_name["ddp_naive"].trace,
-             "DDP overlapped": by_name["ddp_overlapped"].trace}),
+            {by_name["ddp_naive"].title: by_name["ddp_naive"].trace,
+             by_name["ddp_overlapped"].title: by_name["ddp_overlapped"].trace}),
         "timeline_gpipe_vs_1f1b": plot_timelines_side_by_side(pipelines),
         "memory_peak": memory_figure(cluster, runs),
         "memory_over_time_gpipe_vs_1f1b": plot_memory_compare(pipelines, device=0),

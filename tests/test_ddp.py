@@ -143,13 +143,12 @@ def test_heavy_model_scales_on_nvswitch() -> None:
     assert efficiency > 0.8
 
 
-def test_scaling_study_feeds_plot_scaling() -> None:
-    from mpgpu_edu.viz.scaling import plot_scaling
-
+def test_scaling_study_is_step_times_by_label_and_world_size() -> None:
+    """The shape ``mpgpu_edu.viz.scaling.plot_scaling`` takes: {label: {N: seconds}}."""
     results = scaling_study([light()], presets=["8xH100-nvswitch"], world_sizes=(1, 2))
     assert list(results) == ["light model, 8xH100-nvswitch"]
-    assert set(results["light model, 8xH100-nvswitch"]) == {1, 2}
-    plot_scaling(results, metric="efficiency")
+    times = results["light model, 8xH100-nvswitch"]
+    assert set(times) == {1, 2} and all(t > 0 for t in times.values())
 
 
 # ---- gloo ---------------------------------------------------------------------------------

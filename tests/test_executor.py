@@ -253,7 +253,7 @@ def test_make_schedule_errors(args, message):
         make_schedule(*args)
 
 
-# ---- the runner and gloo ---------------------------------------------------------------------------
+# ---- the runner and gloo --------------------------------------------------------------------
 
 def test_run_demo_reports_the_comparison():
     report = run_demo("sim", 3, 2, "sgd", schedule="1f1b", microbatches=4)

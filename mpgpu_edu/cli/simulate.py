@@ -211,10 +211,10 @@ def _pipeline_step(comm: Communicator, model: torch.nn.Sequential, placement: An
     """Forward and backward of one batch through the pipeline (the optimizer step adds no
     time to a schedule, so it is left out)."""
     from mpgpu_edu.pipeline import split_module
-    from mpgpu_edu.pipeline.executor import run_pipeline_backward
+    from mpgpu_edu.pipeline.executor import pipeline_forward_backward
 
-    run_pipeline_backward(comm, split_module(model, placement), schedule, batch, batch,
-                          stage_seconds=seconds[comm.rank])
+    pipeline_forward_backward(comm, split_module(model, placement), schedule, batch, batch,
+                              stage_seconds=seconds[comm.rank])
 
 
 def simulate_pipeline(schedule_name: str, n_stages: int, n_microbatches: int | None,

@@ -7,18 +7,22 @@ control's value changes it calls the view again, shows the numbers from ``info``
 the new figure in place of the old one. A ``ValueError`` from the view (a pipeline with more
 stages than devices) is shown in red instead of a figure, and the last good figure stays.
 
-Figures come from ``palette.new_figure``, outside pyplot's registry: dropping the old figure
-is enough to free it, nothing global keeps it alive.
+The figure is shown as a PNG made here, not through matplotlib's notebook backend, so it
+shows whether or not the notebook ran ``%matplotlib inline``. Figures come from
+``palette.new_figure``, outside pyplot's registry: dropping the old figure is enough to free
+it, nothing global keeps it alive.
 """
 
 from __future__ import annotations
 
 import html
+import io
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import ipywidgets as widgets
-from IPython.display import display
+from IPython import get_ipython
+from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 from mpgpu_edu.viz.palette import WARNING_COLOR
@@ -68,9 +72,19 @@ class Explorer(widgets.VBox):
         self.figure, self.info, self.error = figure, info, None
         self.renders += 1
         self.summary.value = self.describe(info)
+        if get_ipython() is None:  # plain Python (a script, a test): nothing to show it on
+            return
         with self.output:
             self.output.clear_output(wait=True)
-            display(figure)
+            display(Image(data=self.png(), format="png"))
+
+    def png(self) -> bytes:
+        """The current figure as PNG bytes (what the notebook shows)."""
+        if self.figure is None:
+            raise ValueError(f"nothing drawn yet: {self.error}")
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png")
+        return buffer.getvalue()
 
 
 def slider(description: str, value: int, low: int, high: int, **kwargs: Any) -> widgets.IntSlider:

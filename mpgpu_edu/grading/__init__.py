@@ -1,0 +1,140 @@
+"""Grading: the exercises, their checks, and ``check`` for notebooks.
+
+    import mpgpu_edu as mp
+    mp.check("1.3")                    # checks ring_all_reduce in exercises/ex01_communication.py
+    mp.check("1.3", my_ring)           # checks a function defined in the notebook
+    mp.progress()                      # per lesson: exercises done, points
+
+``check`` never raises unless ``strict=True`` (for CI): whatever the code under check does,
+it returns an ``ExerciseResult`` with a status (passed, failed, not_implemented, error,
+timeout), the points of every case, the hint, and in JupyterLab a small figure where one
+helps. The code runs in a separate process with a timeout (``runner``); a function defined
+in the notebook itself cannot be sent there, so it runs in a thread of the kernel instead.
+
+Modules: ``registry`` (the exercises), ``checks`` (their cases), ``runner`` (isolated runs),
+``report`` (text and HTML), ``generate`` (exercises from solutions), ``progress`` (the course
+folder, progress, reset), ``grade`` (a whole class).
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mpgpu_edu.grading.progress import CourseNotFound, find_root, progress
+from mpgpu_edu.grading.registry import EXERCISES, get
+from mpgpu_edu.grading.report import ExerciseResult, Report
+
+__all__ = ["EXERCISES", "ExerciseFailed", "ExerciseResult", "Report", "check", "progress",
+           "resolve_impl"]
+
+
+class ExerciseFailed(AssertionError):
+    """Raised by ``check(..., strict=True)`` when the exercise does not pass."""
+
+
+def check(exercise: str, fn: Callable[..., Any] | None = None, *,
+          impl: str | Path | None = None, timeout: float = 60.0, strict: bool = False,
+          figures: bool = True) -> ExerciseResult:
+    """Check exercise ``exercise`` (e.g. ``"1.3"``) and return its result.
+
+    Without ``fn`` the exercise's function is taken from the learner's
+    ``exercises/<module>.py`` (``impl`` may name ``"solutions"`` or another folder instead)
+    and the result is recorded in the course's progress. With ``fn``, that function is
+    checked. ``timeout`` bounds all the exercise's cases together (each case has its own
+    limit too). ``strict=True`` raises ``ExerciseFailed`` unless it passed (and ValueError
+    for an unknown id).
+    """
+    try:
+        result = _check(exercise, fn, impl, timeout, figures)
+    except Exception as exc:  # noqa: BLE001 - check() reports, it does not raise
+        if strict and isinstance(exc, (ValueError, CourseNotFound)):
+            raise
+        result = _error(exercise, f"{type(exc).__name__}: {exc}")
+    if strict and not result.passed:
+        raise ExerciseFailed(str(result))
+    return result
+
+
+def _check(exercise_id: str, fn: Callable[..., Any] | None, impl: str | Path | None,
+           timeout: float, figures: bool) -> ExerciseResult:
+    from mpgpu_edu.grading import runner
+
+    try:
+        exercise = get(exercise_id)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    limits = runner.Limits(timeout_s=timeout)
+    if fn is not None:
+        return _check_function(exercise.id, fn, limits, figures)
+    root = find_root() if impl is None or str(impl) in ("exercises", "solutions") else None
+    folder = resolve_impl(impl, root)
+    results = runner.run_many(folder, [exercise.id], limits=limits, figures=figures,
+                              display_dir=_shown(folder, root))
+    if root is not None and folder == root / "exercises":
+        from mpgpu_edu.grading.progress import record
+
+        record(root, results)
+    return results[0]
+
+
+def _check_function(exercise_id: str, fn: Callable[..., Any], limits: Any,
+                    figures: bool) -> ExerciseResult:
+    from mpgpu_edu.grading import runner
+
+    file = _importable_file(fn)
+    if file is None:
+        return runner.run_in_thread(exercise_id, fn, limits=limits, figures=figures)
+    copy = Path(tempfile.mkdtemp(prefix="mpgpu-check-"))
+    try:
+        target = copy / file.name
+        shutil.copyfile(file, target)
+        return runner.run_exercise(exercise_id, target, fn.__qualname__, limits=limits,
+                                   figures=figures, display_file=str(file))
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def _importable_file(fn: Callable[..., Any]) -> Path | None:
+    """The file a child process can import ``fn`` from, or None (notebook, lambda, closure)."""
+    qualname = getattr(fn, "__qualname__", "")
+    if getattr(fn, "__module__", "__main__") == "__main__" or "<" in qualname:
+        return None
+    try:
+        file = inspect.getsourcefile(fn)
+    except TypeError:
+        return None
+    return Path(file) if file and Path(file).is_file() and file.endswith(".py") else None
+
+
+def resolve_impl(impl: str | Path | None, root: Path | None) -> Path:
+    """``None`` or ``"exercises"``: the learner's folder; ``"solutions"``; or a folder."""
+    if impl is None or str(impl) in ("exercises", "solutions"):
+        assert root is not None
+        return root / (str(impl) if impl is not None else "exercises")
+    folder = Path(impl).expanduser().resolve()
+    if not folder.is_dir():
+        raise ValueError(f"--impl {impl}: no such folder")
+    return folder
+
+
+def _shown(folder: Path, root: Path | None) -> str:
+    if root is not None:
+        try:
+            return str(folder.relative_to(root))
+        except ValueError:
+            pass
+    return str(folder)
+
+
+def _error(exercise_id: str, message: str) -> ExerciseResult:
+    known = EXERCISES.get(str(exercise_id).strip())
+    if known is None:
+        return ExerciseResult(str(exercise_id), "unknown exercise", "error", 0, [], "", "", "",
+                              "", message)
+    return ExerciseResult(known.id, known.title, "error", known.points, [], known.hint,
+                          known.filename, known.function, known.notebook, message)

@@ -6,7 +6,6 @@ once; everything the learner's code could disturb happens after the fork.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import importlib.util
 import io
@@ -14,24 +13,30 @@ import os
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mpgpu_edu.comm import LaunchTimeoutError
+from mpgpu_edu.grading._outcome import CaseTimeout, classify, figure_png, learner_frames
 from mpgpu_edu.grading.checks import Case, Evidence, cases_for, lesson_module
-from mpgpu_edu.grading.checks._support import LearnerError
+from mpgpu_edu.grading.checks._support import property_check
 from mpgpu_edu.grading.registry import LESSONS
 
 for _lesson in LESSONS:  # preload every lesson's checks in the server
     lesson_module(_lesson)
 
 
-class CaseTimeout(BaseException):
-    """Raised in the main thread when a case runs past its soft timeout."""
+def _warm_up() -> None:
+    """Run a tiny property test here, in the server: hypothesis's one-time setup (seeding
+    hooks, a full garbage collection) is then inherited by every child, not repeated."""
+    from hypothesis import strategies as st
+
+    property_check(lambda n: None, max_examples=2, n=st.integers(0, 1))
+
+
+_warm_up()
 
 
 class CappedOutput(io.TextIOBase):
@@ -140,7 +145,7 @@ def _run(conn: Any, request: dict, output: CappedOutput) -> None:
         result, evidence = _run_case(case, impl, soft, output, request)
         conn.send(dict(result, type="result", index=index))
         if request["figures"] and not figure_sent and evidence is not None and evidence.traces:
-            png = _figure(evidence)
+            png = figure_png(evidence)
             if png:
                 conn.send({"type": "figure", "png": png})
                 figure_sent = True
@@ -174,8 +179,8 @@ def _import_message(exc: BaseException, request: dict) -> str:
         return f"{shown} has a syntax error, line {exc.lineno}: {exc.msg}"
     if isinstance(exc, SystemExit):
         return f"importing {shown} called sys.exit({exc.code!r})"
-    return f"importing {shown} failed: {type(exc).__name__}: {exc}" + _learner_frames(
-        exc, request)
+    return (f"importing {shown} failed: {type(exc).__name__}: {exc}"
+            + learner_frames(exc, request["file"], shown))
 
 
 def _run_case(case: Case, impl: Any, soft: float, output: CappedOutput,
@@ -188,54 +193,10 @@ def _run_case(case: Case, impl: Any, soft: float, output: CappedOutput,
         status, message = "passed", ""
     except BaseException as exc:  # noqa: BLE001 - classified for the report
         evidence = getattr(exc, "evidence", None)
-        status, message = _classify(exc, soft, request)
+        status, message = classify(exc, soft, request["memory_bytes"], request["file"],
+                                   request["display_file"])
     text = evidence.text if isinstance(evidence, Evidence) else ""
     result = {"name": case.name, "max_points": case.points, "status": status,
               "message": message, "hidden": case.hidden, "output": output.take(),
               "seconds": round(time.monotonic() - started, 3), "text": text}
     return result, evidence if isinstance(evidence, Evidence) else None
-
-
-def _classify(exc: BaseException, soft: float, request: dict) -> tuple[str, str]:
-    if isinstance(exc, CaseTimeout):
-        return "timeout", (f"still running after {soft:g} s (an endless loop? a rank waiting "
-                           "for a message nobody sends?)")
-    if isinstance(exc, LaunchTimeoutError):
-        return "timeout", str(exc)
-    if isinstance(exc, NotImplementedError):
-        return "not_implemented", str(exc) or "not implemented yet"
-    if isinstance(exc, AssertionError):
-        return "failed", str(exc) or "a check failed"
-    if isinstance(exc, SystemExit):
-        return "error", (f"the code called sys.exit({exc.code!r}): return a value or raise "
-                         "an exception instead")
-    original = exc.original if isinstance(exc, LearnerError) else exc
-    if isinstance(original, MemoryError) or "can't allocate memory" in str(original):
-        gib = request["memory_bytes"] / 2**30
-        return "error", (f"ran out of memory (the limit is {gib:g} GiB above the process's "
-                         f"start): {type(original).__name__}: {str(original)[:200]}")
-    head = str(exc) if isinstance(exc, LearnerError) else f"{type(exc).__name__}: {exc}"
-    return "error", head + _learner_frames(original, request)
-
-
-def _learner_frames(exc: BaseException, request: dict) -> str:
-    """The traceback lines that point into the learner's file, with its real name."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if f.filename == request["file"]]
-    lines = [f'  File "{request["display_file"]}", line {f.lineno}, in {f.name}\n'
-             f"    {f.line or ''}" for f in mine[-4:]]
-    return ("\n" + "\n".join(lines)) if lines else ""
-
-
-def _figure(evidence: Evidence) -> str:
-    try:
-        from mpgpu_edu.viz.timeline import plot_timelines_side_by_side
-    except ImportError:
-        return ""
-    try:
-        figure = plot_timelines_side_by_side(evidence.traces)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=72)
-        return base64.b64encode(buffer.getvalue()).decode("ascii")
-    except Exception:  # noqa: BLE001 - a figure is a bonus, never a failure
-        return ""

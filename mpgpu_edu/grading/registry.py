@@ -63,7 +63,7 @@ def _ex(id: str, function: str, title: str, points: int, hint: str) -> Exercise:
 
 EXERCISES: dict[str, Exercise] = {e.id: e for e in (
     _ex("0.1", "visible_devices", "CUDA_VISIBLE_DEVICES: logical -> physical", 5,
-        "read leading digits; stop at the first entry CUDA rejects."),
+        "read the leading digits; stop at the first bad entry."),
     _ex("0.2", "data_parallel_device_ids", "The device_ids question", 3,
         "device_ids are positions in visible: visible.index(gpu)."),
     _ex("1.1", "p2p_time", "Point-to-point cost: alpha + n / beta", 3,
@@ -128,3 +128,22 @@ def by_module(module: str) -> list[Exercise]:
 
 def max_score() -> int:
     return sum(e.points for e in EXERCISES.values())
+
+
+def select(words: list[str] | None) -> list[str]:
+    """Exercise ids from command-line words: ``"1.3"``, a lesson ``"1"`` (all its
+    exercises), or nothing (every exercise). Raises KeyError naming an unknown word."""
+    if not words:
+        return list(EXERCISES)
+    chosen: list[str] = []
+    for word in words:
+        word = word.strip()
+        if word in EXERCISES:
+            found = [word]
+        elif word.isdigit() and int(word) in LESSONS:
+            found = [e.id for e in by_lesson(int(word))]
+        else:
+            raise KeyError(f"unknown exercise {word!r}: choose from " + ", ".join(EXERCISES)
+                           + " (or a lesson number 0-6)")
+        chosen += [i for i in found if i not in chosen]
+    return chosen

@@ -3,7 +3,7 @@
 One train step on every rank (replica d, stage s, see ``Mesh``):
 
 1. replica d takes its shard of the batch (``torch.tensor_split`` by ``dp``),
-2. its pipeline runs the schedule on that shard (``run_pipeline_backward`` on the row group),
+2. its pipeline runs the schedule on that shard (``pipeline_forward_backward``, row group),
 3. stage s's gradients are summed over the replicas (one all-reduce in the column group),
 4. every rank steps its optimizer: all replicas of a stage stay identical.
 
@@ -28,9 +28,9 @@ from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator
 from mpgpu_edu.data import loss_fn as mse_loss
 from mpgpu_edu.hybrid.mesh import Mesh, MeshGroups, make_groups
-from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, run_pipeline_backward
-from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
+from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, pipeline_forward_backward
+from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
 from mpgpu_edu.pipeline.runner import Batches, OptimizerFactory, make_stage_optimizer
 from mpgpu_edu.pipeline.schedules import Schedule
 
@@ -63,7 +63,7 @@ def hybrid_train_step(groups: MeshGroups, model_stages: Sequence[nn.Module],
     inputs = torch.tensor_split(batch, dp)[groups.dp_index]
     labels = torch.tensor_split(targets, dp)[groups.dp_index]
     model_stages[groups.pp_index].zero_grad(set_to_none=True)
-    loss = run_pipeline_backward(groups.pipeline, model_stages, schedule, inputs, labels,
+    loss = pipeline_forward_backward(groups.pipeline, model_stages, schedule, inputs, labels,
                                  loss_fn, batch_size=len(batch), stage_seconds=stage_seconds)
     all_reduce_gradients(groups.data, model_stages[groups.pp_index])
     if optimizer is not None:  # None: a stage with nothing to train

@@ -18,7 +18,9 @@ only in the order of steps, which the schedule holds; the executor holds no sche
 Messages: sends are ``isend`` (waited for at the end), receives block. In a valid schedule
 every step's inputs come from steps at earlier ticks, so by induction on the tick every
 receive is eventually matched: no schedule that passes ``validate`` can deadlock here. Each
-message's tag names its microbatch and direction (``message_tag``).
+message's tag names its microbatch and direction (``message_tag``). nccl ignores tags and
+matches two ranks' messages in the order they are posted; every builder's schedule runs the
+microbatches in the same order on every stage, so that order agrees too.
 
 Cost per microbatch on a stage boundary: one activation message forward and one gradient
 message back, each ``alpha + bytes / beta`` on the link between the two devices.
@@ -253,7 +255,7 @@ def pipeline_train_step(comm: Communicator, model_stages: Sequence[nn.Module],
     With ``stage_seconds`` the optimizer step is free, so the timeline shows only the schedule.
     """
     model_stages[comm.rank].zero_grad(set_to_none=True)
-    loss = run_pipeline_backward(comm, model_stages, schedule, batch, targets, loss_fn,
+    loss = pipeline_forward_backward(comm, model_stages, schedule, batch, targets, loss_fn,
                                  stage_seconds=stage_seconds)
     if optimizer is not None:
         with comm.compute("optimizer", "step", seconds=0.0 if stage_seconds else None):
@@ -261,12 +263,13 @@ def pipeline_train_step(comm: Communicator, model_stages: Sequence[nn.Module],
     return loss
 
 
-def run_pipeline_backward(comm: Communicator, model_stages: Sequence[nn.Module],
+def pipeline_forward_backward(comm: Communicator, model_stages: Sequence[nn.Module],
                           schedule: Schedule, batch: torch.Tensor, targets: torch.Tensor,
                           loss_fn: LossFn | None = None, *, batch_size: int | None = None,
                           stage_seconds: StageSeconds | None = None) -> float | None:
     """Forward and backward of the whole batch through the pipeline, gradients accumulated
-    in this rank's stage; no optimizer step (``pipeline_train_step`` adds it)."""
+    in this rank's stage; no optimizer step (``pipeline_train_step`` adds it). Hybrid
+    training passes the global ``batch_size`` when ``batch`` is one replica's shard."""
     rank, m = comm.rank, schedule.n_microbatches
     microbatches, mb_targets = split_batch(batch, m), split_batch(targets, m)
     recv_like = stage_inputs_like(model_stages[:rank], microbatches) if rank > 0 else None

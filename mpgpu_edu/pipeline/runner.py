@@ -1,4 +1,4 @@
-"""Pipeline training over several steps, its single-device oracle, and ``mpgpu-edu run pipeline``.
+"""Pipeline training over several steps, and ``mpgpu-edu run pipeline``.
 
 ``train_pipeline`` is the SPMD function every rank runs: copy the model, split it into stages
 (``partition_balanced`` by parameters unless a placement is given), keep stage ``comm.rank``,

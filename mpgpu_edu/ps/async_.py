@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -164,8 +164,10 @@ def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[
         events.append(Event(server, "compute", "optimizer", begin, server_free, label))
         back = links.transfer(server, w, nbytes, server_free, f"parameters v{version}")
         start_gradient(w, back)
-    result.trace = Trace(cluster.world_size, sorted(events + links.events,
-                                                    key=lambda e: (e.start, e.device)),
+    # The run ends with its last update: work still in flight then is cut off there.
+    end = result.seconds
+    kept = [replace(e, end=min(e.end, end)) for e in events + links.events if e.start < end]
+    result.trace = Trace(cluster.world_size, sorted(kept, key=lambda e: (e.start, e.device)),
                          meta={"cluster": getattr(cluster, "name", ""),
                                "strategy": "async parameter server"})
     result.params = named_params(master)

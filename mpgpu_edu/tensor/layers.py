@@ -23,6 +23,12 @@ again: an all-gather more each way.
 
 Shards follow ``torch.tensor_split``: with ``n`` features over N ranks, rank r gets
 ``n // N + (r < n % N)``, so any N works, even one that does not divide ``n``.
+
+Building: ``from_linear`` / ``from_mlp`` / ``from_conv`` take this rank's slices of an unsplit
+layer, so the split layer equals it exactly. The plain constructors initialise like the
+unsplit layer and keep their slice, which is the same layer on every rank only if every rank
+draws the same random numbers (same seed, separate processes; the simulator's ranks are
+threads that share one generator).
 """
 
 from __future__ import annotations
@@ -299,7 +305,8 @@ def _load_shards(layer: nn.Module, full: nn.Module, comm: Communicator, dim: int
 
 def _mlp_parts(mlp: nn.Sequential) -> tuple[nn.Linear, nn.Module, nn.Linear]:
     parts = list(mlp)
-    if len(parts) != 3 or not isinstance(parts[0], nn.Linear)             or not isinstance(parts[2], nn.Linear):
+    linear_ends = len(parts) == 3 and all(isinstance(parts[i], nn.Linear) for i in (0, 2))
+    if not linear_ends:
         raise ValueError("expected nn.Sequential(Linear, activation, Linear), got "
                          f"{[type(p).__name__ for p in parts]}")
     return parts[0], parts[1], parts[2]

@@ -26,3 +26,8 @@ __all__ = [
     "plot_scaling", "plot_timeline", "plot_timelines_side_by_side", "ring_frames",
     "ring_state", "ring_steps", "save_ring_frames", "style",
 ]
+
+# Device maps: where each piece lives, what wires the devices, what CUDA_VISIBLE_DEVICES shows.
+from mpgpu_edu.viz.devicemap import plot_device_map, plot_mesh, plot_visible_devices  # noqa: E402
+
+__all__ += ["plot_device_map", "plot_mesh", "plot_visible_devices"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -28,11 +28,13 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch, Rectangle
 
 from mpgpu_edu.cluster import Cluster, check_visible, parse_visible
 from mpgpu_edu.hardware import GPUSpec
-from mpgpu_edu.pipeline.partition import Placement, StagePlacement
 from mpgpu_edu.trace import CATEGORIES, Trace
 from mpgpu_edu.viz.palette import (
     FONT_SIZE, MEMORY_COLORS, OKABE_ITO, WARNING_COLOR, format_bytes, new_figure,
 )
+
+if TYPE_CHECKING:  # only for the annotations: partition brings torch with it
+    from mpgpu_edu.pipeline.partition import Placement, StagePlacement
 
 MemoryPerDevice = Sequence[Mapping[str, int]] | Mapping[int, Mapping[str, int]] | Trace
 
@@ -280,7 +282,9 @@ def _memory_bar(ax: Axes, i: int, y: float, held: Mapping[str, int], capacity: i
     ax.add_patch(Rectangle((left, y), width, 0.13, facecolor="none", edgecolor="black",
                            linewidth=0.8, gid="capacity"))
     oom = total > capacity
-    text = f"{format_bytes(total)} of {format_bytes(capacity)}" + (" OOM" if oom else "")
+    share = total / capacity
+    text = (f"{format_bytes(total)} of {format_bytes(capacity)} "
+            + ("OOM" if oom else f"({share:.0%})" if share >= 0.01 or not total else "(<1%)"))
     _text(ax, i + 0.5, y - 0.04, text, "memory-label", va="top", size=FONT_SIZE - 2,
           color=WARNING_COLOR if oom else "black", fontweight="bold" if oom else "normal")
 
@@ -317,8 +321,8 @@ def plot_device_map(cluster: Cluster, placement: Placement | None = None, *,
     visible, n = cluster.visible, cluster.n_physical
     lines = _stage_lines(placement, cluster.world_size)
     held = _per_device_memory(memory, cluster.world_size) if memory is not None else None
-    wide = placement is not None or held is not None or n <= 8
-    col_in = 1.8 if placement is not None else (1.5 if n <= 8 else 1.05)
+    col_in = 1.8 if placement or held else (1.5 if n <= 8 else 1.05)
+    wide = col_in >= 1.5  # room for "cuda:0 = GPU 2" on one line
     logical_h = 0.62 + 0.17 * max(map(len, lines), default=0) + (0.42 if held else 0)
     logical_h += 0.0 if wide else 0.16
     y_phys = 0.1 + logical_h + GAP_H
@@ -360,7 +364,7 @@ def plot_visible_devices(n_physical: int, visible_value: str | None,
     visible = parse_visible(visible_value, n_physical)
     warnings = check_visible(visible_value, n_physical)
     gpu = short_gpu_name(gpu_name) if gpu_name else "GPU"
-    col_in = 1.45 if n_physical <= 8 else 1.05
+    col_in = 1.5 if n_physical <= 8 else 1.05
     wrapped = [textwrap.fill(w, width=max(40, int((LABEL_IN + n_physical * col_in) * 13)))
                for w in warnings]
     warn_h = 0.25 + 0.19 * sum(w.count("\n") + 1 for w in wrapped) if warnings else 0.0

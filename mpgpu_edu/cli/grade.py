@@ -1,0 +1,67 @@
+"""``mpgpu-edu grade``: grade a class, one learner per folder, into a CSV.
+
+    mpgpu-edu grade submissions/ --csv grades.csv
+    mpgpu-edu grade submissions/ --csv grades.csv --ids 1 3.2 --timeout 30 --html grades.html
+
+Every subfolder of SUBMISSIONS_DIR is one learner: a copy of the course folder or just their
+exercises/ files. Each exercise runs in isolation (time budget ``--timeout`` per exercise,
+``--memory`` GiB, capped output); a submission that crashes, hangs or exits loses only the
+points of what it broke, and grading goes on. No submitted file is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mpgpu_edu.cli import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("grade", help="grade every submission in a folder into a CSV",
+                            description="Grade each learner's submission in isolation.")
+    parser.add_argument("submissions", metavar="SUBMISSIONS_DIR",
+                        help="one subfolder per learner")
+    parser.add_argument("--csv", required=True, metavar="PATH", help="write the grades here")
+    parser.add_argument("--ids", nargs="*", metavar="ID",
+                        help="exercise ids or lesson numbers (default: all)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                        help="seconds per exercise and learner (default 60)")
+    parser.add_argument("--memory", type=float, default=4.0, metavar="GIB",
+                        help="memory a check may allocate, GiB (default 4)")
+    parser.add_argument("--json", action="store_true", help="also print one JSON object")
+    parser.add_argument("--html", metavar="PATH", help="also write an HTML report")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mpgpu_edu.grading import grade, registry, runner
+
+    try:
+        ids = registry.select(args.ids)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+    folder = Path(args.submissions)
+    if not folder.is_dir():
+        raise UsageError(f"{folder} is not a folder")
+    if args.timeout <= 0 or args.memory <= 0:
+        raise UsageError("--timeout and --memory must be positive")
+    limits = runner.Limits(timeout_s=args.timeout, memory_bytes=int(args.memory * 2**30))
+
+    def show(learner: str, result: object) -> None:
+        print(f"  {learner}: {result!r}", file=sys.stderr, flush=True)
+
+    graded = grade.grade(folder, ids, limits, on_result=show)
+    grade.write_csv(Path(args.csv), graded, ids)
+    if args.html:
+        Path(args.html).write_text(grade.html_report(graded))
+    if args.json:
+        print(json.dumps(grade.to_dict(graded), indent=1))
+    else:
+        for g in graded:
+            notes = f"  ({g.notes()})" if g.notes() else ""
+            print(f"{g.learner}: {g.score}/{g.max_score}{notes}")
+        print(f"wrote {args.csv}")
+    return 0

@@ -1,0 +1,41 @@
+"""``mpgpu-edu reset ID``: put an exercise's stub back, changing only that function.
+
+    mpgpu-edu reset 1.3
+
+The exercise file is copied to ``.mpgpu/backups/<file>.<timestamp>.py`` first, every time,
+and the command prints where: nothing the learner wrote is ever lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mpgpu_edu.cli import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("reset", help="restore an exercise's stub (after a backup)",
+                            description="Restore the stub of one exercise in exercises/; the "
+                                        "file is backed up to .mpgpu/backups/ first.")
+    parser.add_argument("id", metavar="ID", help="exercise id, e.g. 1.3")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mpgpu_edu.grading import registry
+    from mpgpu_edu.grading.progress import CourseNotFound, find_root, reset
+
+    try:
+        exercise = registry.get(args.id)
+    except KeyError as exc:
+        raise UsageError(exc.args[0]) from None
+    try:
+        root = find_root()
+        file, saved = reset(root, exercise)
+    except CourseNotFound as exc:
+        raise UsageError(str(exc)) from None
+    if saved is not None:
+        print(f"backed up {file.relative_to(root)} to {saved.relative_to(root)}")
+    print(f"restored the stub of exercise {exercise.id} (def {exercise.function}) in "
+          f"{file.relative_to(root)}")
+    return 0

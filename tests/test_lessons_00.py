@@ -1,0 +1,65 @@
+"""Lesson 00's demos: split then combine, and a GPU fed by loader workers."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.figure import Figure
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.comm import launch
+from mpgpu_edu.lessons import l00
+
+
+def test_split_then_combine_divides_compute_and_adds_an_all_reduce() -> None:
+    cluster = Cluster.uniform(4, alpha_s=1e-5, beta_Bps=1e9)
+    one = launch(l00.split_then_combine, cluster.with_visible("0"), 3, 0.03, 1000)
+    four = launch(l00.split_then_combine, cluster, 3, 0.03, 1000)
+    assert one.trace.makespan == pytest.approx(3 * 0.03)
+    assert one.bytes_sent_per_rank == [0]
+    compute = four.trace.busy(0, "compute")
+    assert compute == pytest.approx(3 * 0.03 / 4)
+    # ring all-reduce of 4000 bytes: 2(N-1)/N of it per rank per step
+    assert four.bytes_sent_per_rank == [3 * 6000] * 4
+    assert compute < four.trace.makespan < one.trace.makespan
+
+
+@pytest.mark.parametrize("loaders", [1, 2, 3])
+def test_input_pipeline_gpu_busy_share_matches_steady_state(loaders: int) -> None:
+    load, compute, steps = 0.4, 0.1, 12
+    result = l00.run_input_pipeline(load, compute, loaders=loaders, steps=steps,
+                                    batch_bytes=1000)
+    gpu = result.trace.n_devices - 1
+    assert result.trace.busy(gpu) == pytest.approx(steps * compute)
+    steady = 1 - min(1.0, loaders * compute / load)
+    assert l00.gpu_idle_after_first_batch(result) == pytest.approx(steady, abs=0.08)
+    assert l00.gpu_idle_fraction(result) >= l00.gpu_idle_after_first_batch(result)
+    kinds = {e.kind for e in result.trace.events if e.stream == "compute"}
+    assert kinds == {"data", "compute"}
+
+
+def test_enough_loaders_make_the_gpu_the_bottleneck() -> None:
+    result = l00.run_input_pipeline(0.2, 0.1, loaders=4, steps=10, batch_bytes=10)
+    assert l00.gpu_idle_after_first_batch(result) < 0.01
+
+
+def test_input_pipeline_needs_a_loader_and_a_gpu() -> None:
+    with pytest.raises(Exception, match="at least 2 ranks"):
+        launch(l00.input_pipeline, 1, 2, 0.1, 0.1, 10)
+
+
+def test_pipeline_figure_names_rows_and_states_the_idle_share() -> None:
+    result = l00.run_input_pipeline(0.2, 0.1, loaders=2, steps=4, batch_bytes=10)
+    fig = l00.plot_input_pipeline(result)
+    assert isinstance(fig, Figure)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["loader 0 compute", "loader 1 compute", "GPU compute"]
+    assert f"{l00.gpu_idle_fraction(result):.0%}" in fig.axes[0].get_title(loc="left")
+
+
+def test_epoch_seconds_is_compute_split_n_ways() -> None:
+    cluster = Cluster.preset("8xH100-nvswitch")
+    flops = 1e18
+    times = l00.epoch_seconds(cluster, flops, [1, 2, 8])
+    assert times[1] == pytest.approx(cluster.compute_seconds(flops, "bf16"))
+    assert times[8] == pytest.approx(cluster.compute_seconds(flops / 8, "bf16"))
+    assert times[1] / times[8] == pytest.approx(8, rel=1e-6)

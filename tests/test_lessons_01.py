@@ -1,0 +1,103 @@
+"""Lesson 01's demos: message cost, the collectives on small tensors, all-reduce timing."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.figure import Figure
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.collectives import cost
+from mpgpu_edu.comm import launch
+from mpgpu_edu.data import Workload
+from mpgpu_edu.hardware import LINKS
+from mpgpu_edu.lessons import l01
+
+
+def test_message_seconds_is_alpha_plus_n_over_beta() -> None:
+    link = LINKS["nvlink3"]
+    expected = link.alpha_s + 1e6 / link.beta_Bps
+    assert l01.message_seconds("nvlink3", 10**6) == pytest.approx(expected)
+
+
+def test_message_figure_has_one_line_per_link_and_honest_labels() -> None:
+    fig = l01.plot_message_time(["pcie4-x16", "nvlink3"], [1, 1024, 2**20])
+    ax = fig.axes[0]
+    assert isinstance(fig, Figure) and len(ax.get_lines()) == 2
+    assert "message" in ax.get_ylabel() and "message" in ax.get_xlabel()
+
+
+def test_send_one_takes_one_message_time() -> None:
+    result = launch(l01.send_one, "4xRTX4090-pcie", 2**20)
+    assert result.trace.makespan == pytest.approx(l01.message_seconds("pcie4-x16", 2**20))
+    assert result.bytes_sent_per_rank == [2**20, 0, 0, 0]
+
+
+EXPECTED = {  # what rank 0 and rank 3 hold after each collective on 4 ranks
+    "broadcast": ([1, 2, 3, 4], [1, 2, 3, 4]),
+    "reduce": ([64, 68, 72, 76], [31, 32, 33, 34]),
+    "gather": ([[1, 2, 3, 4], [11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34]], None),
+    "scatter": ([1], [4]),
+    "all_gather": ([[1, 2, 3, 4], [11, 12, 13, 14], [21, 22, 23, 24], [31, 32, 33, 34]],) * 2,
+    "reduce_scatter": ([64], [76]),
+    "all_reduce": ([64, 68, 72, 76], [64, 68, 72, 76]),
+}
+
+
+@pytest.mark.parametrize("name", l01.COLLECTIVES)
+def test_each_collective_leaves_the_documented_result(name: str) -> None:
+    result = l01.run_collective(name, 4)
+    before = [b for b, _ in result.results]
+    assert before[3] == [31, 32, 33, 34]
+    assert (result.results[0][1], result.results[3][1]) == EXPECTED[name]
+    text = l01.describe_collective(result)
+    assert text.count("\n") == 3 and text.startswith("rank 0 (sent")
+
+
+def test_unknown_collective_is_refused() -> None:
+    with pytest.raises(Exception, match="unknown collective"):
+        l01.run_collective("alltoall", 2)
+
+
+def test_run_all_reduce_matches_closed_forms_on_a_switch() -> None:
+    cluster = Cluster.preset("4xA100-nvlink")
+    route = cluster.route(0, 1)
+    for algo in ("naive", "tree", "ring"):
+        seconds = l01.run_all_reduce(algo, cluster, 2**24).trace.makespan
+        closed = cost.allreduce_time(algo, 4, 2**24, route.alpha_s, route.beta_Bps)
+        assert seconds == pytest.approx(closed, rel=1e-9)
+
+
+def test_a_shared_pcie_bridge_erases_the_rings_advantage() -> None:
+    bridge = Cluster.preset("4xRTX4090-pcie")
+    link = LINKS["pcie4-x16"]
+    own = Cluster.uniform(4, alpha_s=link.alpha_s, beta_Bps=link.beta_Bps)
+    size = 2**26
+    ring_bridge = l01.run_all_reduce("ring", bridge, size).trace.makespan
+    naive_bridge = l01.run_all_reduce("naive", bridge, size).trace.makespan
+    ring_own = l01.run_all_reduce("ring", own, size).trace.makespan
+    assert ring_bridge == pytest.approx(naive_bridge, rel=0.01)
+    assert ring_own < ring_bridge / 3
+
+
+def test_allreduce_times_uses_the_first_devices() -> None:
+    times = l01.allreduce_times("8xA100-nvlink", ["ring"], [2**20], world_size=2)
+    route = Cluster.preset("8xA100-nvlink").route(0, 1)
+    assert times["ring"][2**20] == pytest.approx(
+        cost.ring_allreduce_time(2, 2**20, route.alpha_s, route.beta_Bps))
+    assert l01.first_devices("8xA100-nvlink", 3).world_size == 3
+
+
+def test_bytes_figure_has_a_panel_per_run() -> None:
+    runs = {algo: l01.run_all_reduce(algo, 4, 4096) for algo in ("naive", "ring")}
+    fig = l01.plot_bytes_per_rank(runs)
+    assert len(fig.axes) == 2
+    assert fig.axes[0].get_title(loc="left").startswith("naive: busiest rank sent 12 KiB")
+
+
+def test_light_model_gets_slower_on_pcie_and_heavy_scales_on_nvswitch() -> None:
+    light = Workload("light", (256, 1024, 256), 64)
+    heavy = Workload("heavy", (256, 1024, 256), 65536)
+    pcie = l01.step_seconds(light, "8xRTX4090-pcie", [1, 2])
+    assert pcie[2] > pcie[1]
+    switch = l01.step_seconds(heavy, "8xA100-nvlink", [1, 4])
+    assert 3 < switch[1] / switch[4] <= 4
