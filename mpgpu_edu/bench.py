@@ -1,23 +1,27 @@
 """Our all-reduce against ``torch.distributed.all_reduce``, timed in the same processes.
 
-``bench_allreduce(2, [2**20])`` starts (or reuses) a gloo worker pool and, in each worker,
-runs our ring and naive all-reduces (``mpgpu_edu.collectives``, written on send/recv) and the
-built-in ``torch.distributed.all_reduce`` on the same fp32 tensor, on the same process group.
+``bench_allreduce(2)`` starts (or reuses) a gloo worker pool and, in each worker, runs our
+ring and naive all-reduces (``mpgpu_edu.collectives``, written on send/recv) and the built-in
+``torch.distributed.all_reduce`` on the same fp32 tensor and the same process group.
 
 How it is timed, so that the comparison is fair on a busy machine:
 
-- warm-up: every operation runs twice per size before any timing (and once on known data,
-  checked against the exact sum, so a wrong answer cannot look fast);
-- interleaved repeats: repeat r runs the operations in an order rotated by r (ring, naive,
-  builtin; then naive, builtin, ring; ...), so a burst of load from another program hits
-  every operation alike instead of the one that happened to run during it;
+- one thread per rank for torch's own kernels (``torch.set_num_threads(1)`` during the
+  bench, restored after), as ``torchrun`` does for several processes on one machine: two
+  ranks of two OpenMP threads each on two cores made one ``add_`` of a 512 KiB chunk take
+  20 ms instead of 0.1 ms. gloo's built-in reduction is single-threaded anyway;
+- warm-up: every operation runs on known data once, checked against the exact sum (a wrong
+  answer cannot look fast), then twice more before any timing;
+- interleaved repeats: repeat r runs the operations in an order rotated by r, so a burst of
+  load from another program hits every operation alike;
 - a barrier before each timed operation, so every rank starts together;
-- per repeat, the time of an operation is the *slowest* rank's (a collective is done when
-  its last rank is); over repeats we take the median, which ignores a few disturbed runs.
+- per repeat, an operation's time is the *slowest* rank's (a collective is done when its
+  last rank is); over repeats, the median, which ignores a few disturbed runs.
 
-The tensor holds zeros while it is timed: sums of zeros stay zeros, so repeated all-reduces
-neither overflow nor change the work, and the arithmetic costs the same as on real data.
-Cost line and bus bandwidth: ``mpgpu_edu.collectives.cost``.
+The tensor holds zeros while it is timed: repeated sums neither overflow nor change the work.
+Besides ``ring`` and ``naive``, two refinements of the ring can be timed (``algos=``), to show
+what makes a Python ring slower than gloo's: ``ring_reused`` keeps its scratch buffer between
+calls, ``ring_pipelined`` also splits each step into segments with two in flight.
 """
 
 from __future__ import annotations
@@ -32,16 +36,65 @@ import torch
 import torch.distributed as dist
 
 from mpgpu_edu.collectives import all_reduce_naive, all_reduce_ring, cost
+from mpgpu_edu.collectives.allgather import ring_all_gather_chunks, ring_reduce_scatter_chunks
 
 FP32_BYTES = 4
 BUILTIN = "builtin"
-OURS: dict[str, Callable[[Any, torch.Tensor], None]] = {
-    "ring": all_reduce_ring,
-    "naive": all_reduce_naive,
-}
+ALGOS = ("ring", "naive", "ring_reused", "ring_pipelined")
 DEFAULT_SIZES = [4**k * 2**10 for k in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
 DEFAULT_REPEATS = 10
 WARMUP = 2
+SEGMENT_BYTES = 2**20
+Op = Callable[[Any, torch.Tensor], None]
+
+
+def all_reduce_ring_reused(comm: Any, tensor: torch.Tensor, buffer: torch.Tensor) -> None:
+    """``all_reduce_ring`` (sum) with a scratch ``buffer`` that the caller keeps between
+    calls, at least as long as the ring's longest chunk. A fresh 32 MiB buffer per call is
+    fresh memory that the receive must fault in page by page."""
+    chunks = list(torch.tensor_split(tensor.view(-1), comm.world_size))
+    ring_reduce_scatter_chunks(comm, chunks, buffer, shift=1)
+    ring_all_gather_chunks(comm, chunks, shift=1)
+
+
+def all_reduce_ring_pipelined(comm: Any, tensor: torch.Tensor, scratch: torch.Tensor) -> None:
+    """Ring all-reduce (sum) whose steps move ``len(scratch) // 2``-element segments, two in
+    flight, as gloo's ring does: the receive of one segment overlaps the addition of the one
+    before, and every receive is posted before its send. Same cost line as the ring, with
+    more (smaller) messages."""
+    n, owned = comm.world_size, comm.rank + 1
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    for k in range(n - 1):
+        _exchange(comm, chunks[(owned - 1 - k) % n], chunks[(owned - 2 - k) % n], scratch)
+    for k in range(n - 1):
+        _exchange(comm, chunks[(owned - k) % n], chunks[(owned - 1 - k) % n], None)
+
+
+def _exchange(comm: Any, send: torch.Tensor, recv: torch.Tensor,
+              scratch: torch.Tensor | None) -> None:
+    """One pipelined ring step. With ``scratch``, segments land there and are added into
+    ``recv`` (reduce-scatter); without, they land in ``recv`` itself (all-gather)."""
+    n = comm.world_size
+    seg = SEGMENT_BYTES // recv.element_size() if scratch is None else scratch.numel() // 2
+    in_flight: list[tuple[Any, Any, torch.Tensor, torch.Tensor]] = []
+    for j, start in enumerate(range(0, max(send.numel(), recv.numel(), 1), seg)):
+        mine = recv[start:start + seg]
+        land = mine if scratch is None else scratch[(j % 2) * seg:][:mine.numel()]
+        receive = comm.irecv(land, (comm.rank - 1) % n)
+        in_flight.append((receive, comm.isend(send[start:start + seg], (comm.rank + 1) % n),
+                          mine, land))
+        if len(in_flight) == 2:
+            _complete(*in_flight.pop(0), add=scratch is not None)
+    for item in in_flight:
+        _complete(*item, add=scratch is not None)
+
+
+def _complete(receive: Any, send: Any, mine: torch.Tensor, land: torch.Tensor,
+              add: bool) -> None:
+    receive.wait()
+    if add:
+        mine.add_(land)
+    send.wait()
 
 
 def builtin_all_reduce(comm: Any, tensor: torch.Tensor) -> None:
@@ -49,9 +102,18 @@ def builtin_all_reduce(comm: Any, tensor: torch.Tensor) -> None:
     dist.all_reduce(tensor, group=comm.lanes.main)
 
 
-def operations(algos: Sequence[str]) -> dict[str, Callable[[Any, torch.Tensor], None]]:
-    """Our algorithms named in ``algos``, then the built-in one."""
-    return {**{name: OURS[name] for name in algos}, BUILTIN: builtin_all_reduce}
+def operations(algos: Sequence[str], numel: int, world_size: int) -> dict[str, Op]:
+    """The operations to time for a tensor of ``numel`` elements: ``algos``, then builtin.
+    The refinements get their scratch buffers here, once per size."""
+    chunk = -(-numel // world_size)
+    made: dict[str, Op] = {"ring": all_reduce_ring, "naive": all_reduce_naive}
+    if "ring_reused" in algos:
+        buffer = torch.empty(chunk)
+        made["ring_reused"] = lambda comm, t: all_reduce_ring_reused(comm, t, buffer)
+    if "ring_pipelined" in algos:
+        scratch = torch.empty(2 * min(chunk, SEGMENT_BYTES // FP32_BYTES))
+        made["ring_pipelined"] = lambda comm, t: all_reduce_ring_pipelined(comm, t, scratch)
+    return {**{name: made[name] for name in algos}, BUILTIN: builtin_all_reduce}
 
 
 def rotated(names: list[str], r: int) -> list[str]:
@@ -60,33 +122,38 @@ def rotated(names: list[str], r: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-def time_allreduce(comm: Any, sizes: list[int], repeats: int,
-                   algos: Sequence[str] = ("ring", "naive"),
-                   warmup: int = WARMUP) -> dict[str, list[list[float]]]:
+def time_allreduce(comm: Any, sizes: list[int], repeats: int, algos: Sequence[str] = ALGOS[:2],
+                   threads: int = 1) -> dict[str, list[list[float]]]:
     """SPMD, on a ``torch.distributed`` backend: this rank's seconds for every operation,
     size and repeat, ``{name: [[s of repeat 0, ...] for each size]}``. ``sizes`` are bytes,
     multiples of 4 (fp32)."""
-    ops = operations(algos)
-    names = list(ops)
-    times: dict[str, list[list[float]]] = {name: [] for name in names}
-    for nbytes in sizes:
-        tensor = torch.zeros(nbytes // FP32_BYTES, device=comm.device)
-        for name, op in ops.items():
-            _check_sum(comm, op, tensor, name)
-        tensor.zero_()
-        for _ in range(warmup):
-            for op in ops.values():
-                op(comm, tensor)
-        per_repeat: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(repeats):
-            for name in rotated(names, r):
-                per_repeat[name].append(_timed(comm, ops[name], tensor))
-        for name in names:
-            times[name].append(per_repeat[name])
-    return times
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return {name: list(per_size) for name, per_size in
+                zip([*algos, BUILTIN], zip(*(_time_size(comm, nbytes, repeats, algos)
+                                             for nbytes in sizes)))}
+    finally:
+        torch.set_num_threads(before)
 
 
-def _timed(comm: Any, op: Callable[[Any, torch.Tensor], None], tensor: torch.Tensor) -> float:
+def _time_size(comm: Any, nbytes: int, repeats: int, algos: Sequence[str]) -> list[list[float]]:
+    tensor = torch.zeros(nbytes // FP32_BYTES, device=comm.device)
+    ops = operations(algos, tensor.numel(), comm.world_size)
+    for name, op in ops.items():
+        _check_sum(comm, op, tensor, name)
+    tensor.zero_()
+    for _ in range(WARMUP):
+        for op in ops.values():
+            op(comm, tensor)
+    seconds: dict[str, list[float]] = {name: [] for name in ops}
+    for r in range(repeats):
+        for name in rotated(list(ops), r):
+            seconds[name].append(_timed(comm, ops[name], tensor))
+    return list(seconds.values())
+
+
+def _timed(comm: Any, op: Op, tensor: torch.Tensor) -> float:
     dist.barrier(group=comm.lanes.main)
     comm.sync()
     start = time.perf_counter()
@@ -95,26 +162,23 @@ def _timed(comm: Any, op: Callable[[Any, torch.Tensor], None], tensor: torch.Ten
     return time.perf_counter() - start
 
 
-def _check_sum(comm: Any, op: Callable[[Any, torch.Tensor], None], tensor: torch.Tensor,
-               name: str) -> None:
+def _check_sum(comm: Any, op: Op, tensor: torch.Tensor, name: str) -> None:
     tensor.fill_(comm.rank + 1)
     op(comm, tensor)
     want = comm.world_size * (comm.world_size + 1) / 2
-    if tensor.numel() and not bool(torch.all(tensor == want)):
+    if not bool(torch.all(tensor == want)):
         raise AssertionError(f"{name} all-reduce gave {tensor.flatten()[0].item()}, not {want}")
 
 
 def combine(per_rank: list[dict[str, list[list[float]]]]) -> dict[str, list[float]]:
     """Per operation and size: the slowest rank of each repeat, then the median over repeats."""
-    out: dict[str, list[float]] = {}
-    for name in per_rank[0]:
-        n_sizes = len(per_rank[0][name])
-        out[name] = [statistics.median(map(max, zip(*(rank[name][i] for rank in per_rank))))
-                     for i in range(n_sizes)]
-    return out
+    return {name: [statistics.median(max(rank[name][i][r] for rank in per_rank)
+                                     for r in range(len(per_size[i])))
+                   for i in range(len(per_size))]
+            for name, per_size in per_rank[0].items()}
 
 
-def ratios(ours: list[float], builtin: list[float]) -> list[float]:
+def ratios(ours: Sequence[float], builtin: Sequence[float]) -> list[float]:
     """``ours / builtin`` per size: below 1, ours is faster."""
     return [a / b for a, b in zip(ours, builtin)]
 
@@ -127,43 +191,73 @@ def fp32_sizes(sizes: Sequence[int]) -> list[int]:
     return [-(-nbytes // FP32_BYTES) * FP32_BYTES for nbytes in sizes]
 
 
-def launch_timeout(sizes: list[int], repeats: int, n_ops: int) -> float:
-    """A generous limit for one bench: 1 s per 10 MB moved per op, plus a minute."""
-    return 60.0 + sum(sizes) * n_ops * (repeats + WARMUP + 1) / 10e6
-
-
 def bench_allreduce(world_size: int, sizes: Sequence[int] = DEFAULT_SIZES,
                     repeats: int = DEFAULT_REPEATS, backend: str = "gloo",
-                    algos: Sequence[str] = ("ring", "naive")) -> dict:
+                    algos: Sequence[str] = ALGOS[:2], threads: int = 1) -> dict:
     """Time our all-reduces (``algos``) against ``torch.distributed.all_reduce`` on
-    ``world_size`` worker processes; returns the report (``mpgpu-edu bench allreduce --json``):
-    ``sizes`` (bytes), ``<algo>_s`` and ``builtin_s`` (median seconds), ``ratio_<algo>``,
-    ``busbw_<algo>`` and ``busbw_builtin`` (bytes/s), ``world_size``, ``backend``, ``repeats``,
-    ``loadavg`` (1, 5, 15 min, at the end) and ``loadavg_start``."""
+    ``world_size`` worker processes and return the report (``mpgpu-edu bench allreduce
+    --json``): ``sizes`` (bytes), ``<algo>_s`` and ``builtin_s`` (median seconds),
+    ``ratio_<algo>`` (ours / builtin), ``busbw_<algo>`` and ``busbw_builtin`` (bytes/s),
+    ``world_size``, ``backend``, ``repeats``, ``threads``, ``loadavg`` (1, 5 and 15 minute
+    load averages at the end) and ``loadavg_start``."""
     from mpgpu_edu.comm import launch
 
+    _check(world_size, repeats, algos, threads)
+    sizes = fp32_sizes(sizes)
+    load_start = os.getloadavg()
+    # A generous limit: a minute, plus a second per 10 MB that any operation moves.
+    timeout = 60.0 + sum(sizes) * (len(algos) + 1) * (repeats + WARMUP + 1) * world_size / 1e7
+    result = launch(time_allreduce, world_size, sizes, repeats, tuple(algos), threads,
+                    backend=backend, timeout=timeout)
+    medians = combine(result.results)
+    names = [*algos, BUILTIN]
+    report: dict[str, Any] = {"sizes": sizes}
+    report.update({f"{name}_s": medians[name] for name in names})
+    report.update({f"ratio_{name}": ratios(medians[name], medians[BUILTIN]) for name in algos})
+    report.update({f"busbw_{name}": [cost.busbw(s, t, world_size)
+                                     for s, t in zip(sizes, medians[name])] for name in names})
+    report.update(algos=list(algos), world_size=world_size, backend=backend, repeats=repeats,
+                  threads=threads, loadavg=list(os.getloadavg()),
+                  loadavg_start=list(load_start), cpus=os.cpu_count(), torch=torch.__version__)
+    return report
+
+
+def _check(world_size: int, repeats: int, algos: Sequence[str], threads: int) -> None:
     if world_size < 2:
         raise ValueError(f"an all-reduce bench needs at least 2 ranks, got {world_size}")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    for name in algos:
-        if name not in OURS:
-            raise ValueError(f"unknown algorithm {name!r}: choose from {', '.join(OURS)}")
-    sizes = fp32_sizes(sizes)
-    load_start = os.getloadavg()
-    timeout = launch_timeout(sizes, repeats, len(algos) + 1)
-    result = launch(time_allreduce, world_size, sizes, repeats, tuple(algos), backend=backend,
-                    timeout=timeout)
-    medians = combine(result.results)
-    report: dict[str, Any] = {"sizes": sizes}
-    for name in [*algos, BUILTIN]:
-        report[f"{name}_s"] = medians[name]
-    for name in algos:
-        report[f"ratio_{name}"] = ratios(medians[name], medians[BUILTIN])
-    for name in [*algos, BUILTIN]:
-        report[f"busbw_{name}"] = [cost.busbw(s, t, world_size)
-                                   for s, t in zip(sizes, medians[name])]
-    report.update(world_size=world_size, backend=backend, repeats=repeats,
-                  loadavg=list(os.getloadavg()), loadavg_start=list(load_start),
-                  cpus=os.cpu_count(), torch=torch.__version__)
-    return report
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    unknown = [name for name in algos if name not in ALGOS]
+    if unknown or not algos or len(set(algos)) != len(algos):
+        raise ValueError(f"algorithms must be distinct names from {', '.join(ALGOS)}; "
+                         f"got {', '.join(algos) or 'none'}")
+
+
+def table(report: dict) -> str:
+    """The report as a text table: one row per size, times in ms, busbw in GB/s."""
+    algos = report["algos"]
+    head = (["size"] + [f"{a} ms" for a in algos] + ["builtin ms"]
+            + [f"{a}/builtin" for a in algos] + [f"busbw {a}" for a in algos] + ["busbw builtin"])
+    rows = [head]
+    for i, nbytes in enumerate(report["sizes"]):
+        rows.append([_size(nbytes)]
+                    + [f"{report[f'{a}_s'][i] * 1e3:.3f}" for a in [*algos, BUILTIN]]
+                    + [f"{report[f'ratio_{a}'][i]:.2f}" for a in algos]
+                    + [f"{report[f'busbw_{a}'][i] / 1e9:.3f}" for a in [*algos, BUILTIN]])
+    widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    load = ", ".join(f"{x:.2f}" for x in report["loadavg"])
+    return (f"all-reduce, {report['world_size']} ranks, {report['backend']}, fp32, median of "
+            f"{report['repeats']} interleaved repeats (slowest rank each), {report['threads']} "
+            f"thread(s) per rank\n" + "\n".join(lines)
+            + f"\nbusbw in GB/s = size / time x 2(N-1)/N; load average {load} "
+              f"({report['cpus']} CPUs)")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"

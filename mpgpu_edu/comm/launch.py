@@ -84,6 +84,11 @@ def launch(fn: Callable[..., Any], cluster: Any, *args: Any, backend: str = "sim
     If a rank raises, every rank is stopped and ``RankError`` carries that rank's traceback; a
     deadlock raises ``DeadlockError``; ranks still running after ``timeout`` seconds raise
     ``LaunchTimeoutError`` naming what each rank was doing.
+
+    On the simulator every rank is a thread of this process, so ranks share torch's global
+    random generator: seed before ``launch`` (or give each rank a ``torch.Generator``) rather
+    than calling ``torch.manual_seed`` inside ``fn``. On gloo and nccl, ``fn`` runs in worker
+    processes and must live in an importable module (not in a notebook).
     """
     if backend == "sim":
         return run_sim(fn, resolve_cluster(cluster), args, kwargs, timeout)

@@ -1,0 +1,286 @@
+"""The checks catch wrong answers by their structure, not only their numbers.
+
+Each test runs one exercise's cases in this process against a plausible wrong answer and
+asserts which cases fail and what the learner is told."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mpgpu_edu.collectives import all_gather, all_reduce, all_reduce_ring
+from mpgpu_edu.grading._outcome import classify
+from mpgpu_edu.grading.checks import cases_for
+from mpgpu_edu.pipeline import Step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def solution(module: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"solution_{module}",
+                                                  ROOT / "solutions" / f"{module}.py")
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+def verdicts(exercise_id: str, impl: Callable[..., Any]) -> dict[str, tuple[str, str]]:
+    """{case name: (status, message)} of every case of the exercise."""
+    out = {}
+    for case in cases_for(exercise_id):
+        try:
+            case.run(impl)
+            out[case.name] = ("passed", "")
+        except BaseException as exc:  # noqa: BLE001 - what the runner does too
+            out[case.name] = classify(exc, case.timeout_s, 2**30, "", "")
+    return out
+
+
+def failing(results: dict[str, tuple[str, str]]) -> set[str]:
+    return {name for name, (status, _) in results.items() if status != "passed"}
+
+
+# ---- lesson 01: from scratch, right pattern, right speed ----------------------------------
+
+def ring_through_rank_0(comm: Any, tensor: torch.Tensor) -> None:
+    solution("ex01_communication").naive_all_reduce(comm, tensor)
+
+
+def ring_calling_the_package(comm: Any, tensor: torch.Tensor) -> None:
+    all_reduce_ring(comm, tensor)
+
+
+def ring_with_blocking_sends(comm: Any, tensor: torch.Tensor) -> None:
+    n = comm.world_size
+    for _ in range(2 * (n - 1)):
+        comm.send(tensor, (comm.rank + 1) % n)
+        comm.recv(tensor, (comm.rank - 1) % n)
+
+
+def ring_sending_everything(comm: Any, tensor: torch.Tensor) -> None:
+    n, total = comm.world_size, tensor.clone()
+    buffer = torch.empty_like(tensor)
+    current = tensor.clone()
+    for _ in range(n - 1):
+        work = comm.isend(current, (comm.rank + 1) % n)
+        comm.recv(buffer, (comm.rank - 1) % n)
+        work.wait()
+        total += buffer
+        current = buffer.clone()
+    tensor.copy_(total)
+
+
+def ring_one_direction_at_a_time(comm: Any, tensor: torch.Tensor) -> None:
+    """Right chunks and message counts, but even ranks send while odd ones wait: slow."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    buffer = torch.empty_like(chunks[0])
+
+    def step(out: torch.Tensor, into: torch.Tensor) -> None:
+        if rank % 2 == 0:
+            comm.send(out, (rank + 1) % n)
+            comm.recv(into, (rank - 1) % n)
+        else:
+            comm.recv(into, (rank - 1) % n)
+            comm.send(out, (rank + 1) % n)
+
+    for k in range(n - 1):
+        incoming = chunks[(rank - 1 - k) % n]
+        step(chunks[(rank - k) % n], buffer[: incoming.numel()])
+        incoming.add_(buffer[: incoming.numel()])
+    for k in range(n - 1):
+        step(chunks[(rank + 1 - k) % n].clone(), chunks[(rank - k) % n])
+
+
+def test_a_naive_all_reduce_is_not_a_ring() -> None:
+    results = verdicts("1.3", ring_through_rank_0)
+    assert failing(results) == {"traffic: 2(N-1)/N of the tensor, to the right neighbour",
+                                "time: every link busy at once"}
+    assert "on a ring it sends to its right neighbour" in results[
+        "traffic: 2(N-1)/N of the tensor, to the right neighbour"][1]
+
+
+def test_calling_a_built_in_collective_fails_every_case() -> None:
+    results = verdicts("1.3", ring_calling_the_package)
+    assert all(status == "failed" for status, _ in results.values())
+    assert "it called mpgpu_edu.collectives" in results["sums in place on 4 ranks"][1]
+    torch.distributed_patched = torch.distributed.all_reduce  # restored after the check
+    assert all_reduce_ring.__module__ == "mpgpu_edu.collectives.allreduce"
+
+
+def test_a_ring_that_deadlocks_is_a_failure_with_the_waiting_ranks() -> None:
+    status, message = verdicts("1.3", ring_with_blocking_sends)["sums in place on 4 ranks"]
+    assert status == "failed" and "Deadlock" in message and "rank" in message
+
+
+def test_a_ring_that_sends_too_much_fails_on_traffic() -> None:
+    results = verdicts("1.3", ring_sending_everything)
+    assert results["sums in place on 4 ranks"][0] == "passed"
+    assert "traffic: 2(N-1)/N of the tensor, to the right neighbour" in failing(results)
+
+
+def test_a_ring_that_waits_for_its_neighbours_is_too_slow() -> None:
+    results = verdicts("1.3", ring_one_direction_at_a_time)
+    assert failing(results) == {"time: every link busy at once"}
+
+
+def test_reduce_scatter_must_leave_its_input_alone() -> None:
+    def mutating(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+        all_reduce(comm, tensor)
+        return torch.tensor_split(tensor.reshape(-1), comm.world_size)[comm.rank].clone()
+
+    results = verdicts("1.4", mutating)
+    assert all(status == "failed" for status, _ in results.values())
+
+
+# ---- lesson 03: overlap must really overlap -------------------------------------------------
+
+def after_backward(comm: Any, model: torch.nn.Module, loss: torch.Tensor) -> None:
+    loss.backward()
+    for param in model.parameters():
+        all_reduce(comm, param.grad, op="mean")
+
+
+def blocking_hooks(comm: Any, model: torch.nn.Module, loss: torch.Tensor) -> None:
+    handles = [p.register_post_accumulate_grad_hook(
+        lambda p: all_reduce(comm, p.grad, op="mean")) for p in model.parameters()]
+    loss.backward()
+    for handle in handles:
+        handle.remove()
+
+
+def hooks_left_behind(comm: Any, model: torch.nn.Module, loss: torch.Tensor) -> None:
+    works = []
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p: works.append(comm.run_async(all_reduce, comm, p.grad, "mean")))
+    loss.backward()
+    for work in works:
+        work.wait()
+
+
+def test_averaging_after_backward_is_not_overlap() -> None:
+    results = verdicts("3.3", after_backward)
+    assert failing(results) == {"timeline: communication overlaps backward"}
+    assert "after backward ends" in results["timeline: communication overlaps backward"][1]
+
+
+def test_blocking_all_reduce_in_a_hook_is_not_overlap() -> None:
+    results = verdicts("3.3", blocking_hooks)
+    assert failing(results) == {"timeline: communication overlaps backward"}
+    assert "never run at the same time" in results["timeline: communication overlaps "
+                                                   "backward"][1]
+
+
+def test_hooks_must_be_removed() -> None:
+    assert failing(verdicts("3.3", hooks_left_behind)) == {"hooks are removed afterwards"}
+
+
+# ---- lessons 04-06: memory, FLOPs and state per rank -------------------------------------
+
+def test_gpipe_is_not_1f1b() -> None:
+    gpipe_orders = solution("ex04_pipeline").gpipe_orders
+    results = verdicts("4.3", gpipe_orders)
+    assert failing(results) == {"memory: stage p holds at most min(P-p, M) microbatches",
+                                "the 1F1B order", "hidden: random sizes"}
+    assert "dev 0 |" in results["the 1F1B order"][1]  # the grids are shown
+
+
+def test_zero1_must_shard_the_optimizer_state() -> None:
+    sol = solution("ex05_tensor_and_hybrid")
+
+    def replicated_state(comm: Any, params: torch.Tensor, grad: torch.Tensor, state: dict,
+                         lr: float = 1e-3) -> None:
+        grad = grad.clone()
+        all_reduce(comm, grad, op="mean")
+        sol.adam_update(params, grad, state, lr)
+
+    results = verdicts("5.2", replicated_state)
+    assert "optimizer state per rank is 1/N" in failing(results)
+    assert results["matches torch.optim.Adam on the mean gradient"][0] == "passed"
+
+
+def test_column_parallel_must_split_the_work() -> None:
+    def everything_everywhere(comm: Any, x: torch.Tensor, weight_shard: torch.Tensor,
+                              bias_shard: torch.Tensor | None) -> torch.Tensor:
+        weight = torch.cat(all_gather(comm, weight_shard.contiguous()))
+        out = x @ weight.T
+        if bias_shard is not None:
+            out = out + torch.cat(all_gather(comm, bias_shard.contiguous()))
+        return out
+
+    results = verdicts("5.1", everything_everywhere)
+    assert "each rank computes 1/N of the FLOPs" in failing(results)
+    assert results["the full output on every rank"][0] == "passed"
+
+
+def test_a_parity_rule_deadlocks_on_odd_pairs() -> None:
+    def by_parity(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+        if partner == comm.rank:
+            return tensor.clone()
+        got = torch.empty_like(tensor)
+        if comm.rank % 2 == 0:
+            comm.send(tensor, partner)
+            comm.recv(got, partner)
+        else:
+            comm.recv(got, partner)
+            comm.send(tensor, partner)
+        return got
+
+    results = verdicts("6.2", by_parity)
+    status, message = results["any pairing, e.g. ranks 1 and 3"]
+    assert status == "failed" and "Deadlock" in message
+    assert results["two ranks swap"][0] == "passed"
+
+
+# ---- property cases: hidden, reproducible, with the failing example ------------------------
+
+def test_a_property_failure_names_the_smallest_example_every_time() -> None:
+    def wrong_for_long_lists(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+        if len(sizes) >= 5:
+            return [list(range(len(sizes)))]
+        return solution("ex03_data_parallel").make_buckets(sizes, bucket_bytes)
+
+    first = verdicts("3.2", wrong_for_long_lists)
+    again = verdicts("3.2", wrong_for_long_lists)
+    assert failing(first) == {"hidden: random sizes"}
+    message = first["hidden: random sizes"][1]
+    assert message == again["hidden: random sizes"][1]
+    assert message.startswith("fails for sizes=[")
+    assert message.split("sizes=")[1].count(",") == 4  # shrunk to five parameters
+
+
+def test_a_stub_is_not_implemented_in_every_case_quickly() -> None:
+    def stub(*args: Any) -> None:
+        raise NotImplementedError("Exercise 1.3: ring_all_reduce (notebooks/...)")
+
+    results = verdicts("1.3", stub)
+    assert {status for status, _ in results.values()} == {"not_implemented"}
+
+
+def test_an_exception_in_a_rank_is_an_error_pointing_at_the_code() -> None:
+    def index_error(comm: Any, tensor: torch.Tensor) -> None:
+        [][comm.rank]
+
+    status, message = verdicts("1.2", index_error)["sums in place on 4 ranks"]
+    assert status == "error" and "IndexError" in message and "rank" in message
+
+
+def test_steps_of_the_executor_must_send_to_the_next_stage_only() -> None:
+    sol = solution("ex04_pipeline")
+
+    def broadcast_activations(comm: Any, stage: Any, step: Step, n_stages: int,
+                              x: Any, in_shape: tuple[int, ...]) -> torch.Tensor:
+        y = sol.pipeline_forward_step(comm, stage, step, n_stages, x, in_shape)
+        if comm.rank == 0 and n_stages > 2:
+            comm.send(y.detach(), 2, tag=1000 + step.microbatch)
+        if comm.rank == 2 and step.stage == 2:
+            comm.recv(torch.empty(in_shape), 0, tag=1000 + step.microbatch)
+        return y
+
+    results = verdicts("4.4", broadcast_activations)
+    assert failing(results) == {"traffic: one activation per microbatch, to the next stage"}
