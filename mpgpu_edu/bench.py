@@ -58,43 +58,53 @@ def all_reduce_ring_reused(comm: Any, tensor: torch.Tensor, buffer: torch.Tensor
 
 
 def all_reduce_ring_pipelined(comm: Any, tensor: torch.Tensor, scratch: torch.Tensor) -> None:
-    """Ring all-reduce (sum) whose steps move ``len(scratch) // 2``-element segments, two in
-    flight, as gloo's ring does: the receive of one segment overlaps the addition of the one
-    before, and every receive is posted before its send. Same cost line as the ring, with
-    more (smaller) messages."""
-    n, owned = comm.world_size, comm.rank + 1
+    """Ring all-reduce (sum) whose steps move segments of ``len(scratch) // 2`` elements, two
+    in flight, as gloo's ring does: the receive of one segment overlaps the addition of the
+    one before, and every receive is posted before its send. ``scratch`` is kept by the
+    caller between calls. Same cost line as the ring, with more (smaller) messages."""
+    n, owned, seg = comm.world_size, comm.rank + 1, scratch.numel() // 2
     chunks = list(torch.tensor_split(tensor.view(-1), n))
     for k in range(n - 1):
-        _exchange(comm, chunks[(owned - 1 - k) % n], chunks[(owned - 2 - k) % n], scratch)
+        _exchange(comm, chunks[(owned - 1 - k) % n], chunks[(owned - 2 - k) % n], seg, scratch)
     for k in range(n - 1):
-        _exchange(comm, chunks[(owned - k) % n], chunks[(owned - 1 - k) % n], None)
+        _exchange(comm, chunks[(owned - k) % n], chunks[(owned - 1 - k) % n], seg, None)
 
 
-def _exchange(comm: Any, send: torch.Tensor, recv: torch.Tensor,
+def _exchange(comm: Any, send: torch.Tensor, recv: torch.Tensor, seg: int,
               scratch: torch.Tensor | None) -> None:
     """One pipelined ring step. With ``scratch``, segments land there and are added into
-    ``recv`` (reduce-scatter); without, they land in ``recv`` itself (all-gather)."""
+    ``recv`` (reduce-scatter); without, they land in ``recv`` itself (all-gather). ``send``
+    and ``recv`` may differ by one element, so each is cut by its own length: the right
+    neighbour cuts the same chunk the same way."""
     n = comm.world_size
-    seg = SEGMENT_BYTES // recv.element_size() if scratch is None else scratch.numel() // 2
-    in_flight: list[tuple[Any, Any, torch.Tensor, torch.Tensor]] = []
-    for j, start in enumerate(range(0, max(send.numel(), recv.numel(), 1), seg)):
-        mine = recv[start:start + seg]
-        land = mine if scratch is None else scratch[(j % 2) * seg:][:mine.numel()]
-        receive = comm.irecv(land, (comm.rank - 1) % n)
-        in_flight.append((receive, comm.isend(send[start:start + seg], (comm.rank + 1) % n),
-                          mine, land))
-        if len(in_flight) == 2:
+    outgoing, incoming = _segments(send, seg), _segments(recv, seg)
+    in_flight: list[tuple[Any, Any, torch.Tensor | None, torch.Tensor | None]] = []
+    for j in range(max(len(outgoing), len(incoming))):
+        receive = mine = land = None
+        if j < len(incoming):
+            mine = incoming[j]
+            land = mine if scratch is None else scratch[(j % 2) * seg:][:mine.numel()]
+            receive = comm.irecv(land, (comm.rank - 1) % n)
+        sent = comm.isend(outgoing[j], (comm.rank + 1) % n) if j < len(outgoing) else None
+        in_flight.append((receive, sent, mine, land))
+        if len(in_flight) == 2:  # segment j - 1 done before j + 1 reuses its scratch half
             _complete(*in_flight.pop(0), add=scratch is not None)
     for item in in_flight:
         _complete(*item, add=scratch is not None)
 
 
-def _complete(receive: Any, send: Any, mine: torch.Tensor, land: torch.Tensor,
+def _segments(tensor: torch.Tensor, seg: int) -> list[torch.Tensor]:
+    return [tensor[s:s + seg] for s in range(0, tensor.numel(), seg)] or [tensor]
+
+
+def _complete(receive: Any, sent: Any, mine: torch.Tensor | None, land: torch.Tensor | None,
               add: bool) -> None:
-    receive.wait()
-    if add:
-        mine.add_(land)
-    send.wait()
+    if receive is not None:
+        receive.wait()
+        if add:
+            mine.add_(land)
+    if sent is not None:
+        sent.wait()
 
 
 def builtin_all_reduce(comm: Any, tensor: torch.Tensor) -> None:
@@ -129,15 +139,18 @@ def time_allreduce(comm: Any, sizes: list[int], repeats: int, algos: Sequence[st
     multiples of 4 (fp32)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
+    times: dict[str, list[list[float]]] = {name: [] for name in [*algos, BUILTIN]}
     try:
-        return {name: list(per_size) for name, per_size in
-                zip([*algos, BUILTIN], zip(*(_time_size(comm, nbytes, repeats, algos)
-                                             for nbytes in sizes)))}
+        for nbytes in sizes:
+            for name, seconds in _time_size(comm, nbytes, repeats, algos).items():
+                times[name].append(seconds)
     finally:
         torch.set_num_threads(before)
+    return times
 
 
-def _time_size(comm: Any, nbytes: int, repeats: int, algos: Sequence[str]) -> list[list[float]]:
+def _time_size(comm: Any, nbytes: int, repeats: int,
+               algos: Sequence[str]) -> dict[str, list[float]]:
     tensor = torch.zeros(nbytes // FP32_BYTES, device=comm.device)
     ops = operations(algos, tensor.numel(), comm.world_size)
     for name, op in ops.items():
@@ -150,7 +163,7 @@ def _time_size(comm: Any, nbytes: int, repeats: int, algos: Sequence[str]) -> li
     for r in range(repeats):
         for name in rotated(list(ops), r):
             seconds[name].append(_timed(comm, ops[name], tensor))
-    return list(seconds.values())
+    return seconds
 
 
 def _timed(comm: Any, op: Op, tensor: torch.Tensor) -> float:
@@ -236,27 +249,30 @@ def _check(world_size: int, repeats: int, algos: Sequence[str], threads: int) ->
 
 
 def table(report: dict) -> str:
-    """The report as a text table: one row per size, times in ms, busbw in GB/s."""
+    """The report as a text table: one row per size, times in ms, ratios ours / builtin, and
+    the bus bandwidth (GB/s) of our first algorithm and of the built-in one."""
     algos = report["algos"]
-    head = (["size"] + [f"{a} ms" for a in algos] + ["builtin ms"]
-            + [f"{a}/builtin" for a in algos] + [f"busbw {a}" for a in algos] + ["busbw builtin"])
+    head = (["size"] + [f"{a} ms" for a in [*algos, BUILTIN]] + [f"{a}/builtin" for a in algos]
+            + [f"busbw {algos[0]}", "busbw builtin"])
     rows = [head]
     for i, nbytes in enumerate(report["sizes"]):
-        rows.append([_size(nbytes)]
+        rows.append([size_label(nbytes)]
                     + [f"{report[f'{a}_s'][i] * 1e3:.3f}" for a in [*algos, BUILTIN]]
                     + [f"{report[f'ratio_{a}'][i]:.2f}" for a in algos]
-                    + [f"{report[f'busbw_{a}'][i] / 1e9:.3f}" for a in [*algos, BUILTIN]])
+                    + [f"{report[f'busbw_{a}'][i] / 1e9:.3f}" for a in (algos[0], BUILTIN)])
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
     load = ", ".join(f"{x:.2f}" for x in report["loadavg"])
     return (f"all-reduce, {report['world_size']} ranks, {report['backend']}, fp32, median of "
             f"{report['repeats']} interleaved repeats (slowest rank each), {report['threads']} "
-            f"thread(s) per rank\n" + "\n".join(lines)
-            + f"\nbusbw in GB/s = size / time x 2(N-1)/N; load average {load} "
-              f"({report['cpus']} CPUs)")
+            "torch thread(s) per rank\n" + "\n".join(lines)
+            + f"\nbusbw: GB/s, size / time x 2(N-1)/N. Load average {load} "
+              f"(1, 5, 15 min; {report['cpus']} CPUs)")
 
 
-def _size(nbytes: int) -> str:
+def size_label(nbytes: int) -> str:
+    """``1024`` -> ``"1 KiB"``, ``4100`` -> ``"4100 B"``: exact, in the largest unit that
+    divides it."""
     for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale} {unit}"

@@ -29,19 +29,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import Communicator, launch
-from mpgpu_edu.data import Workload, heavy, light, make_mlp
+from mpgpu_edu.data import Workload, heavy, make_mlp
 from mpgpu_edu.dp.ddp import ddp_step, ddp_step_overlapped
+from mpgpu_edu.dp.scaling import scaling_study
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.pipeline.executor import pipeline_train_step
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
 from mpgpu_edu.pipeline.schedules import Schedule, gpipe, one_f_one_b
 from mpgpu_edu.ps.sync import ps_step
 from mpgpu_edu.trace import Trace
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DEFAULT_CLUSTER = "4xRTX4090-pcie"
 DEVICES = 4
@@ -50,6 +55,8 @@ MICROBATCHES = 8
 STAGE_SECONDS = (0.004, 0.008)  # forward, backward of one microbatch on one stage
 
 Progress = Callable[[str], None]
+LABELS = {"ps": "parameter server", "ddp_naive": "DDP, naive", "ddp_overlapped":
+          "DDP, overlapped", "gpipe": "pipeline, GPipe", "1f1b": "pipeline, 1F1B"}
 
 
 @dataclass
@@ -125,48 +132,34 @@ def pipeline_setup(n_stages: int) -> tuple[torch.nn.Sequential, Placement, tuple
 
 def strategy_runs(cluster: Cluster, progress: Progress) -> tuple[list[Run], Placement]:
     """Run the five steps on ``cluster``; returns them and the pipeline's placement."""
-    n = cluster.world_size
-    work = heavy()
+    n, work = cluster.world_size, heavy()
+    overlapped = functools.partial(ddp_step_overlapped, bucket_bytes=BUCKET_BYTES)
     model, placement, batch = pipeline_setup(n)
-    plans: list[tuple[str, str, Callable[[], Trace], Schedule | None]] = [
-        ("ps", f"parameter server: rank {n - 1} serves, ranks 0..{n - 2} compute",
-         lambda: launch(_meta_step, cluster, work, ps_step, True).trace, None),
-        ("ddp_naive", "DDP, naive: one all-reduce per parameter, after backward",
-         lambda: launch(_meta_step, cluster, work, ddp_step, False).trace, None),
-        ("ddp_overlapped", "DDP, overlapped: 4 MiB buckets all-reduced during backward",
-         lambda: launch(_meta_step, cluster, work, functools.partial(
-             ddp_step_overlapped, bucket_bytes=BUCKET_BYTES), False).trace, None)]
-    for name, build in (("gpipe", gpipe), ("1f1b", one_f_one_b)):
-        schedule = build(n, MICROBATCHES)
-        plans.append((name, f"pipeline, {name.upper()}: {n} stages x {MICROBATCHES} "
-                            "microbatches", functools.partial(
-                                _launch_pipeline, cluster, model, placement, schedule, batch),
-                      schedule))
+    schedules = {"gpipe": gpipe(n, MICROBATCHES), "1f1b": one_f_one_b(n, MICROBATCHES)}
+    programs = {  # name: (title, SPMD function, its arguments)
+        "ps": (f"parameter server: rank {n - 1} serves, ranks 0..{n - 2} compute", _meta_step,
+               (work, ps_step, True)),
+        "ddp_naive": ("DDP, naive: one all-reduce per parameter, after backward", _meta_step,
+                      (work, ddp_step, False)),
+        "ddp_overlapped": ("DDP, overlapped: 4 MiB buckets all-reduced during backward",
+                           _meta_step, (work, overlapped, False)),
+        **{name: (f"{LABELS[name]}: {n} stages x {MICROBATCHES} microbatches", _pipeline_step,
+                  (model, placement, schedule, batch)) for name, schedule in schedules.items()},
+    }
     runs = []
-    for name, title, go, schedule in plans:
+    for name, (title, program, args) in programs.items():
         started = time.perf_counter()
-        runs.append(Run(name, title, go(), schedule))
+        runs.append(Run(name, title, launch(program, cluster, *args).trace, schedules.get(name)))
         progress(f"{title} ... {time.perf_counter() - started:.1f} s")
     return runs, placement
 
 
-def _launch_pipeline(cluster: Cluster, model: torch.nn.Sequential, placement: Placement,
-                     schedule: Schedule, batch: tuple) -> Trace:
-    return launch(_pipeline_step, cluster, model, placement, schedule, batch).trace
-
-
 def scaling_results(cluster: Cluster) -> dict[str, dict[int, float]]:
     """DDP (overlapped) step time on 1..N devices of ``cluster``, light and heavy workload:
-    ``{label: {N: seconds}}`` for ``plot_scaling``."""
-    results: dict[str, dict[int, float]] = {}
+    ``{label: {N: seconds}}`` for ``plot_scaling`` (``mpgpu_edu.dp.scaling``)."""
     step = functools.partial(ddp_step_overlapped, bucket_bytes=BUCKET_BYTES)
-    for work in (light(), heavy()):
-        label = f"{work.name}: batch {work.batch}"
-        results[label] = {}
-        for n in range(1, cluster.world_size + 1):
-            first_n = cluster.with_visible(",".join(str(p) for p in cluster.visible[:n]))
-            results[label][n] = launch(_meta_step, first_n, work, step, False).trace.makespan
-    return results
+    return scaling_study(presets=(cluster.name,), step_fn=step,
+                         world_sizes=range(1, cluster.world_size + 1))
 
 
 # ---- what the runs show ------------------------------------------------------------------------
@@ -196,7 +189,7 @@ def write_figures(out: Path, cluster: Cluster, runs: list[Run], placement: Place
     from mpgpu_edu.viz.timeline import plot_timeline, plot_timelines_side_by_side
 
     by_name = {run.name: run for run in runs}
-    pipelines = {"GPipe": by_name["gpipe"].trace, "1F1B": by_name["1f1b"].trace}
+    pipelines = {LABELS[name]: by_name[name].trace for name in ("gpipe", "1f1b")}
     figures = {
         "device_map": plot_device_map(cluster, placement, memory=by_name["gpipe"].trace,
                                       title=f"{cluster.name}: the pipeline's stages and "
@@ -205,7 +198,8 @@ def write_figures(out: Path, cluster: Cluster, runs: list[Run], placement: Place
         "timeline_ddp_naive_vs_overlapped": plot_timelines_side_by_side(
             {by_name["ddp_naive"].title: by_name["ddp_naive"].trace,
              by_name["ddp_overlapped"].title: by_name["ddp_overlapped"].trace}),
-        "timeline_gpipe_vs_1f1b": plot_timelines_side_by_side(pipelines),
+        # A stage's messages take microseconds here: the compute rows tell the story.
+        "timeline_gpipe_vs_1f1b": plot_timelines_side_by_side(pipelines, streams=("compute",)),
         "memory_peak": memory_figure(cluster, runs),
         "memory_over_time_gpipe_vs_1f1b": plot_memory_compare(pipelines, device=0),
         "scaling": plot_scaling(scaling, title=f"DDP (overlapped) on {cluster.name}: speedup "
@@ -216,7 +210,7 @@ def write_figures(out: Path, cluster: Cluster, runs: list[Run], placement: Place
     return [f"{name}.png" for name in figures]
 
 
-def memory_figure(cluster: Cluster, runs: list[Run]):
+def memory_figure(cluster: Cluster, runs: list[Run]) -> Figure:
     """Each run's peak memory per device, by category, one panel per run. No capacity line:
     these small models would be slivers under a 24 GiB one."""
     from matplotlib.patches import Patch
@@ -229,7 +223,7 @@ def memory_figure(cluster: Cluster, runs: list[Run]):
     handles: dict[str, Patch] = {}
     for ax, run in zip(axes, runs):
         peaks = [run.trace.peak_memory_by_category(d) for d in range(run.trace.n_devices)]
-        plot_memory_bars(peaks, None, title=run.name, ax=ax)
+        plot_memory_bars(peaks, None, title=LABELS[run.name], ax=ax)
         legend = ax.get_legend()
         handles |= {h.get_label(): h for h in legend.legend_handles}
         legend.remove()

@@ -19,7 +19,7 @@ from mpgpu_edu.reference import compare_to_reference, train_single
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "VARIANTS", "dataparallel_step", "ddp_step",
            "ddp_step_accumulated", "ddp_step_bucketed", "ddp_step_overlapped", "make_buckets",
-           "run_demo", "train_dataparallel", "train_ddp"]
+           "run_demo", "train_dataparallel", "train_ddp", "train_demo"]
 
 DEMO_BUCKET_BYTES = 2048  # small, so that the demo model (5.6 KB of gradients) has 3 buckets
 VARIANTS = ("naive", "bucketed", "overlapped", "accumulated", "dataparallel")
@@ -63,4 +63,27 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
                                   result["losses"],
                                   train_single(model_fn, batches, optimizer, lr))
     report.update(variant=variant, makespan_s=run.trace.makespan, trace=run.trace)
+    return report
+
+
+def train_demo(comm: Any, steps: int = 5, optimizer: str = "sgd",
+               variant: str = "overlapped") -> dict:
+    """SPMD, for ``torchrun -m mpgpu_edu.run mpgpu_edu.dp:train_demo``: every rank trains the
+    demo MLP with DDP and compares with single-device training (which it runs itself).
+    Returns the report of ``compare_to_reference``."""
+    from mpgpu_edu.data import check_split
+
+    check_split(DEMO_BATCH, comm.world_size)
+    model_fn = functools.partial(make_mlp, DEMO_SIZES)
+    batches = make_batches(steps, DEMO_BATCH, DEMO_SIZES[0], DEMO_SIZES[-1])
+    step_fn = _step_fn(variant, DEMO_BUCKET_BYTES, 2)
+    if step_fn is None:
+        result = train_dataparallel(comm, model_fn, batches, optimizer, DEMO_LR)
+    else:
+        result = train_ddp(comm, step_fn, model_fn, batches, optimizer, DEMO_LR)
+    backend = "nccl" if comm.device.type == "cuda" else "gloo"
+    report = compare_to_reference("ddp", backend, comm.world_size, optimizer, result["params"],
+                                  result["losses"],
+                                  train_single(model_fn, batches, optimizer, DEMO_LR))
+    report.update(variant=variant)
     return report

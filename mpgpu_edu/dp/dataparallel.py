@@ -136,8 +136,8 @@ def train_dataparallel(comm: Communicator, model_fn: Callable[[], nn.Module],
     """Train with ``dataparallel_step``. Device 0 holds the master model and the optimizer;
     every device records its parameters and gradients, device 0 also the optimizer state.
 
-    Returns ``{"params", "losses"}``: device 0's parameters and losses (the others return
-    their replica's parameters, one update behind, and zero losses)."""
+    Returns ``{"params", "losses"}``: the final parameters (copied to every device once
+    more at the end, so every rank returns them) and device 0's losses (zeros elsewhere)."""
     steps = len(batches) if steps is None else steps
     model = model_fn()
     opt = make_optimizer(optimizer, model.parameters(), lr) if comm.rank == MAIN else None
@@ -149,4 +149,5 @@ def train_dataparallel(comm: Communicator, model_fn: Callable[[], nn.Module],
         losses.append(float(dataparallel_step(comm, model, opt, batch_for_step(batches, step))))
         if opt is not None and state is None:
             state = track_optimizer_state(comm, opt)
+    replicate(comm, model)
     return {"params": named_params(model), "losses": losses}

@@ -16,12 +16,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-import torch
-
 from mpgpu_edu.cluster import Cluster
-from mpgpu_edu.comm import Communicator, launch
+from mpgpu_edu.comm import launch
 from mpgpu_edu.data import Workload, heavy, light
 from mpgpu_edu.dp.ddp import ddp_step, ddp_step_bucketed, ddp_step_overlapped
+from mpgpu_edu.dp.scaling import one_step_on_meta
 from mpgpu_edu.explore.live import Explorer, dropdown, percent, slider
 from mpgpu_edu.trace import Trace
 from mpgpu_edu.viz.palette import format_bytes, format_seconds
@@ -29,12 +28,6 @@ from mpgpu_edu.viz.timeline import plot_timeline
 
 MODELS: dict[str, Callable[[], Workload]] = {"light": light, "heavy": heavy}
 BUCKET_MB = (0, 1, 4, 16, 25, 64, 100)  # 0: no buckets, one all-reduce per parameter
-
-
-def _one_step(comm: Communicator, workload: Workload, step: Callable) -> None:
-    model = workload.model(device="meta")
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    step(comm, model, optimizer, workload.make_batch(device="meta"))
 
 
 def step_function(bucket_mb: float, overlap: bool) -> tuple[Callable, str]:
@@ -68,7 +61,7 @@ def simulate_step(devices: int, model: str, cluster: str | Cluster, bucket_mb: f
                          f"{machine.n_physical}, not {devices}")
     step, _ = step_function(bucket_mb, overlap)
     machine = machine.with_visible(",".join(str(d) for d in range(devices)))
-    return launch(_one_step, machine, _workload(model), step).trace
+    return launch(one_step_on_meta, machine, _workload(model), step).trace
 
 
 @functools.lru_cache(maxsize=64)

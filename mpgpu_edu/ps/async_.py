@@ -102,6 +102,79 @@ def gradient_seconds(cluster: Any, model: nn.Module, batch: Batch) -> float:
     return cluster.compute_seconds(counter.total)
 
 
+class AsyncRun:
+    """The state of one asynchronous run: the server's model and optimizer, one replica per
+    worker, the event queue ``(time, worker, gradient number, what, payload)``, the links."""
+
+    def __init__(self, cluster: Any, model_fn: Callable[[], nn.Module],
+                 batches: Sequence[Batch], worker_seconds: Sequence[float],
+                 staleness_bound: int, optimizer: str, lr: float, server_seconds: float,
+                 eval_batch: Batch) -> None:
+        self.cluster, self.batches, self.eval_batch = cluster, batches, eval_batch
+        self.worker_seconds, self.bound = list(worker_seconds), staleness_bound
+        self.server, self.server_seconds = cluster.world_size - 1, server_seconds
+        self.master = model_fn()
+        self.optimizer = make_optimizer(optimizer, self.master.parameters(), lr)
+        self.replicas = [model_fn() for _ in self.worker_seconds]
+        flat = flat_params(self.master)
+        self.nbytes = flat.numel() * flat.element_size()
+        self.links, self.events = Links(cluster), []
+        self.queue: list[tuple[float, int, int, str, Any]] = []
+        self.version, self.server_free, self.handed_out = 0, 0.0, 0
+        self.result = AsyncResult([], [], [], 0, 0.0, Trace(cluster.world_size))
+
+    def start_gradient(self, w: int, at: float) -> None:
+        """Worker w has the current parameters at ``at``: it computes its next gradient."""
+        k = self.handed_out
+        grad = gradient(self.replicas[w], flat_params(self.master),
+                        self.batches[k % len(self.batches)])
+        self.events.extend(compute_events(w, at, self.worker_seconds[w], f"gradient {k}"))
+        done = at + self.worker_seconds[w]
+        heapq.heappush(self.queue, (done, w, k, "computed", (grad, self.version)))
+        self.handed_out += 1
+
+    def step(self) -> None:
+        """Handle the next event: a gradient computed (send it) or arrived (apply it)."""
+        t, w, k, what, (grad, pulled) = heapq.heappop(self.queue)
+        if what == "computed":
+            arrive = self.links.transfer(w, self.server, self.nbytes, t, f"gradient {k}")
+            heapq.heappush(self.queue, (arrive, w, k, "arrived", (grad, pulled)))
+            return
+        begin = max(t, self.server_free)  # the server applies gradients one at a time
+        self.server_free = begin + self.server_seconds
+        staleness = self.version - pulled
+        verb = "drop" if staleness > self.bound else "apply"
+        if verb == "drop":
+            self.result.dropped += 1
+        else:
+            self.apply(w, grad, staleness)
+        self.events.append(Event(self.server, "compute", "optimizer", begin, self.server_free,
+                                 f"{verb} gradient {k} of worker {w} (staleness {staleness})"))
+        back = self.links.transfer(self.server, w, self.nbytes, self.server_free,
+                                   f"parameters v{self.version}")
+        self.start_gradient(w, back)
+
+    def apply(self, w: int, grad: torch.Tensor, staleness: int) -> None:
+        apply_gradient(self.master, self.optimizer, grad)
+        self.version += 1
+        self.result.staleness.append(staleness)
+        self.result.workers.append(w)
+        self.result.losses.append(evaluate(self.master, self.eval_batch))
+        self.result.seconds = self.server_free
+
+    def finish(self) -> AsyncResult:
+        """The run ends with its last update: work still in flight is cut off there."""
+        end = self.result.seconds
+        kept = [replace(e, end=min(e.end, end)) for e in self.events + self.links.events
+                if e.start < end]
+        self.result.trace = Trace(self.cluster.world_size,
+                                  sorted(kept, key=lambda e: (e.start, e.device)),
+                                  meta={"cluster": getattr(self.cluster, "name", ""),
+                                        "strategy": "async parameter server"})
+        self.result.params = named_params(self.master)
+        return self.result
+
+
 def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[Batch],
              updates: int, worker_seconds: Sequence[float] | None = None,
              staleness_bound: int = 4, optimizer: str = "sgd", lr: float = 0.05,
@@ -112,66 +185,22 @@ def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[
     ``worker_seconds[w]`` is worker w's time for one gradient (default: its FLOPs on the
     cluster, the same for all); ``server_seconds`` the server's time to apply one.
     Losses are measured on ``eval_batch`` (default: the first batch) after every update."""
-    server, n_workers = cluster.world_size - 1, cluster.world_size - 1
+    n_workers = cluster.world_size - 1
     if n_workers < 1:
         raise ValueError("an asynchronous parameter server needs at least 2 devices "
                          f"(a server and a worker), got {cluster.world_size}")
     if worker_seconds is not None and len(worker_seconds) != n_workers:
         raise ValueError(f"worker_seconds needs one time per worker ({n_workers}), "
                          f"got {len(worker_seconds)}")
-    master = model_fn()
-    opt = make_optimizer(optimizer, master.parameters(), lr)
-    replicas = [model_fn() for _ in range(n_workers)]
     if worker_seconds is None:
-        worker_seconds = [gradient_seconds(cluster, replicas[0], batches[0])] * n_workers
-    eval_batch = eval_batch if eval_batch is not None else batches[0]
-    nbytes = flat_params(master).numel() * flat_params(master).element_size()
-    links, events = Links(cluster), []
-    result = AsyncResult([], [], [], 0, 0.0, Trace(cluster.world_size))
-    version, server_free, started = 0, 0.0, 0
-    queue: list[tuple[float, int, int, str, Any]] = []
-
-    def start_gradient(w: int, at: float) -> None:
-        nonlocal started
-        batch = batches[started % len(batches)]
-        grad = gradient(replicas[w], flat_params(master), batch)
-        events.extend(compute_events(w, at, worker_seconds[w], f"gradient {started}"))
-        heapq.heappush(queue, (at + worker_seconds[w], w, started, "computed", (grad, version)))
-        started += 1
-
+        worker_seconds = [gradient_seconds(cluster, model_fn(), batches[0])] * n_workers
+    run = AsyncRun(cluster, model_fn, batches, worker_seconds, staleness_bound, optimizer, lr,
+                   server_seconds, eval_batch if eval_batch is not None else batches[0])
     for w in range(n_workers):
-        start_gradient(w, 0.0)
-    while len(result.staleness) < updates:
-        t, w, k, what, (grad, pulled) = heapq.heappop(queue)
-        if what == "computed":
-            arrive = links.transfer(w, server, nbytes, t, f"gradient {k}")
-            heapq.heappush(queue, (arrive, w, k, "arrived", (grad, pulled)))
-            continue
-        begin = max(t, server_free)
-        staleness = version - pulled
-        server_free = begin + server_seconds
-        if staleness > staleness_bound:
-            result.dropped += 1
-            label = f"drop gradient {k} of worker {w} (staleness {staleness})"
-        else:
-            apply_gradient(master, opt, grad)
-            version += 1
-            result.staleness.append(staleness)
-            result.workers.append(w)
-            result.losses.append(evaluate(master, eval_batch))
-            result.seconds = server_free
-            label = f"apply gradient {k} of worker {w} (staleness {staleness})"
-        events.append(Event(server, "compute", "optimizer", begin, server_free, label))
-        back = links.transfer(server, w, nbytes, server_free, f"parameters v{version}")
-        start_gradient(w, back)
-    # The run ends with its last update: work still in flight then is cut off there.
-    end = result.seconds
-    kept = [replace(e, end=min(e.end, end)) for e in events + links.events if e.start < end]
-    result.trace = Trace(cluster.world_size, sorted(kept, key=lambda e: (e.start, e.device)),
-                         meta={"cluster": getattr(cluster, "name", ""),
-                               "strategy": "async parameter server"})
-    result.params = named_params(master)
-    return result
+        run.start_gradient(w, 0.0)
+    while len(run.result.staleness) < updates:
+        run.step()
+    return run.finish()
 
 
 def apply_gradient(model: nn.Module, optimizer: torch.optim.Optimizer,

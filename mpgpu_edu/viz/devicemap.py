@@ -321,7 +321,7 @@ def plot_device_map(cluster: Cluster, placement: Placement | None = None, *,
     visible, n = cluster.visible, cluster.n_physical
     lines = _stage_lines(placement, cluster.world_size)
     held = _per_device_memory(memory, cluster.world_size) if memory is not None else None
-    col_in = 1.8 if placement or held else (1.5 if n <= 8 else 1.05)
+    col_in = (1.8 if n <= 8 else 1.5) if placement or held else (1.5 if n <= 8 else 1.05)
     wide = col_in >= 1.5  # room for "cuda:0 = GPU 2" on one line
     logical_h = 0.62 + 0.17 * max(map(len, lines), default=0) + (0.42 if held else 0)
     logical_h += 0.0 if wide else 0.16

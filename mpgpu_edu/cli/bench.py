@@ -1,0 +1,97 @@
+"""``mpgpu-edu bench allreduce``: our all-reduce against torch.distributed's, measured.
+
+    mpgpu-edu bench allreduce --backend gloo --world-size 2
+    mpgpu-edu bench allreduce --world-size 4 --sizes 1KiB,1MiB,64MiB --repeats 20 --json
+    mpgpu-edu bench allreduce --algos ring,ring_reused,ring_pipelined
+
+In the same worker processes (``launch(..., backend=...)``), times our ring and naive
+all-reduces (``mpgpu_edu.collectives``) and ``torch.distributed.all_reduce`` on fp32 tensors,
+interleaved, and prints one row per size: the median times, ours / built-in (below 1: ours
+is faster) and nccl-tests' bus bandwidth. How it is timed: ``mpgpu_edu.bench``.
+``--json`` prints ``sizes`` (bytes), ``<algo>_s`` and ``builtin_s`` (seconds),
+``ratio_<algo>``, ``busbw_<algo>`` (bytes/s), ``world_size``, ``backend`` and ``loadavg``
+(the machine's 1, 5, 15 minute load averages: timings on a busy machine are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mpgpu_edu.cli import UsageError, parse_size
+
+BACKENDS = ("gloo", "nccl")
+DEFAULT_SIZES = "1KiB,4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB"
+ALGOS = ("ring", "naive", "ring_reused", "ring_pipelined")  # mpgpu_edu.bench.ALGOS
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="measure our collectives against torch.distributed",
+                            description="Measure our collectives against torch.distributed's "
+                                        "on real worker processes.")
+    what = parser.add_subparsers(dest="what", metavar="WHAT")
+    what.required = True
+    p = what.add_parser("allreduce", help="ring and naive all-reduce vs torch.distributed",
+                        description="Time our all-reduces against torch.distributed.all_reduce "
+                                    "in the same processes, per size.")
+    p.add_argument("--backend", default="gloo", metavar="{" + ",".join(BACKENDS) + "}",
+                   help="torch.distributed backend (default gloo)")
+    p.add_argument("--world-size", type=int, default=2, metavar="N",
+                   help="number of ranks, at least 2 (default 2)")
+    p.add_argument("--sizes", default=DEFAULT_SIZES, metavar="LIST",
+                   help=f"comma-separated tensor sizes per rank (default {DEFAULT_SIZES}); "
+                        "rounded up to whole fp32 elements")
+    p.add_argument("--repeats", type=int, default=10, metavar="R",
+                   help="timed repeats per size and operation (default 10)")
+    p.add_argument("--algos", default="ring,naive", metavar="LIST",
+                   help="our algorithms to time (default ring,naive); also ring_reused, "
+                        "ring_pipelined: refinements that show what makes the ring slow")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per rank while timing (default 1, as torchrun sets)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes, algos = check_args(args)  # before torch is imported: bad input fails at once
+    from mpgpu_edu.bench import bench_allreduce, table
+
+    report = bench_allreduce(args.world_size, sizes, args.repeats, args.backend, algos,
+                             args.threads)
+    print(json.dumps(report, indent=2) if args.json else table(report))
+    return 0
+
+
+def check_args(args: argparse.Namespace) -> tuple[list[int], list[str]]:
+    """Validate the options before any process starts: (sizes in bytes, algorithm names)."""
+    if args.backend not in BACKENDS:
+        raise UsageError(f"unknown backend {args.backend!r}: choose one of "
+                         f"{', '.join(BACKENDS)} (`mpgpu-edu simulate allreduce` simulates)")
+    if args.world_size < 2:
+        raise UsageError(f"--world-size must be at least 2 (an all-reduce needs two ranks), "
+                         f"got {args.world_size}")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    return parse_sizes(args.sizes), parse_algos(args.algos)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1KiB,4MiB"`` -> ``[1024, 4194304]``; every size positive."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise UsageError("--sizes is empty: give sizes such as 1KiB,1MiB")
+    sizes = [parse_size(item) for item in items]
+    for item, nbytes in zip(items, sizes):
+        if nbytes <= 0:
+            raise UsageError(f"sizes must be positive, got {item!r}")
+    return sizes
+
+
+def parse_algos(text: str) -> list[str]:
+    algos = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [a for a in algos if a not in ALGOS]
+    if unknown or not algos or len(set(algos)) != len(algos):
+        raise UsageError(f"--algos takes distinct names from {', '.join(ALGOS)}, got {text!r}")
+    return algos

@@ -1,0 +1,106 @@
+"""``mpgpu-edu calibrate``: measure this machine's alpha and beta, and check the simulator.
+
+    mpgpu-edu calibrate --backend gloo
+    mpgpu-edu calibrate --world-size 2 --out my_laptop.json --json
+
+Ranks 0 and 1 bounce messages from 0 B to 64 MiB (ping-pong); a least-squares fit on relative
+error gives ``t(n) = alpha + n / beta`` (``mpgpu_edu.calibrate``). The profile is written as
+JSON (default ``.mpgpu/calibration.json`` in the repository) and loads as a simulated cluster
+with ``mpgpu_edu.calibrate.load_calibrated(path)``. Then ring all-reduce is simulated on that
+cluster and measured on the worker processes, per size: the table shows how far the model
+is from reality. ``--json`` prints the profile and the comparison as one object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mpgpu_edu.cli import UsageError, parse_size
+from mpgpu_edu.cli.bench import BACKENDS, DEFAULT_SIZES, parse_sizes
+
+PING_SIZES = "0," + DEFAULT_SIZES
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure alpha and beta; check the simulator",
+                       description="Measure this machine's latency (alpha) and bandwidth "
+                                   "(beta) by ping-pong, write a cluster profile, and compare "
+                                   "simulated ring all-reduce with the measured one.")
+    p.add_argument("--backend", default="gloo", metavar="{" + ",".join(BACKENDS) + "}",
+                   help="torch.distributed backend (default gloo)")
+    p.add_argument("--world-size", type=int, default=2, metavar="N",
+                   help="ranks: the ping-pong uses ranks 0 and 1, the all-reduce all N "
+                        "(default 2)")
+    p.add_argument("--out", metavar="PATH",
+                   help="where to write the profile (default .mpgpu/calibration.json in the "
+                        "repository)")
+    p.add_argument("--sizes", default=PING_SIZES, metavar="LIST",
+                   help=f"ping-pong message sizes (default {PING_SIZES})")
+    p.add_argument("--allreduce-sizes", default=DEFAULT_SIZES, metavar="LIST",
+                   help=f"all-reduce sizes to compare (default {DEFAULT_SIZES})")
+    p.add_argument("--repeats", type=int, default=10, metavar="R",
+                   help="timed repeats per size (default 10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ping_sizes, allreduce_sizes = check_args(args)
+    from mpgpu_edu.calibrate import (calibrate, compare, default_profile_path, load_calibrated,
+                                     save_profile)
+
+    profile = calibrate(args.world_size, ping_sizes, args.repeats, args.backend)
+    path = save_profile(profile, args.out or default_profile_path())
+    cluster = load_calibrated(path, gpu="CPU-16GB")
+    comparison = compare(cluster, allreduce_sizes, args.repeats, args.backend)
+    report = {"profile_path": str(path), **profile, "allreduce": comparison}
+    print(json.dumps(report, indent=2) if args.json else text(report))
+    return 0
+
+
+def check_args(args: argparse.Namespace) -> tuple[list[int], list[int]]:
+    """Validate before any process starts: (ping-pong sizes, all-reduce sizes), in bytes."""
+    if args.backend not in BACKENDS:
+        raise UsageError(f"unknown backend {args.backend!r}: choose one of "
+                         f"{', '.join(BACKENDS)}")
+    if args.world_size < 2:
+        raise UsageError(f"--world-size must be at least 2 (a ping-pong needs two ranks), "
+                         f"got {args.world_size}")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+    items = [item.strip() for item in args.sizes.split(",") if item.strip()]
+    ping = [parse_size(item) for item in items]  # 0 B is allowed: it measures alpha alone
+    if len(set(ping)) < 2:
+        raise UsageError("--sizes needs at least two different sizes to fit alpha and beta")
+    return ping, parse_sizes(args.allreduce_sizes)
+
+
+def text(report: dict) -> str:
+    """The human-readable report: the fit, its residuals, and the simulator's error."""
+    alpha, beta = report["alpha_s"], report["beta_Bps"]
+    lines = [f"{report['backend']}, ranks 0 and 1 of {report['world_size']}: alpha "
+             f"{alpha * 1e6:.1f} us, beta {beta / 1e9:.3f} GB/s ({report['fit']})",
+             f"profile written to {report['profile_path']}",
+             "", "ping-pong, one way (median)", f"{'size':>10}  {'measured ms':>12}  "
+             f"{'fit ms':>10}  {'fit error':>9}"]
+    for point in report["points"]:
+        fit = alpha + point["bytes"] / beta
+        lines.append(f"{_size(point['bytes']):>10}  {point['seconds'] * 1e3:12.4f}  "
+                     f"{fit * 1e3:10.4f}  {(fit - point['seconds']) / point['seconds']:+9.1%}")
+    c = report["allreduce"]
+    lines += ["", f"ring all-reduce on {c['world_size']} ranks: simulated on the calibrated "
+              f"cluster vs measured (median of {c['repeats']})",
+              f"{'size':>10}  {'predicted ms':>12}  {'measured ms':>11}  {'error':>7}"]
+    for size, p, m, e in zip(c["sizes"], c["predicted_s"], c["measured_s"], c["error"]):
+        lines.append(f"{_size(size):>10}  {p * 1e3:12.4f}  {m * 1e3:11.4f}  {e:+7.1%}")
+    load = ", ".join(f"{x:.2f}" for x in c["loadavg"])
+    lines.append(f"error = (predicted - measured) / measured. Load average {load} "
+                 f"(1, 5, 15 min; {report['cpus']} CPUs)")
+    return "\n".join(lines)
+
+
+def _size(nbytes: int) -> str:
+    from mpgpu_edu.bench import size_label
+
+    return size_label(nbytes)

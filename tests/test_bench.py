@@ -1,0 +1,127 @@
+"""``mpgpu_edu.bench`` and ``mpgpu-edu bench allreduce``: the statistics, the refinements of
+the ring, the report, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mpgpu_edu import bench
+from mpgpu_edu.cli import main
+from mpgpu_edu.collectives import cost
+from mpgpu_edu.comm import launch
+
+
+def exit_code(argv: list[str]) -> int:
+    """``main``'s exit status, whether it returns it or argparse raises SystemExit."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code)
+
+
+def test_ratio_is_ours_over_builtin() -> None:
+    assert bench.ratios([2.0, 1.0, 3.0], [1.0, 2.0, 3.0]) == [2.0, 0.5, 1.0]
+
+
+def test_combine_takes_the_slowest_rank_then_the_median() -> None:
+    rank0 = {"ring": [[1.0, 5.0, 2.0]], "builtin": [[1.0, 1.0, 1.0]]}
+    rank1 = {"ring": [[3.0, 1.0, 2.5]], "builtin": [[2.0, 0.5, 4.0]]}
+    # slowest per repeat: ring [3, 5, 2.5] -> 3; builtin [2, 1, 4] -> 2
+    assert bench.combine([rank0, rank1]) == {"ring": [3.0], "builtin": [2.0]}
+
+
+def test_repeats_rotate_the_order() -> None:
+    names = ["ring", "naive", "builtin"]
+    assert [bench.rotated(names, r)[0] for r in range(4)] == ["ring", "naive", "builtin",
+                                                              "ring"]
+
+
+def test_sizes_round_up_to_fp32_and_must_be_positive() -> None:
+    assert bench.fp32_sizes([1, 4, 1025]) == [4, 4, 1028]
+    with pytest.raises(ValueError, match="positive"):
+        bench.fp32_sizes([0])
+
+
+def test_size_labels_are_exact() -> None:
+    assert [bench.size_label(n) for n in (1024, 4100, 2**26, 3)] == ["1 KiB", "4100 B",
+                                                                      "64 MiB", "3 B"]
+
+
+def refinements_sum(comm, numel: int, segment: int) -> list[bool]:
+    """Both refinements of the ring, on data whose exact sum is known."""
+    n, ok = comm.world_size, []
+    for name in ("reused", "pipelined"):
+        tensor = torch.arange(numel, dtype=torch.float32) * (comm.rank + 1)
+        if name == "reused":
+            bench.all_reduce_ring_reused(comm, tensor, torch.empty(-(-numel // n)))
+        else:
+            bench.all_reduce_ring_pipelined(comm, tensor, torch.empty(2 * segment))
+        ok.append(torch.equal(tensor, torch.arange(numel, dtype=torch.float32)
+                              * n * (n + 1) / 2))
+    return ok
+
+
+@pytest.mark.parametrize("world_size, numel, segment",
+                         [(2, 1, 1), (3, 2, 4), (3, 257, 4), (5, 1001, 7), (4, 1000, 1000)])
+def test_refinements_of_the_ring_give_the_exact_sum(world_size, numel, segment) -> None:
+    # On the simulator: fewer elements than ranks, chunks one element apart, many segments.
+    result = launch(refinements_sum, world_size, numel, segment)
+    assert result.results == [[True, True]] * world_size
+
+
+def fake_report() -> dict:
+    return {"sizes": [1024, 2**20], "ring_s": [2e-3, 4e-3], "builtin_s": [1e-3, 5e-3],
+            "ratio_ring": [2.0, 0.8], "busbw_ring": [5.12e5, 2.62e8],
+            "busbw_builtin": [1.02e6, 2.1e8], "algos": ["ring"], "world_size": 2,
+            "backend": "gloo", "repeats": 3, "threads": 1, "loadavg": [1.5, 1.0, 0.5],
+            "cpus": 2}
+
+
+def test_table_has_a_row_per_size_and_the_load() -> None:
+    text = bench.table(fake_report())
+    lines = text.splitlines()
+    assert "ring ms" in lines[1] and "ring/builtin" in lines[1] and "busbw ring" in lines[1]
+    assert lines[2].split()[:5] == ["1", "KiB", "2.000", "1.000", "2.00"]
+    assert "1.50, 1.00, 0.50" in lines[-1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--world-size", "1"], ["--world-size", "0"], ["--sizes", "12XB"], ["--sizes=-1KiB"],
+    ["--sizes", "0"], ["--sizes", ","], ["--backend", "mpi"], ["--backend", "sim"],
+    ["--repeats", "0"], ["--algos", "tree"], ["--algos", "ring,ring"], ["--threads", "0"],
+])
+def test_bad_input_is_one_line_and_exit_2(argv, capsys) -> None:
+    assert exit_code(["bench", "allreduce", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1 and "Traceback" not in captured.err
+
+
+@pytest.mark.gloo
+def test_bench_json_is_consistent(capsys) -> None:
+    argv = ["bench", "allreduce", "--backend", "gloo", "--world-size", "2",
+            "--sizes", "1KiB,4097", "--repeats", "2", "--json"]
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["sizes"] == [1024, 4100]  # rounded up to whole fp32 elements
+    assert (r["world_size"], r["backend"], r["repeats"]) == (2, "gloo", 2)
+    assert len(r["loadavg"]) == 3
+    for name in ("ring", "naive"):
+        assert len(r[f"{name}_s"]) == 2 and all(t > 0 for t in r[f"{name}_s"])
+        assert r[f"ratio_{name}"] == pytest.approx([a / b for a, b in
+                                                    zip(r[f"{name}_s"], r["builtin_s"])])
+    assert r["busbw_builtin"] == pytest.approx([cost.busbw(s, t, 2) for s, t in
+                                                zip(r["sizes"], r["builtin_s"])])
+
+
+@pytest.mark.gloo
+def test_bench_of_every_algorithm_on_three_ranks_prints_a_table(capsys) -> None:
+    argv = ["bench", "allreduce", "--world-size", "3", "--sizes", "4,1028", "--repeats", "1",
+            "--algos", ",".join(bench.ALGOS)]
+    assert main(argv) == 0  # each operation's sum is checked in the workers first
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("all-reduce, 3 ranks, gloo")
+    assert [line.split()[0] for line in lines[2:4]] == ["4", "1028"]
