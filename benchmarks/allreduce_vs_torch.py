@@ -1,7 +1,7 @@
 """Our ring and naive all-reduce against ``torch.distributed.all_reduce``, in the same processes.
 
     python benchmarks/allreduce_vs_torch.py [--world-size 2] [--repeats 10] [--sizes 1KiB,...]
-        [--algos ring,naive,ring_reused,ring_pipelined] [--runs 1] [--markdown]
+        [--algos ring,naive,ring_reused] [--runs 1] [--markdown]
 
 A thin wrapper around ``mpgpu_edu.bench.bench_allreduce`` (the same as ``mpgpu-edu bench
 allreduce``), for repeated runs: ``--runs K`` runs the whole bench K times and prints each
@@ -20,15 +20,18 @@ from mpgpu_edu.cli.bench import DEFAULT_SIZES, parse_algos, parse_sizes
 
 
 def markdown(report: dict) -> str:
-    """The report as a Markdown table (times in ms, busbw in GB/s)."""
+    """The report as a Markdown table (times in ms, busbw in GB/s; cpu: CPU time of all
+    ranks' processes, ours / builtin)."""
     algos = report["algos"]
     head = (["size"] + [f"{a} ms" for a in algos] + ["builtin ms"]
-            + [f"{a}/builtin" for a in algos] + [f"busbw {algos[0]} GB/s", "busbw builtin GB/s"])
+            + [f"{a}/builtin" for a in algos] + [f"cpu {a}/builtin" for a in algos]
+            + [f"busbw {algos[0]} GB/s", "busbw builtin GB/s"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for i, nbytes in enumerate(report["sizes"]):
         cells = ([size_label(nbytes)]
                  + [f"{report[f'{a}_s'][i] * 1e3:.3f}" for a in [*algos, "builtin"]]
                  + [f"{report[f'ratio_{a}'][i]:.2f}" for a in algos]
+                 + [f"{report[f'cpu_ratio_{a}'][i]:.2f}" for a in algos]
                  + [f"{report[f'busbw_{a}'][i] / 1e9:.3f}" for a in (algos[0], "builtin")])
         lines.append("| " + " | ".join(cells) + " |")
     load = ", ".join(f"{x:.2f}" for x in report["loadavg_start"])
@@ -39,15 +42,17 @@ def markdown(report: dict) -> str:
 
 
 def spread(reports: list[dict]) -> str:
-    """Per algorithm and size: min / median / max of the ratio over the runs."""
-    lines = ["ratio ours / builtin over runs: min / median / max"]
-    for algo in reports[0]["algos"]:
-        cells = []
-        for i, nbytes in enumerate(reports[0]["sizes"]):
-            values = [r[f"ratio_{algo}"][i] for r in reports]
-            cells.append(f"{size_label(nbytes)} {min(values):.2f}/"
-                         f"{statistics.median(values):.2f}/{max(values):.2f}")
-        lines.append(f"  {algo}: " + ", ".join(cells))
+    """Per algorithm and size: min / median / max over the runs of the wall-clock ratio and
+    of the CPU-time ratio."""
+    lines = ["ours / builtin over runs: min / median / max"]
+    for key in ("ratio", "cpu_ratio"):
+        for algo in reports[0]["algos"]:
+            cells = []
+            for i, nbytes in enumerate(reports[0]["sizes"]):
+                values = [r[f"{key}_{algo}"][i] for r in reports]
+                cells.append(f"{size_label(nbytes)} {min(values):.2f}/"
+                             f"{statistics.median(values):.2f}/{max(values):.2f}")
+            lines.append(f"  {key} {algo}: " + ", ".join(cells))
     return "\n".join(lines)
 
 

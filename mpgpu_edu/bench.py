@@ -16,12 +16,14 @@ How it is timed, so that the comparison is fair on a busy machine:
   load from another program hits every operation alike;
 - a barrier before each timed operation, so every rank starts together;
 - per repeat, an operation's time is the *slowest* rank's (a collective is done when its
-  last rank is); over repeats, the median, which ignores a few disturbed runs.
+  last rank is); over repeats, the median, which ignores a few disturbed runs;
+- CPU time too (``time.process_time``: every thread of the rank's process, gloo's own
+  included), summed over ranks: on a machine busy with other work the wall clock measures
+  mostly how long each process waited for a core, while CPU time still measures the work.
 
 The tensor holds zeros while it is timed: repeated sums neither overflow nor change the work.
-Besides ``ring`` and ``naive``, two refinements of the ring can be timed (``algos=``), to show
-what makes a Python ring slower than gloo's: ``ring_reused`` keeps its scratch buffer between
-calls, ``ring_pipelined`` also splits each step into segments with two in flight.
+Besides ``ring`` and ``naive``, ``algos=`` can time ``ring_reused``: the same ring, keeping its
+scratch buffer between calls, to show what a fresh buffer per call costs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -40,11 +42,10 @@ from mpgpu_edu.collectives.allgather import ring_all_gather_chunks, ring_reduce_
 
 FP32_BYTES = 4
 BUILTIN = "builtin"
-ALGOS = ("ring", "naive", "ring_reused", "ring_pipelined")
+ALGOS = ("ring", "naive", "ring_reused")
 DEFAULT_SIZES = [4**k * 2**10 for k in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
 DEFAULT_REPEATS = 10
 WARMUP = 2
-SEGMENT_BYTES = 2**20
 Op = Callable[[Any, torch.Tensor], None]
 
 
@@ -57,72 +58,20 @@ def all_reduce_ring_reused(comm: Any, tensor: torch.Tensor, buffer: torch.Tensor
     ring_all_gather_chunks(comm, chunks, shift=1)
 
 
-def all_reduce_ring_pipelined(comm: Any, tensor: torch.Tensor, scratch: torch.Tensor) -> None:
-    """Ring all-reduce (sum) whose steps move segments of ``len(scratch) // 2`` elements, two
-    in flight, as gloo's ring does: the receive of one segment overlaps the addition of the
-    one before, and every receive is posted before its send. ``scratch`` is kept by the
-    caller between calls. Same cost line as the ring, with more (smaller) messages."""
-    n, owned, seg = comm.world_size, comm.rank + 1, scratch.numel() // 2
-    chunks = list(torch.tensor_split(tensor.view(-1), n))
-    for k in range(n - 1):
-        _exchange(comm, chunks[(owned - 1 - k) % n], chunks[(owned - 2 - k) % n], seg, scratch)
-    for k in range(n - 1):
-        _exchange(comm, chunks[(owned - k) % n], chunks[(owned - 1 - k) % n], seg, None)
-
-
-def _exchange(comm: Any, send: torch.Tensor, recv: torch.Tensor, seg: int,
-              scratch: torch.Tensor | None) -> None:
-    """One pipelined ring step. With ``scratch``, segments land there and are added into
-    ``recv`` (reduce-scatter); without, they land in ``recv`` itself (all-gather). ``send``
-    and ``recv`` may differ by one element, so each is cut by its own length: the right
-    neighbour cuts the same chunk the same way."""
-    n = comm.world_size
-    outgoing, incoming = _segments(send, seg), _segments(recv, seg)
-    in_flight: list[tuple[Any, Any, torch.Tensor | None, torch.Tensor | None]] = []
-    for j in range(max(len(outgoing), len(incoming))):
-        receive = mine = land = None
-        if j < len(incoming):
-            mine = incoming[j]
-            land = mine if scratch is None else scratch[(j % 2) * seg:][:mine.numel()]
-            receive = comm.irecv(land, (comm.rank - 1) % n)
-        sent = comm.isend(outgoing[j], (comm.rank + 1) % n) if j < len(outgoing) else None
-        in_flight.append((receive, sent, mine, land))
-        if len(in_flight) == 2:  # segment j - 1 done before j + 1 reuses its scratch half
-            _complete(*in_flight.pop(0), add=scratch is not None)
-    for item in in_flight:
-        _complete(*item, add=scratch is not None)
-
-
-def _segments(tensor: torch.Tensor, seg: int) -> list[torch.Tensor]:
-    return [tensor[s:s + seg] for s in range(0, tensor.numel(), seg)] or [tensor]
-
-
-def _complete(receive: Any, sent: Any, mine: torch.Tensor | None, land: torch.Tensor | None,
-              add: bool) -> None:
-    if receive is not None:
-        receive.wait()
-        if add:
-            mine.add_(land)
-    if sent is not None:
-        sent.wait()
-
-
 def builtin_all_reduce(comm: Any, tensor: torch.Tensor) -> None:
     """``torch.distributed.all_reduce`` (sum) on the process group under ``comm``."""
     dist.all_reduce(tensor, group=comm.lanes.main)
 
 
-def operations(algos: Sequence[str], numel: int, world_size: int) -> dict[str, Op]:
+def operations(algos: Sequence[str], numel: int, world_size: int,
+               device: torch.device) -> dict[str, Op]:
     """The operations to time for a tensor of ``numel`` elements: ``algos``, then builtin.
-    The refinements get their scratch buffers here, once per size."""
+    ``ring_reused`` gets its scratch buffer here, once per size."""
     chunk = -(-numel // world_size)
     made: dict[str, Op] = {"ring": all_reduce_ring, "naive": all_reduce_naive}
     if "ring_reused" in algos:
-        buffer = torch.empty(chunk)
+        buffer = torch.empty(chunk, device=device)
         made["ring_reused"] = lambda comm, t: all_reduce_ring_reused(comm, t, buffer)
-    if "ring_pipelined" in algos:
-        scratch = torch.empty(2 * min(chunk, SEGMENT_BYTES // FP32_BYTES))
-        made["ring_pipelined"] = lambda comm, t: all_reduce_ring_pipelined(comm, t, scratch)
     return {**{name: made[name] for name in algos}, BUILTIN: builtin_all_reduce}
 
 
@@ -133,46 +82,54 @@ def rotated(names: list[str], r: int) -> list[str]:
 
 
 def time_allreduce(comm: Any, sizes: list[int], repeats: int, algos: Sequence[str] = ALGOS[:2],
-                   threads: int = 1) -> dict[str, list[list[float]]]:
-    """SPMD, on a ``torch.distributed`` backend: this rank's seconds for every operation,
-    size and repeat, ``{name: [[s of repeat 0, ...] for each size]}``. ``sizes`` are bytes,
-    multiples of 4 (fp32)."""
+                   threads: int = 1) -> dict[str, dict[str, list[list[float]]]]:
+    """SPMD, on a ``torch.distributed`` backend: this rank's measurements of every operation,
+    size and repeat, ``{"wall": {name: [[s of repeat 0, ...] for each size]}, "cpu": ...}``:
+    wall-clock seconds, and CPU seconds of this process (all its threads, gloo's included),
+    which a busy machine disturbs far less. ``sizes`` are bytes, multiples of 4 (fp32)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    times: dict[str, list[list[float]]] = {name: [] for name in [*algos, BUILTIN]}
+    names = [*algos, BUILTIN]
+    out: dict[str, dict[str, list[list[float]]]] = {kind: {name: [] for name in names}
+                                                     for kind in ("wall", "cpu")}
     try:
         for nbytes in sizes:
-            for name, seconds in _time_size(comm, nbytes, repeats, algos).items():
-                times[name].append(seconds)
+            measured = _time_size(comm, nbytes, repeats, algos)
+            for kind, per_name in out.items():
+                for name in names:
+                    per_name[name].append(measured[kind][name])
     finally:
         torch.set_num_threads(before)
-    return times
+    return out
 
 
 def _time_size(comm: Any, nbytes: int, repeats: int,
-               algos: Sequence[str]) -> dict[str, list[float]]:
+               algos: Sequence[str]) -> dict[str, dict[str, list[float]]]:
     tensor = torch.zeros(nbytes // FP32_BYTES, device=comm.device)
-    ops = operations(algos, tensor.numel(), comm.world_size)
+    ops = operations(algos, tensor.numel(), comm.world_size, comm.device)
     for name, op in ops.items():
         _check_sum(comm, op, tensor, name)
     tensor.zero_()
     for _ in range(WARMUP):
         for op in ops.values():
             op(comm, tensor)
-    seconds: dict[str, list[float]] = {name: [] for name in ops}
+    out: dict[str, dict[str, list[float]]] = {"wall": {name: [] for name in ops},
+                                              "cpu": {name: [] for name in ops}}
     for r in range(repeats):
         for name in rotated(list(ops), r):
-            seconds[name].append(_timed(comm, ops[name], tensor))
-    return seconds
+            wall, cpu = _timed(comm, ops[name], tensor)
+            out["wall"][name].append(wall)
+            out["cpu"][name].append(cpu)
+    return out
 
 
-def _timed(comm: Any, op: Op, tensor: torch.Tensor) -> float:
+def _timed(comm: Any, op: Op, tensor: torch.Tensor) -> tuple[float, float]:
     dist.barrier(group=comm.lanes.main)
     comm.sync()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     op(comm, tensor)
     comm.sync()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 def _check_sum(comm: Any, op: Op, tensor: torch.Tensor, name: str) -> None:
@@ -183,9 +140,11 @@ def _check_sum(comm: Any, op: Op, tensor: torch.Tensor, name: str) -> None:
         raise AssertionError(f"{name} all-reduce gave {tensor.flatten()[0].item()}, not {want}")
 
 
-def combine(per_rank: list[dict[str, list[list[float]]]]) -> dict[str, list[float]]:
-    """Per operation and size: the slowest rank of each repeat, then the median over repeats."""
-    return {name: [statistics.median(max(rank[name][i][r] for rank in per_rank)
+def combine(per_rank: list[dict[str, list[list[float]]]],
+            across: Callable[[Iterable[float]], float] = max) -> dict[str, list[float]]:
+    """Per operation and size: ``across`` the ranks for each repeat (``max``: the slowest
+    rank, for wall clock; ``sum``: all ranks' CPU time), then the median over repeats."""
+    return {name: [statistics.median(across(rank[name][i][r] for rank in per_rank)
                                      for r in range(len(per_size[i])))
                    for i in range(len(per_size))]
             for name, per_size in per_rank[0].items()}
@@ -210,7 +169,8 @@ def bench_allreduce(world_size: int, sizes: Sequence[int] = DEFAULT_SIZES,
     """Time our all-reduces (``algos``) against ``torch.distributed.all_reduce`` on
     ``world_size`` worker processes and return the report (``mpgpu-edu bench allreduce
     --json``): ``sizes`` (bytes), ``<algo>_s`` and ``builtin_s`` (median seconds),
-    ``ratio_<algo>`` (ours / builtin), ``busbw_<algo>`` and ``busbw_builtin`` (bytes/s),
+    ``ratio_<algo>`` (ours / builtin), ``<algo>_cpu_s`` and ``cpu_ratio_<algo>`` (CPU seconds
+    of all ranks together, and ours / builtin), ``busbw_<algo>`` and ``busbw_builtin`` (B/s),
     ``world_size``, ``backend``, ``repeats``, ``threads``, ``loadavg`` (1, 5 and 15 minute
     load averages at the end) and ``loadavg_start``."""
     from mpgpu_edu.comm import launch
@@ -222,11 +182,14 @@ def bench_allreduce(world_size: int, sizes: Sequence[int] = DEFAULT_SIZES,
     timeout = 60.0 + sum(sizes) * (len(algos) + 1) * (repeats + WARMUP + 1) * world_size / 1e7
     result = launch(time_allreduce, world_size, sizes, repeats, tuple(algos), threads,
                     backend=backend, timeout=timeout)
-    medians = combine(result.results)
+    medians = combine([r["wall"] for r in result.results])
+    cpu = combine([r["cpu"] for r in result.results], across=sum)
     names = [*algos, BUILTIN]
     report: dict[str, Any] = {"sizes": sizes}
     report.update({f"{name}_s": medians[name] for name in names})
     report.update({f"ratio_{name}": ratios(medians[name], medians[BUILTIN]) for name in algos})
+    report.update({f"{name}_cpu_s": cpu[name] for name in names})
+    report.update({f"cpu_ratio_{name}": ratios(cpu[name], cpu[BUILTIN]) for name in algos})
     report.update({f"busbw_{name}": [cost.busbw(s, t, world_size)
                                      for s, t in zip(sizes, medians[name])] for name in names})
     report.update(algos=list(algos), world_size=world_size, backend=backend, repeats=repeats,
@@ -249,16 +212,18 @@ def _check(world_size: int, repeats: int, algos: Sequence[str], threads: int) ->
 
 
 def table(report: dict) -> str:
-    """The report as a text table: one row per size, times in ms, ratios ours / builtin, and
-    the bus bandwidth (GB/s) of our first algorithm and of the built-in one."""
+    """The report as a text table: one row per size, times in ms, ratios ours / builtin of
+    wall-clock time and of CPU time, and the bus bandwidth (GB/s) of our first algorithm and
+    of the built-in one."""
     algos = report["algos"]
     head = (["size"] + [f"{a} ms" for a in [*algos, BUILTIN]] + [f"{a}/builtin" for a in algos]
-            + [f"busbw {algos[0]}", "busbw builtin"])
+            + [f"cpu {a}/builtin" for a in algos] + [f"busbw {algos[0]}", "busbw builtin"])
     rows = [head]
     for i, nbytes in enumerate(report["sizes"]):
         rows.append([size_label(nbytes)]
                     + [f"{report[f'{a}_s'][i] * 1e3:.3f}" for a in [*algos, BUILTIN]]
                     + [f"{report[f'ratio_{a}'][i]:.2f}" for a in algos]
+                    + [f"{report[f'cpu_ratio_{a}'][i]:.2f}" for a in algos]
                     + [f"{report[f'busbw_{a}'][i] / 1e9:.3f}" for a in (algos[0], BUILTIN)])
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
@@ -266,7 +231,8 @@ def table(report: dict) -> str:
     return (f"all-reduce, {report['world_size']} ranks, {report['backend']}, fp32, median of "
             f"{report['repeats']} interleaved repeats (slowest rank each), {report['threads']} "
             "torch thread(s) per rank\n" + "\n".join(lines)
-            + f"\nbusbw: GB/s, size / time x 2(N-1)/N. Load average {load} "
+            + "\ncpu: CPU time of all ranks' processes, ours / builtin. busbw: GB/s, size / time "
+              f"x 2(N-1)/N. Load average {load} "
               f"(1, 5, 15 min; {report['cpus']} CPUs)")
 
 

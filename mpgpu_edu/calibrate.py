@@ -53,24 +53,24 @@ def default_profile_path() -> Path:
 
 def ping_pong(comm: Any, sizes: list[int], repeats: int,
               warmup: int = WARMUP) -> list[list[float]] | None:
-    """SPMD: rank 0 sends each size to rank 1, which sends it back, ``warmup + repeats``
-    times. Rank 0 returns the one-way seconds (round trip / 2) of every timed repeat, per
-    size; the other ranks return None (ranks above 1 only wait at the barriers)."""
-    times: list[list[float]] = []
-    for nbytes in sizes:
-        message = torch.zeros(nbytes, dtype=torch.uint8, device=comm.device)
-        comm.barrier()
-        one_way = []
-        for _ in range(warmup + repeats):
+    """SPMD: rank 0 sends a message of each size to rank 1, which sends it back. Repeat r
+    bounces every size once, so a burst of load from another program hits all sizes alike.
+    Rank 0 returns the one-way seconds (round trip / 2) of every timed repeat, per size; the
+    other ranks return None (ranks above 1 only wait at the barrier)."""
+    messages = [torch.zeros(n, dtype=torch.uint8, device=comm.device) for n in sizes]
+    times: list[list[float]] = [[] for _ in sizes]
+    comm.barrier()
+    for r in range(warmup + repeats):
+        for message, one_way in zip(messages, times):
             if comm.rank == 0:
                 start = time.perf_counter()
                 comm.send(message, 1)
                 comm.recv(message, 1)
-                one_way.append((time.perf_counter() - start) / 2)
+                if r >= warmup:
+                    one_way.append((time.perf_counter() - start) / 2)
             elif comm.rank == 1:
                 comm.recv(message, 0)
                 comm.send(message, 0)
-        times.append(one_way[warmup:])
     return times if comm.rank == 0 else None
 
 

@@ -31,6 +31,8 @@ def test_combine_takes_the_slowest_rank_then_the_median() -> None:
     rank1 = {"ring": [[3.0, 1.0, 2.5]], "builtin": [[2.0, 0.5, 4.0]]}
     # slowest per repeat: ring [3, 5, 2.5] -> 3; builtin [2, 1, 4] -> 2
     assert bench.combine([rank0, rank1]) == {"ring": [3.0], "builtin": [2.0]}
+    # CPU time adds up over ranks: ring [4, 6, 4.5] -> 4.5; builtin [3, 1.5, 5] -> 3
+    assert bench.combine([rank0, rank1], across=sum) == {"ring": [4.5], "builtin": [3.0]}
 
 
 def test_repeats_rotate_the_order() -> None:
@@ -50,31 +52,26 @@ def test_size_labels_are_exact() -> None:
                                                                       "64 MiB", "3 B"]
 
 
-def refinements_sum(comm, numel: int, segment: int) -> list[bool]:
-    """Both refinements of the ring, on data whose exact sum is known."""
-    n, ok = comm.world_size, []
-    for name in ("reused", "pipelined"):
-        tensor = torch.arange(numel, dtype=torch.float32) * (comm.rank + 1)
-        if name == "reused":
-            bench.all_reduce_ring_reused(comm, tensor, torch.empty(-(-numel // n)))
-        else:
-            bench.all_reduce_ring_pipelined(comm, tensor, torch.empty(2 * segment))
-        ok.append(torch.equal(tensor, torch.arange(numel, dtype=torch.float32)
-                              * n * (n + 1) / 2))
-    return ok
+def reused_sum(comm, numel: int) -> bool:
+    """The ring with a kept scratch buffer, on data whose exact sum is known."""
+    n = comm.world_size
+    tensor = torch.arange(numel, dtype=torch.float32) * (comm.rank + 1)
+    buffer = torch.empty(-(-numel // n))
+    for _ in range(2):  # the second call reuses the buffer
+        tensor.copy_(torch.arange(numel, dtype=torch.float32) * (comm.rank + 1))
+        bench.all_reduce_ring_reused(comm, tensor, buffer)
+    return torch.equal(tensor, torch.arange(numel, dtype=torch.float32) * n * (n + 1) / 2)
 
 
-@pytest.mark.parametrize("world_size, numel, segment",
-                         [(2, 1, 1), (3, 2, 4), (3, 257, 4), (5, 1001, 7), (4, 1000, 1000)])
-def test_refinements_of_the_ring_give_the_exact_sum(world_size, numel, segment) -> None:
-    # On the simulator: fewer elements than ranks, chunks one element apart, many segments.
-    result = launch(refinements_sum, world_size, numel, segment)
-    assert result.results == [[True, True]] * world_size
+@pytest.mark.parametrize("world_size, numel", [(2, 1), (3, 2), (3, 257), (5, 1001)])
+def test_the_ring_with_a_kept_buffer_gives_the_exact_sum(world_size, numel) -> None:
+    # On the simulator: fewer elements than ranks, chunks one element apart.
+    assert launch(reused_sum, world_size, numel).results == [True] * world_size
 
 
 def fake_report() -> dict:
     return {"sizes": [1024, 2**20], "ring_s": [2e-3, 4e-3], "builtin_s": [1e-3, 5e-3],
-            "ratio_ring": [2.0, 0.8], "busbw_ring": [5.12e5, 2.62e8],
+            "ratio_ring": [2.0, 0.8], "cpu_ratio_ring": [1.5, 0.9], "busbw_ring": [5.12e5, 2.62e8],
             "busbw_builtin": [1.02e6, 2.1e8], "algos": ["ring"], "world_size": 2,
             "backend": "gloo", "repeats": 3, "threads": 1, "loadavg": [1.5, 1.0, 0.5],
             "cpus": 2}
@@ -84,7 +81,7 @@ def test_table_has_a_row_per_size_and_the_load() -> None:
     text = bench.table(fake_report())
     lines = text.splitlines()
     assert "ring ms" in lines[1] and "ring/builtin" in lines[1] and "busbw ring" in lines[1]
-    assert lines[2].split()[:5] == ["1", "KiB", "2.000", "1.000", "2.00"]
+    assert lines[2].split()[:6] == ["1", "KiB", "2.000", "1.000", "2.00", "1.50"]
     assert "1.50, 1.00, 0.50" in lines[-1]
 
 
@@ -113,6 +110,8 @@ def test_bench_json_is_consistent(capsys) -> None:
         assert len(r[f"{name}_s"]) == 2 and all(t > 0 for t in r[f"{name}_s"])
         assert r[f"ratio_{name}"] == pytest.approx([a / b for a, b in
                                                     zip(r[f"{name}_s"], r["builtin_s"])])
+        cpu = zip(r[f"{name}_cpu_s"], r["builtin_cpu_s"])
+        assert r[f"cpu_ratio_{name}"] == pytest.approx([a / b for a, b in cpu])
     assert r["busbw_builtin"] == pytest.approx([cost.busbw(s, t, 2) for s, t in
                                                 zip(r["sizes"], r["builtin_s"])])
 

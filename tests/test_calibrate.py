@@ -108,14 +108,14 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys) -> None:
 @pytest.mark.gloo
 def test_calibrate_end_to_end_writes_a_profile_that_loads(tmp_path, capsys) -> None:
     out = tmp_path / "calibration.json"
-    argv = ["calibrate", "--backend", "gloo", "--world-size", "2", "--sizes", "0,1KiB,256KiB",
+    argv = ["calibrate", "--backend", "gloo", "--world-size", "2", "--sizes", "0,1KiB,16MiB",
             "--allreduce-sizes", "4KiB", "--repeats", "2", "--out", str(out), "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     saved = cal.read_profile(out)
     assert report["profile_path"] == str(out)
     assert saved["alpha_s"] == report["alpha_s"] >= 0 and saved["beta_Bps"] > 0
-    assert [p["bytes"] for p in saved["points"]] == [0, 1024, 256 * 1024]
+    assert [p["bytes"] for p in saved["points"]] == [0, 1024, 16 * 2**20]
     assert all(p["seconds"] > 0 for p in saved["points"])
     assert saved["torch"] and saved["date"] and saved["backend"] == "gloo"
     compared = report["allreduce"]

@@ -58,13 +58,17 @@ def replicate(comm: Communicator, model: nn.Module) -> None:
 def scatter_inputs(comm: Communicator, batch: Batch) -> torch.Tensor:
     """Step 2: device 0 sends every other device its shard of the inputs. The other ranks
     read only the batch's shape, to know what they will receive."""
-    x, _ = batch
+
+    def inputs_of(rank: int) -> torch.Tensor:
+        (x, _), _ = shard(batch, rank, comm.world_size)
+        return x
+
     if comm.rank == MAIN:
         for peer in range(comm.world_size):
             if peer != MAIN:
-                comm.send(shard(batch, peer, comm.world_size)[0][0].contiguous(), peer)
-        return shard(batch, MAIN, comm.world_size)[0][0]
-    mine = torch.empty_like(shard(batch, comm.rank, comm.world_size)[0][0])
+                comm.send(inputs_of(peer).contiguous(), peer)
+        return inputs_of(MAIN)
+    mine = torch.empty_like(inputs_of(comm.rank))
     comm.recv(mine, MAIN)
     return mine
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from matplotlib.figure import Figure
+
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import launch
 from mpgpu_edu.data import Workload, heavy, light
@@ -70,7 +72,7 @@ def _one_device_s(model: str, cluster: str, bucket_mb: float, overlap: bool) -> 
 
 
 def dp_view(devices: int = 4, model: str = "heavy", cluster: str | Cluster = "4xRTX4090-pcie",
-            bucket_mb: float = 25, overlap: bool = True) -> tuple:
+            bucket_mb: float = 25, overlap: bool = True) -> tuple[Figure, dict]:
     """The timeline of one DDP step (``model``: "light" or "heavy") on ``devices`` devices
     of ``cluster`` (a preset name or a Cluster), with ``bucket_mb`` MiB buckets (0: none) and
     the all-reduce overlapped with backward or not.

@@ -12,6 +12,8 @@ split it.
 
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from mpgpu_edu.explore.live import Explorer, dropdown, slider
 from mpgpu_edu.hardware import GPUS
 from mpgpu_edu.memory.estimate import OPTIMIZERS, PRECISIONS, STRATEGIES, estimate_memory, explain
@@ -32,7 +34,7 @@ def _n_params(model: str | int) -> tuple[int, str]:
 
 def memory_view(model: str | int = "gpt2-small", optimizer: str = "adam",
                 precision: str = "mixed", strategy: str = "dp", devices: int = 4,
-                gpu: str = "RTX4090-24GB", activations_bytes: int = 0) -> tuple:
+                gpu: str = "RTX4090-24GB", activations_bytes: int = 0) -> tuple[Figure, dict]:
     """Bytes per device, by category, to train ``model`` (a preset of
     ``mpgpu_edu.memory.models`` or a parameter count) with ``optimizer`` in ``precision``,
     split by ``strategy`` over ``devices`` devices of kind ``gpu``; ``activations_bytes`` is

@@ -13,6 +13,8 @@ GPipe's stage 0 holds all M at once, 1F1B's at most P.
 
 from __future__ import annotations
 
+from matplotlib.figure import Figure
+
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.explore.live import Explorer, dropdown, percent, slider
 from mpgpu_edu.pipeline.schedules import Schedule, gpipe, naive, one_f_one_b, peak_activations
@@ -66,7 +68,7 @@ def with_activations(timeline: list[TimedStep], n_devices: int, nbytes: int) -> 
 def pipeline_view(stages: int = 4, microbatches: int = 4, schedule: str = "gpipe",
                   cluster: ClusterLike = "4xRTX4090-pcie", fwd_s: float = 0.01,
                   bwd_s: float = 0.02, *, activation_bytes: int = ACTIVATION_BYTES,
-                  send_bytes: int = SEND_BYTES) -> tuple:
+                  send_bytes: int = SEND_BYTES) -> tuple[Figure, dict]:
     """The timeline of one step of ``schedule`` on the first ``stages`` devices of ``cluster``
     (a preset name or a Cluster), above each device's activation memory over the step.
 
@@ -97,7 +99,7 @@ def pipeline_view(stages: int = 4, microbatches: int = 4, schedule: str = "gpipe
     return _figure(trace, info), info
 
 
-def _figure(trace: Trace, info: dict):
+def _figure(trace: Trace, info: dict) -> Figure:
     p, m = info["stages"], info["microbatches"]
     fig = new_figure(10, 0.55 * p + 4.6)
     top, bottom = fig.subplots(2, 1, height_ratios=[0.55 * p + 1.2, 2.6], sharex=True)
@@ -125,8 +127,8 @@ def describe(info: dict) -> str:
 
 def pipeline_explorer(stages: int = 4, microbatches: int = 4, schedule: str = "gpipe",
                       cluster: str = "4xRTX4090-pcie") -> Explorer:
-    """Sliders for stages, microbatches and the forward and backward times, menus for the
-    schedule and the cluster; the timeline and activation memory redraw on every change."""
+    """Sliders for stages and microbatches, menus for the schedule, the cluster and the
+    forward and backward times; the timeline and activation memory redraw on every change."""
     controls = {
         "stages": slider("stages", stages, 1, 8),
         "microbatches": slider("microbatches", microbatches, 1, 16),
@@ -136,6 +138,7 @@ def pipeline_explorer(stages: int = 4, microbatches: int = 4, schedule: str = "g
         "bwd_s": dropdown("backward", [("10 ms", 0.01), ("20 ms", 0.02), ("40 ms", 0.04)],
                           0.02),
     }
+
     def fit_stages(change: dict) -> None:  # no more stages than the cluster has devices
         controls["stages"].max = Cluster.preset(change["new"]).world_size
 

@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import ipywidgets as widgets
+from matplotlib.figure import Figure
 
 from mpgpu_edu.explore.live import Explorer, slider
 from mpgpu_edu.viz.ring import plot_ring_step, ring_state, ring_steps
 
 
-def ring_view(world_size: int = 4, step: int = 0, nbytes: int | None = None) -> tuple:
+def ring_view(world_size: int = 4, step: int = 0, nbytes: int | None = None) -> tuple[Figure, dict]:
     """The ring of ``world_size`` ranks before step ``step`` (0 .. 2(N-1); the last shows the
     result). Returns ``(figure, info)``; ``info`` holds ``total_steps``, ``phase``
     ("reduce-scatter", "all-gather" or "done"), ``sends`` (the chunk each rank sends) and

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import ipywidgets as widgets
+from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import check_visible, parse_visible
 from mpgpu_edu.explore.live import Explorer, dropdown, slider
@@ -16,7 +17,7 @@ from mpgpu_edu.viz.devicemap import plot_visible_devices
 
 
 def visible_view(value: str | None = "2,3", n_physical: int = 4,
-                 gpu: str = "RTX4090-24GB") -> tuple:
+                 gpu: str = "RTX4090-24GB") -> tuple[Figure, dict]:
     """The mapping ``CUDA_VISIBLE_DEVICES=value`` gives on ``n_physical`` GPUs (``value=None``:
     the variable is unset). Returns ``(figure, info)``; ``info`` holds ``visible`` (physical
     ids in logical order), ``device_count``, ``mapping`` ({"cuda:i": physical id}) and
@@ -37,7 +38,7 @@ def describe(info: dict) -> str:
             f"<b>logical devices</b>: {mapping}")
 
 
-def _sandbox_view(value: str, unset: bool, n_physical: int, gpu: str) -> tuple:
+def _sandbox_view(value: str, unset: bool, n_physical: int, gpu: str) -> tuple[Figure, dict]:
     return visible_view(None if unset else value, n_physical, gpu)
 
 

@@ -162,8 +162,11 @@ def update_times(result: ps.AsyncResult) -> list[float]:
     """The simulated time at which each of the result's updates was applied (the end of
     the server's "apply" events), one per loss in ``result.losses``."""
     server = result.trace.n_devices - 1
-    return [e.end for e in result.trace.on(server, "compute", "optimizer")
-            if e.label.startswith("apply")]
+    times = [e.end for e in result.trace.on(server, "compute", "optimizer")
+             if e.label.startswith("apply")]
+    # The trace ends with the last update; an update that takes no time ends there too and
+    # is not kept as an event.
+    return times + [result.seconds] * (len(result.losses) - len(times))
 
 
 # ---- loss curves ------------------------------------------------------------------------------

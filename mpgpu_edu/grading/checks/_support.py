@@ -9,13 +9,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch._dynamo  # noqa: F401 - the simulator's FLOP counter imports it on first use,
+# which can take seconds: import it here, not inside a launch whose timeout is running
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import (DeadlockError, LaunchResult, LaunchTimeoutError,
                             MessageMismatchError, RankError, UnmatchedMessageError, launch)
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
 
-LAUNCH_TIMEOUT_S = 10.0
+LAUNCH_TIMEOUT_S = 15.0
 ALPHA, BETA = 1e-5, 1e9
 
 
