@@ -46,9 +46,10 @@ once it passes the cap and starts with a 1 MiB bucket, which leaves 8 MiB): the 
 all-reduce is the part no overlap can hide.
 
 These numbers come from a 2-core machine shared with other jobs (the load averages are in
-the lines above): single steps varied by 2x from one to the next, and whole runs of the same
-command gave ratios from 1.01 to 1.29. Treat them as "within about 10-30% of torch under
-heavy load", not as a precise figure; rerun on an idle machine for one."""
+the lines above): single steps varied by 2x from one to the next, and other runs of this
+comparison the same day (8 to 20 timed steps each, 64 or 256 samples per rank) gave ratios
+between 1.01 and 1.29. Read them as "within about 10-30% of torch under heavy load", not as
+a precise figure; rerun on an idle machine for one."""
 
 
 def bench(comm, sizes: list[int], batch: int, warmup: int, repeats: int,  # noqa: ANN001

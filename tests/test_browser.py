@@ -35,6 +35,8 @@ SLIDER_LABEL = re.compile(r"microbatch", re.IGNORECASE)
 # mp.check's card: "<icon> Exercise 4.2: <title> — 0/4 points (not implemented)"
 CHECK_CARD = re.compile(r"Exercise \d+\.\d+")
 CHECK_ICONS = re.compile("[\u2705\u274c\u270f\U0001f4a5\u23f1]")  # ✅ ❌ ✏️ 💥 ⏱️
+CHECK_HEADLINE = re.compile(r"Exercise \d+\.\d+: .*? (?P<points>\d+/\d+) points "
+                            r"\((?P<verdict>[a-z ]+)\)")
 VERDICTS = ("passed", "failed", "not implemented")  # error, timeout: the check itself broke
 
 
@@ -173,7 +175,7 @@ def drive_lesson(lab, browser, notebook: Path, relative: str, artifacts: Path = 
             wait_until(lambda: drawn.evaluate("i => i.complete && i.naturalWidth > 0"), 20,
                        "the new figure's image to decode")
             lab_page.wait_kernel_idle(timeout=60)
-            readout = slider.locator(".widget-readout").inner_text().strip()
+            readout = (slider.locator(".widget-readout").text_content() or "").strip()
             assert readout == f"{after:g}", f"the slider reads {readout!r}, not {after:g}"
             lab_page.shot(explorer, "03-explorer-after")
 
@@ -182,11 +184,13 @@ def drive_lesson(lab, browser, notebook: Path, relative: str, artifacts: Path = 
                 has_text=CHECK_ICONS)
             card = cards.first
             card.wait_for(state="attached", timeout=30_000)
-            text = card.inner_text()
-            headline = text.strip().splitlines()[0]
-            verdict = next((v for v in VERDICTS if f"({v})" in headline), None)
-            assert verdict, f"the check shows no verdict among {VERDICTS}: {text[:600]!r}"
-            seen["check"] = headline
+            card.scroll_into_view_if_needed(timeout=10_000)
+            text = " ".join((card.text_content() or "").split())
+            headline = CHECK_HEADLINE.search(text)
+            assert headline, f"the check card has no 'Exercise ... points (verdict)': {text[:600]!r}"
+            assert headline["verdict"] in VERDICTS, \
+                f"the check itself did not work ({headline['verdict']}): {text[:1500]!r}"
+            seen["check"] = headline[0]
             lab_page.shot(card, "04-check-result")
 
         seen["screenshots"] = [str(path) for path in lab_page.saved]

@@ -86,7 +86,8 @@ def test_select_reads_ids_and_lessons() -> None:
 
 def test_stub_line_counts_are_the_solution_lines() -> None:
     text = (SOLUTIONS / "ex02_parameter_server.py").read_text()
-    parts = {p.exercise.id: p.n_lines for p in generate.find_parts(text, "ex02_parameter_server.py")}
+    found = generate.find_parts(text, "ex02_parameter_server.py")
+    parts = {p.exercise.id: p.n_lines for p in found}
     assert parts == {"2.1": 2, "2.2": 9}
 
 

@@ -79,7 +79,7 @@ def main(conn: Any, request: dict) -> None:
 
 
 def _isolate(request: dict) -> None:
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, AttributeError):
         os.setsid()  # lead a process group: the parent stops it and its children at once
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -90,7 +90,8 @@ def _isolate(request: dict) -> None:
     os.environ["MPLBACKEND"] = "Agg"
     torch.set_num_threads(1)
     _limit_memory(request["memory_bytes"])
-    signal.signal(signal.SIGALRM, _on_alarm)
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, _on_alarm)
 
 
 def _limit_memory(extra_bytes: int) -> None:
@@ -115,6 +116,10 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def _alarm(seconds: float) -> Iterator[None]:
+    """A soft timeout (SIGALRM); where there is none, the parent's hard timeout remains."""
+    if not hasattr(signal, "setitimer"):
+        yield
+        return
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
     try:
         yield

@@ -9,10 +9,10 @@ In a solution module each graded part sits inside a function body between marker
         ### END SOLUTION
 
 and the generated exercise keeps everything else byte for byte, with the marked lines
-replaced by::
+replaced by these two (indented as the markers were)::
 
-        # Exercise 1.3 (about 14 lines). Hint: <the registry's hint>
-        raise NotImplementedError("Exercise 1.3: ring_all_reduce (notebooks/01_communication.ipynb)")
+    # Exercise 1.3 (about 14 lines). Hint: <the registry's hint>
+    raise NotImplementedError("Exercise 1.3: ring_all_reduce (notebooks/01_communication.ipynb)")
 
 "About k lines" counts the solution's lines that are neither blank nor comments. The id after
 ``BEGIN SOLUTION`` names the exercise in ``registry.EXERCISES``, which gives the function,

@@ -11,6 +11,7 @@ grading changes no file.
 from __future__ import annotations
 
 import csv
+import html
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +49,8 @@ def find_submissions(directory: Path) -> list[tuple[str, Path | None]]:
     if not directory.is_dir():
         raise ValueError(f"{directory} is not a folder of submissions")
     found = []
-    for sub in sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    folders = [p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    for sub in sorted(folders):
         if (sub / "exercises").is_dir():
             found.append((sub.name, sub / "exercises"))
         elif any(sub.glob("ex[0-9][0-9]_*.py")):
@@ -101,11 +103,11 @@ def html_report(graded: list[Graded]) -> str:
         points = {r.id: r for r in g.results}
         cells = "".join(f"<td title='{points[i].status}'>{points[i].points}</td>"
                         if i in points else "<td></td>" for i in ids)
-        rows.append(f"<tr><td>{g.learner}</td>{cells}<td><b>{g.score}/{g.max_score}</b></td>"
-                    "</tr>")
+        rows.append(f"<tr><td>{html.escape(g.learner)}</td>{cells}"
+                    f"<td><b>{g.score}/{g.max_score}</b></td></tr>")
     body = [f"<h2>Grades</h2><table border='1' cellspacing='0' cellpadding='3'><tr><th>learner"
             f"</th>{head}<th>total</th></tr>{''.join(rows)}</table>"]
     for g in graded:
-        body.append(f"<h3>{g.learner}: {g.score}/{g.max_score}</h3>")
+        body.append(f"<h3>{html.escape(g.learner)}: {g.score}/{g.max_score}</h3>")
         body += [exercise_html(r) for r in g.results if not r.passed]
     return html_page("".join(body), "mpgpu-edu grades")

@@ -108,6 +108,8 @@ class ExerciseResult:
         if not self.passed and self.file:
             lines.append(f"  Your code: {self.file}, def {self.function}; "
                          f"lesson: {self.notebook}")
+        if self.ran_in != "a separate process":
+            lines.append(f"  Checked in {self.ran_in}.")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -96,12 +96,21 @@ def _context(figures: bool = False) -> Any:
     global _CONTEXT  # one server per grading process, started on first use
     if _CONTEXT is None:
         methods = multiprocessing.get_all_start_methods()
-        if "forkserver" in methods:
-            _CONTEXT = multiprocessing.get_context("forkserver")
-            _CONTEXT.set_forkserver_preload(PRELOAD + (FIGURE_PRELOAD if figures else []))
-        else:
-            _CONTEXT = multiprocessing.get_context("spawn")
+        forkserver = "forkserver" in methods
+        _CONTEXT = multiprocessing.get_context("forkserver" if forkserver else "spawn")
+    if _CONTEXT.get_start_method() == "forkserver":
+        _add_preload(_CONTEXT, PRELOAD + (FIGURE_PRELOAD if figures else []))
     return _CONTEXT
+
+
+def _add_preload(ctx: Any, modules: list[str]) -> None:
+    """Add ``modules`` to what the fork server imports when it starts. The server is shared
+    by the whole process (``mpgpu_edu.comm.pool`` uses it too), so keep what others asked
+    for; once it runs, this changes nothing."""
+    from multiprocessing import forkserver
+
+    current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", []))
+    ctx.set_forkserver_preload(current + [m for m in modules if m not in current])
 
 
 def run_exercise(exercise_id: str, file: Path, function: str | None = None, *,
@@ -150,9 +159,7 @@ def _session(state: _State, request: dict, limits: Limits) -> None:
     remaining = (limits.timeout_s if state.budget_end is None
                  else state.budget_end - time.monotonic())
     child_request = dict(request, start=state.next_index, budget_s=max(remaining, 0.1))
-    from mpgpu_edu.grading import _child
-
-    process = ctx.Process(target=_child.main, args=(writer, child_request), daemon=True)
+    process = ctx.Process(target=_child_main, args=(writer, child_request), daemon=True)
     with _without_main():
         process.start()  # the first start waits for the server to import torch: not counted
     writer.close()
@@ -163,6 +170,14 @@ def _session(state: _State, request: dict, limits: Limits) -> None:
     finally:
         reader.close()
         _stop(process)
+
+
+def _child_main(conn: Any, request: dict) -> None:
+    """The child's entry point; ``_child`` (torch, the checks) is imported in the child only,
+    never in the process that runs the grader."""
+    from mpgpu_edu.grading._child import main
+
+    main(conn, request)
 
 
 _START_LOCK = threading.Lock()
@@ -281,7 +296,7 @@ def _stop(process: Any) -> None:
     if process.is_alive() and process.pid is not None:
         try:
             os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
+        except (OSError, AttributeError):  # gone already, or no process groups here
             process.kill()
         process.join(5.0)
 

@@ -7,12 +7,15 @@ refinements hide.
   or of a DDP step function on meta tensors (shapes without data), with parameters,
   gradients, optimizer state, activations and buckets recorded in the memory ledger.
 - ``deep``: a workload of many small layers, where buckets and overlap show.
-- ``exposed_comm_seconds``: communication that the compute stream did not hide.
+- ``hidden_comm_seconds``: communication that ran under compute, costing no time.
+- ``run_training``: real DDP training with every tensor in the memory ledger.
+- ``run_scaling_study``: ``dp.scaling.scaling_study``, the step time on 1 .. 8 devices.
 - ``plot_loss_curves``: lesson 02's loss figure.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -20,17 +23,20 @@ import torch
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
-from mpgpu_edu.data import DEMO_BATCH, DEMO_SIZES, Workload, make_batch, make_mlp, shard
+from mpgpu_edu.data import (DEMO_BATCH, DEMO_SIZES, Workload, make_batch, make_batches,
+                            make_mlp, shard)
 from mpgpu_edu.dp.dataparallel import dataparallel_step
-from mpgpu_edu.dp.ddp import StepFn, forward_backward, optimizer_step
+from mpgpu_edu.dp.ddp import (StepFn, ddp_step_overlapped, forward_backward, optimizer_step,
+                              train_ddp)
+from mpgpu_edu.dp.scaling import PRESETS, WORLD_SIZES, scaling_study
 from mpgpu_edu.lessons.l01 import first_devices
 from mpgpu_edu.lessons.l02 import one_torch_thread, plot_loss_curves
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.reference import make_optimizer
 from mpgpu_edu.trace import Trace
 
-__all__ = ["deep", "exposed_comm_seconds", "plot_loss_curves", "recipe_step", "run_recipe",
-           "run_step", "step_on_meta"]
+__all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "recipe_step", "run_recipe",
+           "run_scaling_study", "run_step", "run_training", "step_on_meta"]
 
 RECIPE_LR = 0.05
 
@@ -127,12 +133,34 @@ def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float
     return [(a, b) for a, b in out]
 
 
-def exposed_comm_seconds(trace: Trace, device: int) -> float:
-    """Seconds during which ``device`` communicated while its compute stream was idle: the
-    communication that adds to the step time. The rest ran under compute, hidden."""
+def hidden_comm_seconds(trace: Trace, device: int) -> float:
+    """Seconds during which ``device`` communicated *while* its compute stream was busy:
+    communication hidden under compute, which costs the step nothing."""
     compute = _merged([(e.start, e.end) for e in trace.on(device, "compute")])
-    exposed = 0.0
+    hidden = 0.0
     for start, end in _merged([(e.start, e.end) for e in trace.on(device, "comm")]):
-        covered = sum(max(0.0, min(end, b) - max(start, a)) for a, b in compute)
-        exposed += (end - start) - covered
-    return exposed
+        hidden += sum(max(0.0, min(end, b) - max(start, a)) for a, b in compute)
+    return hidden
+
+
+# ---- whole runs -------------------------------------------------------------------------------
+
+def run_training(cluster: Cluster | str, sizes: Sequence[int], batch: int, steps: int,
+                 optimizer: str = "adam", step_fn: StepFn = ddp_step_overlapped,
+                 lr: float = 1e-3) -> LaunchResult:
+    """Real DDP training (``dp.train_ddp``, real tensors) of ``make_mlp(sizes)`` for
+    ``steps`` steps of ``batch`` samples on every device of ``cluster``; each rank's ledger
+    records its parameters, gradients, optimizer state, activations and buckets."""
+    batches = make_batches(steps, batch, sizes[0], sizes[-1])
+    with one_torch_thread():
+        return launch(train_ddp, cluster, step_fn, functools.partial(make_mlp, sizes),
+                      batches, optimizer, lr)
+
+
+def run_scaling_study(workloads: Sequence[Workload] | None = None,
+                      presets: Sequence[str] = PRESETS,
+                      world_sizes: Sequence[int] = WORLD_SIZES) -> dict[str, dict[int, float]]:
+    """``dp.scaling.scaling_study`` (one overlapped DDP step per point, meta tensors):
+    ``{"light model, 8xRTX4090-pcie": {1: seconds, 2: ...}, ...}`` for ``plot_scaling``."""
+    with one_torch_thread():
+        return scaling_study(workloads, presets, world_sizes)

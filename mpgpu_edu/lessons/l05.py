@@ -115,39 +115,45 @@ def _matrix(ax: Axes, x: float, y: float, w: float, h: float, parts: int, along:
 
 
 def plot_linear_split(world_size: int = 4) -> Figure:
-    """``Y = X W^T`` split two ways, colour = the rank that holds a piece (grey: every rank
-    holds all of it). Column-parallel: rank r holds rows r of W (its output features) and
-    computes columns r of Y from the whole X. Row-parallel: rank r holds columns r of W (its
-    input features) and columns r of X, and computes a partial Y that must be summed."""
-    fig = new_figure(11, 3.6)
+    """``Y = X W^T`` split two ways, drawn as Megatron-LM draws it (``Y = X A``, ``A = W^T``,
+    in x out); colour = the rank that holds a piece, grey = every rank holds all of it.
+    Column-parallel: rank r holds columns r of W^T (rows r of ``nn.Linear``'s weight, its
+    output features) and computes columns r of Y from the whole X. Row-parallel: rank r holds
+    rows r of W^T (its input features) and columns r of X, and computes a partial Y that
+    must be summed."""
+    fig = new_figure(11, 3.0)
     left, right = fig.subplots(1, 2)
     ranks = list(range(world_size))
-    _matrix(left, 0, 0.6, 1.2, 1.6, world_size, "cols", "X (B x in)\nwhole on every rank")
-    left.text(1.45, 1.4, "x", ha="center", va="center", fontsize=FONT_SIZE + 2)
-    _matrix(left, 1.7, 0.8, 1.6, 1.2, world_size, "rows", "W (out x in):\nrank r holds rows r",
-            ranks)
-    left.text(3.55, 1.4, "=", ha="center", va="center", fontsize=FONT_SIZE + 2)
-    _matrix(left, 3.8, 0.6, 1.6, 1.6, world_size, "cols", "Y (B x out): rank r\ncomputes "
-            "columns r", ranks)
-    left.set_title("column-parallel (split the output features)\nf before it: identity "
-                   "forward, all-reduce of dX backward", loc="left", fontsize=FONT_SIZE)
-    _matrix(right, 0, 0.6, 1.6, 1.6, world_size, "cols", "X (B x in): rank r\nholds columns r",
-            ranks)
-    right.text(1.85, 1.4, "x", ha="center", va="center", fontsize=FONT_SIZE + 2)
-    _matrix(right, 2.1, 0.8, 1.6, 1.2, world_size, "cols", "W (out x in):\nrank r holds "
-            "columns r", ranks)
-    right.text(3.95, 1.4, "=", ha="center", va="center", fontsize=FONT_SIZE + 2)
-    for r in reversed(ranks):  # the partial outputs, stacked like cards
-        _box(right, 4.2 + 0.08 * r, 0.6 + 0.08 * r, 1.2, 1.4, series_color(r))
-    right.text(4.9, 0.48, f"{world_size} partial Y (B x out)\nsummed by an all-reduce",
-               ha="center", va="top", fontsize=FONT_SIZE - 1)
-    right.set_title("row-parallel (split the input features)\ng after it: all-reduce of Y "
-                    "forward, identity backward", loc="left", fontsize=FONT_SIZE)
-    for ax in (left, right):
-        ax.set_xlim(-0.1, 5.8)
-        ax.set_ylim(-0.15, 2.5)
+    batch, d_in, d_out = 1.3, 1.6, 1.2
+    for ax, column in ((left, True), (right, False)):
+        y0 = 0.75
+        _matrix(ax, 0, y0, d_in, batch, world_size, "cols",
+                "X (B x in)\nwhole on every rank" if column else "X (B x in): rank r\n"
+                "holds columns r", None if column else ranks)
+        ax.text(d_in + 0.22, y0 + batch / 2, "x", ha="center", va="center",
+                fontsize=FONT_SIZE + 2)
+        _matrix(ax, d_in + 0.45, y0 + batch - d_in, d_out, d_in, world_size,
+                "cols" if column else "rows",
+                "W.T (in x out): rank r\nholds columns r" if column else
+                "W.T (in x out): rank r\nholds rows r", ranks)
+        x_eq = d_in + d_out + 0.7
+        ax.text(x_eq, y0 + batch / 2, "=", ha="center", va="center", fontsize=FONT_SIZE + 2)
+        if column:
+            _matrix(ax, x_eq + 0.25, y0, d_out, batch, world_size, "cols",
+                    "Y (B x out): rank r\ncomputes columns r", ranks)
+        else:
+            for r in reversed(ranks):  # the partial outputs, stacked like cards
+                _box(ax, x_eq + 0.25 + 0.07 * r, y0 + 0.07 * r, d_out, batch, series_color(r))
+            ax.text(x_eq + 0.25 + d_out / 2, y0 - 0.12, f"{world_size} partial Y (B x out),"
+                    "\nsummed by an all-reduce", ha="center", va="top", fontsize=FONT_SIZE - 1)
+        ax.set_xlim(-0.1, x_eq + d_out + 0.6)
+        ax.set_ylim(y0 + batch - d_in - 0.6, y0 + batch + 0.3)
         ax.set_aspect("equal")
         ax.axis("off")
+    left.set_title("column-parallel: split the output features\nf before it: identity "
+                   "forward, all-reduce of dX backward", loc="left", fontsize=FONT_SIZE)
+    right.set_title("row-parallel: split the input features\ng after it: all-reduce of Y "
+                    "forward, identity backward", loc="left", fontsize=FONT_SIZE)
     return fig
 
 
@@ -159,7 +165,8 @@ def mlp_pass(comm: Communicator, tokens: int, d_model: int, naive: bool = False)
     with torch.device("meta"):
         mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model, dtype=torch.bfloat16), nn.GELU(),
                             nn.Linear(4 * d_model, d_model, dtype=torch.bfloat16))
-        model = naive_parallel_mlp(comm, mlp) if naive else ParallelMLP.from_mlp(comm, mlp)
+        split = naive_parallel_mlp(comm, mlp) if naive else ParallelMLP.from_mlp(comm, mlp)
+        model = split.to(torch.bfloat16)  # the split layers make their shards in fp32
         x = torch.empty(tokens, d_model, dtype=torch.bfloat16, requires_grad=True)
     with comm.compute("forward", "MLP"):
         y = model(x)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 
-# Imported for its side effect: in Jupyter it activates the inline backend, which is what
-# displays the plain ``Figure`` objects the figure functions return (exactly once per cell).
-import matplotlib.pyplot  # noqa: F401
+import matplotlib.pyplot  # noqa: F401  (in Jupyter: selects the inline backend)
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 import numpy as np
@@ -167,3 +165,21 @@ def bytes_axis(ax: Axes, top: float, *, label: str = "memory") -> None:
     ax.yaxis.set_major_locator(_ScaledLocator(size))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{y / size:g}"))
     ax.set_ylabel(f"{label} ({unit})")
+
+
+def _display_figures_as_png() -> None:
+    """In IPython, show a returned ``Figure`` as a PNG even before ``%matplotlib inline`` ran.
+    The figure functions return plain figures outside pyplot, so each shows exactly once."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import print_figure
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "display_formatter"):
+        return
+    png = shell.display_formatter.formatters["image/png"]
+    png.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+
+
+_display_figures_as_png()

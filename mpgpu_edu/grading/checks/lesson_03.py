@@ -1,5 +1,8 @@
 """Checks of lesson 03: gradient averaging, buckets, overlap with backward, Adam's memory.
 
+References: single-device training (averaging), ``mpgpu_edu.dp.make_buckets`` (buckets),
+``mpgpu_edu.memory.bytes_per_param`` and ``estimate_memory`` (memory).
+
 The oracle for averaging is single-device training: the mean of the ranks' gradients on
 equal slices of a batch is the gradient of the whole batch. Overlap is read off the
 simulator's timeline: communication must run while backward is still computing.
@@ -16,6 +19,7 @@ from torch import nn
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
+from mpgpu_edu.dp import make_buckets
 from mpgpu_edu.grading.checks import Case, CheckFailure, Evidence
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, property_check,
                                                run_spmd, showing, uniform)
@@ -121,16 +125,10 @@ def _averaging_property(impl: Impl) -> None:
 # ---- 3.2 buckets ------------------------------------------------------------------------------
 
 def _reference_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    filled = 0
-    for index in reversed(range(len(sizes))):
-        if current and filled + sizes[index] > bucket_bytes:
-            buckets.append(current)
-            current, filled = [], 0
-        current.append(index)
-        filled += sizes[index]
-    return buckets + ([current] if current else [])
+    """The package's ``make_buckets``, on byte-sized meta tensors, as parameter indices."""
+    params = [torch.empty(size, dtype=torch.uint8, device="meta") for size in sizes]
+    index = {id(p): i for i, p in enumerate(params)}
+    return [[index[id(p)] for p in bucket] for bucket in make_buckets(params, bucket_bytes)]
 
 
 def _buckets_agree(impl: Impl, sizes: list[int], bucket_bytes: int) -> None:

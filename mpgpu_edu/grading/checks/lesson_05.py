@@ -1,8 +1,9 @@
 """Checks of lesson 05: column-parallel linear, ZeRO-1 Adam, the DP x PP mesh.
 
 Oracles: ``torch.nn.functional.linear`` on the whole weight, ``torch.optim.Adam`` on the
-whole parameter vector with the mean gradient. Structure: FLOPs per rank from the
-simulator's compute events (1/N of the layer), bytes per rank, optimizer state per rank.
+whole parameter vector with the mean gradient, ``mpgpu_edu.hybrid.Mesh`` for the groups.
+Structure: FLOPs per rank from the simulator's compute events (1/N of the layer), bytes per
+rank, optimizer state per rank.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from mpgpu_edu.grading.checks import Case, CheckFailure
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, property_check,
                                                run_spmd, uniform)
+from mpgpu_edu.hybrid import Mesh
 
 Impl = Callable[..., Any]
 
@@ -83,7 +85,7 @@ def _column_property(impl: Impl) -> None:
                    d_in=st.integers(1, 5), k=st.integers(1, 3), bias=st.booleans())
 
 
-# ---- 5.2 ZeRO-1 -----------------------------------------------------------------------------------
+# ---- 5.2 ZeRO-1 ----------------------------------------------------------------------------------
 
 LR = 0.01
 
@@ -147,12 +149,12 @@ def _zero1_property(impl: Impl) -> None:
                    steps=st.integers(1, 3))
 
 
-# ---- 5.3 the mesh ---------------------------------------------------------------------------------
+# ---- 5.3 the mesh --------------------------------------------------------------------------------
 
 def _reference_groups(world_size: int, pp_size: int) -> tuple[list, list]:
-    replicas = world_size // pp_size
-    return ([[d * pp_size + s for s in range(pp_size)] for d in range(replicas)],
-            [[d * pp_size + s for d in range(replicas)] for s in range(pp_size)])
+    mesh = Mesh(world_size // pp_size, pp_size)
+    return ([mesh.replica_ranks(d) for d in range(mesh.dp)],
+            [mesh.stage_ranks(s) for s in range(mesh.pp)])
 
 
 def _groups_agree(impl: Impl, world_size: int, pp_size: int) -> None:

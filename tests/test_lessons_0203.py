@@ -1,0 +1,137 @@
+"""Lessons 02 and 03's demos: the parameter server's link, staleness, the data-parallel
+recipe, DataParallel's device 0, overlap, and the memory ledger against the estimate."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from mpgpu_edu import dp, ps
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.data import Workload
+from mpgpu_edu.lessons import l02, l03
+from mpgpu_edu.memory import estimate_memory
+from mpgpu_edu.trace import Event, Trace
+
+SMALL = Workload("small", (64, 128, 64), 64)  # big enough for bytes to dominate alpha
+
+
+# ---- lesson 02 ---------------------------------------------------------------------------------
+
+def test_one_torch_thread_restores_the_count() -> None:
+    before = torch.get_num_threads()
+    with l02.one_torch_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_link_seconds_merges_overlapping_messages_and_checks_the_kind() -> None:
+    trace = Trace(2, [Event(1, "comm", "recv", 0.0, 2.0), Event(1, "comm", "recv", 1.0, 3.0),
+                      Event(1, "comm", "recv", 5.0, 6.0), Event(1, "comm", "send", 0.0, 9.0)])
+    assert l02.link_seconds(trace, 1, "recv") == pytest.approx(4.0)
+    assert l02.link_seconds(trace, 1, "send") == pytest.approx(9.0)
+    with pytest.raises(ValueError, match="recv"):
+        l02.link_seconds(trace, 1, "compute")
+
+
+def test_server_receive_time_grows_with_the_workers_as_the_closed_form() -> None:
+    route = Cluster.preset("8xA100-nvlink").route(0, 1)
+    nbytes = 4 * SMALL.n_params
+    for n in (2, 4):
+        run = l02.run_ps_step(SMALL, "8xA100-nvlink", n)
+        receiving = l02.link_seconds(run.trace, n - 1, "recv")
+        assert receiving == pytest.approx((n - 1) * (route.alpha_s + nbytes / route.beta_Bps))
+        assert run.bytes_received_per_rank[n - 1] == (n - 1) * nbytes
+
+
+def test_sharded_servers_each_receive_a_share() -> None:
+    run = l02.run_ps_step(SMALL, "8xA100-nvlink", 6, n_servers=2)
+    nbytes = 4 * SMALL.n_params
+    for server in ps.servers_of(6, 2):
+        assert run.bytes_received_per_rank[server] == 4 * nbytes // 2
+    with pytest.raises(ValueError, match="one worker"):
+        l02.run_ps_step(SMALL, "8xA100-nvlink", 2, n_servers=2)
+
+
+def test_sync_with_stragglers_waits_for_the_slowest_worker() -> None:
+    run = l02.run_sync("8xA100-nvlink", [1e-3, 3e-3], steps=2, server_seconds=1e-4)
+    assert run.trace.makespan > 2 * (3e-3 + 1e-4)
+    assert run.trace.idle_fraction(0) > 0.5 > run.trace.idle_fraction(1)
+    with pytest.raises(Exception, match="times"):
+        l02.run_sync("8xA100-nvlink", [1e-3], steps=1).results  # noqa: B018
+
+
+def test_async_run_has_one_time_per_update_and_honours_the_bound() -> None:
+    run = l02.run_async("8xA100-nvlink", 1, 12, worker_seconds=[1e-3, 1.5e-3, 2e-3])
+    times = l02.update_times(run)
+    assert len(times) == len(run.losses) == 12
+    assert times == sorted(times) and times[-1] == pytest.approx(run.seconds)
+    assert max(run.staleness) <= 1
+
+
+def test_loss_curves_draw_one_line_per_run_in_each_panel() -> None:
+    fig = l02.plot_loss_curves({"a": [1.0, 0.5, 0.2], "b": [1.0, 0.6, 0.3]},
+                               times={"a": [0.1, 0.2, 0.3], "b": [0.2, 0.4, 0.6]}, title="t")
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    assert all(len(ax.get_lines()) == 2 for ax in fig.axes)
+    assert fig.axes[0].get_yscale() == "log"
+    single = l02.plot_loss_curves({"a": [1.0, 0.5]}, log=False)
+    assert len(single.axes) == 1 and single.axes[0].get_yscale() == "linear"
+
+
+# ---- lesson 03 ---------------------------------------------------------------------------------
+
+def test_recipe_leaves_identical_replicas_after_different_shards() -> None:
+    run = l03.run_recipe(3)
+    seen = run.results
+    assert [s["samples"] for s in seen] == [(0, 8), (8, 16), (16, 24)]
+    assert len({round(s["grad_norm_local"], 6) for s in seen}) == 3
+    assert len({round(s["grad_norm_mean"], 9) for s in seen}) == 1
+    assert all(torch.equal(s["params"], seen[0]["params"]) for s in seen)
+
+
+def test_dataparallel_keeps_the_optimizer_state_on_device_0_only() -> None:
+    run = l03.run_step(SMALL, 3, None, steps=2)
+    main, other = (run.trace.peak_memory_by_category(d) for d in (0, 1))
+    assert main["optimizer"] >= 2 * 4 * SMALL.n_params and other["optimizer"] == 0
+    assert run.bytes_sent_per_rank[0] > 2 * run.bytes_sent_per_rank[1]
+    ddp = l03.run_step(SMALL, 3, dp.ddp_step_bucketed, steps=2)
+    peaks = [ddp.trace.peak_memory_by_category(d) for d in range(3)]
+    assert all(p == peaks[0] for p in peaks) and peaks[0]["optimizer"] == main["optimizer"]
+
+
+def test_deep_workload_has_many_small_tensors() -> None:
+    model = l03.deep(64).model("meta")
+    assert len(list(model.parameters())) == 48
+    assert l03.deep().n_params == sum(p.numel() for p in model.parameters())
+
+
+def test_only_the_overlapped_step_communicates_under_backward() -> None:
+    cluster = Cluster.preset("4xRTX4090-pcie")
+    workload = l03.deep(4096)
+    bucketed = l03.run_step(workload, cluster, dp.ddp_step_bucketed, optimizer="sgd")
+    overlapped = l03.run_step(workload, cluster, functools.partial(
+        dp.ddp_step_overlapped, bucket_bytes=4 * 2**20), optimizer="sgd")
+    assert l03.hidden_comm_seconds(bucketed.trace, 0) == 0.0
+    assert l03.hidden_comm_seconds(overlapped.trace, 0) > 0.0
+    assert overlapped.trace.makespan < bucketed.trace.makespan
+
+
+def test_measured_ledger_matches_sixteen_bytes_per_parameter() -> None:
+    sizes = (16, 32, 8)
+    run = l03.run_training(2, sizes, batch=16, steps=2, optimizer="adam")
+    peak = run.trace.peak_memory_by_category(0)
+    n = Workload("m", sizes, 16).n_params
+    estimate = estimate_memory(n, "adam", "fp32", "dp", 2, peak["activations"])
+    for category in ("parameters", "gradients", "activations"):
+        assert peak[category] == estimate.per_device[category]
+    assert peak["optimizer"] == estimate.per_device["optimizer"] + 4 * 4  # 4 step counters
+
+
+def test_scaling_study_wrapper_returns_plot_ready_series() -> None:
+    times = l03.run_scaling_study([SMALL], presets=["8xH100-nvswitch"], world_sizes=[1, 2])
+    assert list(times) == ["small model, 8xH100-nvswitch"]
+    assert set(times["small model, 8xH100-nvswitch"]) == {1, 2}
