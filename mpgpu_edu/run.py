@@ -62,7 +62,22 @@ def _numel_argument(options: argparse.Namespace) -> tuple[tuple, dict]:
     return (), {"numel": options.numel}
 
 
+def _train_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=5, help="training steps")
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+
+
+def _train_arguments(options: argparse.Namespace) -> tuple[tuple, dict]:
+    return (), {"steps": options.steps, "optimizer": options.optimizer}
+
+
 ENTRIES: dict[str, Entry] = {
+    "ddp": Entry("mpgpu_edu.dp:train_demo",
+                 "DDP (overlapped buckets) on the demo MLP, checked against one device",
+                 _train_options, _train_arguments),
+    "ps": Entry("mpgpu_edu.ps:train_demo",
+                "parameter server (the last rank serves) on the demo MLP, checked against one "
+                "device", _train_options, _train_arguments),
     "allreduce": Entry("mpgpu_edu.run:allreduce_check",
                        "ring all-reduce (mpgpu_edu.collectives) checked against the exact sum",
                        _numel_option, _numel_argument),

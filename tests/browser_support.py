@@ -83,6 +83,9 @@ LAB_SETTINGS = {
 # The notebook's toolbar shows the kernel's state here: idle, busy, starting, ...
 KERNEL_INDICATOR = ".jp-NotebookPanel .jp-Notebook-ExecutionIndicator"
 RENDERED_HTML = ".jp-OutputArea-output.jp-RenderedHTMLCommon"
+# Tracebacks and other stderr text.
+STDERR_OUTPUT = ('.jp-NotebookPanel .jp-OutputArea-output'
+                 '[data-mime-type="application/vnd.jupyter.stderr"]')
 # An ipywidgets 8 IntSlider / FloatSlider; its handle is a noUiSlider handle.
 SLIDER = ".jupyter-widgets.widget-slider"
 SLIDER_HANDLE = ".noUi-handle"
@@ -382,10 +385,9 @@ class LabPage:
 
     def error_outputs(self) -> list[str]:
         """The text of every traceback shown in the notebook."""
-        return self.page.evaluate("""() => [...document.querySelectorAll(
-                '.jp-NotebookPanel .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
-            .map(o => o.innerText).filter(t => /Traceback|Error/.test(t))
-            .map(t => t.slice(-1500))""")
+        return self.page.evaluate("""selector => [...document.querySelectorAll(selector)]
+            .map(o => o.textContent).filter(t => /Traceback|Error/.test(t))
+            .map(t => t.slice(-1500))""", STDERR_OUTPUT)
 
     def wait_all_cells_done(self, expected: list[int], timeout: float = 180.0) -> list[str]:
         """Until every code cell whose index is in ``expected`` (positions among the code
@@ -406,16 +408,13 @@ class LabPage:
             if not running and numbered and missing and idle and \
                     time.monotonic() - started > 5:
                 errors = "\n---\n".join(self.error_outputs()) or "(no traceback shown)"
-                raise AssertionError(f"run-all stopped: code cells {missing} never ran "
+                raise AssertionError(f"run-all stopped: code cells {missing} (counting code "
+                                     f"cells only, from 0) never ran "
                                      f"(prompts {prompts}); errors shown:\n{errors}")
             time.sleep(0.5)
         raise TimeoutError(f"cells still running after {timeout:.0f} s; prompts: {prompts}, "
                            f"kernel {self.kernel_status()!r}")
 
-    # -- outputs and widgets -------------------------------------------------------------
-
-    def code_cell(self, index: int) -> Any:
-        return self.page.locator(".jp-NotebookPanel .jp-Notebook .jp-CodeCell").nth(index)
 
 
 def image_src(img: Any) -> str:

@@ -113,3 +113,14 @@ def test_generate_writes_only_what_differs(tmp_path: Path) -> None:
     assert generate.generate(SOLUTIONS, out) == []
     (out / "ex00_devices.py").write_text("# edited\n")
     assert generate.outdated(SOLUTIONS, out) == ["ex00_devices.py"]
+
+
+@pytest.mark.parametrize("module", sorted({e.module for e in EXERCISES.values()}))
+def test_the_docstring_examples_hold_for_the_solutions(module: str) -> None:
+    import doctest
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"solved_{module}", SOLUTIONS / f"{module}.py")
+    solved = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(solved)
+    assert doctest.testmod(solved).failed == 0

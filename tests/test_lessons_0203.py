@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from mpgpu_edu import dp, ps
 from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.comm import RankError, launch
 from mpgpu_edu.data import Workload
 from mpgpu_edu.lessons import l02, l03
 from mpgpu_edu.memory import estimate_memory
@@ -37,13 +38,15 @@ def test_link_seconds_merges_overlapping_messages_and_checks_the_kind() -> None:
         l02.link_seconds(trace, 1, "compute")
 
 
-def test_server_receive_time_grows_with_the_workers_as_the_closed_form() -> None:
+def test_server_receive_time_grows_with_the_workers() -> None:
     route = Cluster.preset("8xA100-nvlink").route(0, 1)
     nbytes = 4 * SMALL.n_params
     for n in (2, 4):
         run = l02.run_ps_step(SMALL, "8xA100-nvlink", n)
         receiving = l02.link_seconds(run.trace, n - 1, "recv")
-        assert receiving == pytest.approx((n - 1) * (route.alpha_s + nbytes / route.beta_Bps))
+        # The gradients arrive together and queue on the server's port, back to back; only
+        # the bytes hold the port, so the latency is paid once.
+        assert receiving == pytest.approx(route.alpha_s + (n - 1) * nbytes / route.beta_Bps)
         assert run.bytes_received_per_rank[n - 1] == (n - 1) * nbytes
 
 
@@ -60,8 +63,8 @@ def test_sync_with_stragglers_waits_for_the_slowest_worker() -> None:
     run = l02.run_sync("8xA100-nvlink", [1e-3, 3e-3], steps=2, server_seconds=1e-4)
     assert run.trace.makespan > 2 * (3e-3 + 1e-4)
     assert run.trace.idle_fraction(0) > 0.5 > run.trace.idle_fraction(1)
-    with pytest.raises(Exception, match="times"):
-        l02.run_sync("8xA100-nvlink", [1e-3], steps=1).results  # noqa: B018
+    with pytest.raises(RankError, match="2 workers need 2 times"):
+        launch(l02.sync_with_stragglers, 3, [1e-3], 10, 1)
 
 
 def test_async_run_has_one_time_per_update_and_honours_the_bound() -> None:

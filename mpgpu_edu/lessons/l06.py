@@ -1,0 +1,385 @@
+"""Lesson 06's demos: the comparison table of the four strategies, and programs that go wrong.
+
+The table (``strategy_rows``, ``comparison_html``, ``plot_comparison``): data, pipeline,
+tensor and hybrid parallelism for one model on one cluster, with memory per device from
+``mpgpu_edu.memory`` and communication per device from the closed forms of
+``mpgpu_edu.collectives.cost``. Every strategy processes the same global batch per step in
+microbatches of the same size, with mixed-precision Adam (bf16 activations and gradients).
+
+- data parallel: N replicas, B/N sequences each; a ring all-reduce of the bf16 gradients.
+- pipeline (1F1B): N stages, M microbatches; each middle stage sends M activations forward
+  and M gradients back; stage 0 holds min(N, M) microbatches of its layers' activations.
+- tensor (Megatron): every layer split N ways; per microbatch and layer two all-reduces
+  forward (g) and two backward (f) of the layer's activations. Activations per layer
+  s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes (Korthikanti et al. 2022, table 2, no sequence
+  parallelism).
+- hybrid (DP x PP): ``hybrid_dp`` replicas of an N / hybrid_dp stage pipeline.
+
+Times are on the cluster's link between devices 0 and 1, every device with its own port (a
+shared PCIe bridge is slower still, lesson 01), and nothing overlapped with compute.
+
+The programs that go wrong, all SPMD and importable (gloo workers import them by name):
+``both_send_first`` (deadlocks), ``straggler`` (logs; one slow rank), ``bad_shard`` (one rank
+raises), ``forgot_to_send`` (a rank waits forever). Worker processes import this module to
+run them, so matplotlib (seconds to import) is imported only inside the functions that draw.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.collectives import all_reduce
+from mpgpu_edu.collectives.cost import (message_time, ring_allreduce_bytes_sent,
+                                        ring_allreduce_time)
+from mpgpu_edu.comm import Communicator
+from mpgpu_edu.memory import activation_bytes, estimate_memory, get_preset, spec_params
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+BF16 = 2
+
+# What the numbers cannot say: when each strategy is the right tool (the seed's four criteria).
+QUALITIES: dict[str, dict[str, str]] = {
+    "data parallel": {
+        "splits": "the batch: every device a full replica",
+        "model size": "must fit on one device (ZeRO shards its optimizer state)",
+        "data size": "more data, more replicas: scales almost linearly",
+        "hardware": "any; one all-reduce per step, overlapped with the backward",
+        "development cost": "low: wrap the model in DDP"},
+    "pipeline parallel": {
+        "splits": "the layers into stages, one per device",
+        "model size": "up to N devices' memory",
+        "data size": "needs many microbatches per step to hide the bubble",
+        "hardware": "modest: one activation per microbatch at each cut; across machines",
+        "development cost": "medium: balance the stages, pick a schedule"},
+    "tensor parallel": {
+        "splits": "every layer's matrices",
+        "model size": "up to N devices' memory, activations split too",
+        "data size": "any batch size",
+        "hardware": "NVLink / NVSwitch: all-reduces inside every layer; one machine",
+        "development cost": "high: rewrite every layer (Megatron's f and g)"},
+    "hybrid DP x PP": {
+        "splits": "both: replicas of a pipeline",
+        "model size": "the largest: stages per replica, replicas for throughput",
+        "data size": "large: replicas and microbatches",
+        "hardware": "fast links inside a group, slower between groups",
+        "development cost": "highest: two kinds of groups to set up and tune"},
+}
+COLUMNS = ("splits", "model size", "data size", "hardware", "development cost")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One training job: a model preset, a cluster preset, the global batch per step
+    (sequences of ``seq`` tokens), microbatches per step and the hybrid's replicas."""
+
+    model: str = "llama-7b"
+    cluster: str = "8xA100-nvlink"
+    batch: int = 32
+    seq: int = 1024
+    microbatches: int = 8
+    hybrid_dp: int = 2
+
+
+@dataclass(frozen=True)
+class Row:
+    """One strategy in numbers: bytes per device by category, bytes each device sends per
+    step, their time on the wire, and the pipeline bubble (idle / total)."""
+
+    name: str
+    per_device: dict[str, int]
+    capacity: int
+    comm_bytes: float
+    comm_seconds: float
+    bubble: float
+
+    @property
+    def memory(self) -> int:
+        return sum(self.per_device.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.memory <= self.capacity
+
+
+def _tensor_activations(setting: Setting, b: int, t: int) -> int:
+    spec = get_preset(setting.model)
+    s, h, a = setting.seq, spec.d_model, spec.n_heads
+    per_layer = s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t
+    return int(spec.n_layers * per_layer)
+
+
+def strategy_rows(setting: Setting) -> list[Row]:
+    """Memory per device and communication per device per step of the four strategies
+    (see the module's docstring for what each assumes)."""
+    cluster = Cluster.preset(setting.cluster)
+    n, route, m = cluster.world_size, cluster.route(0, 1), setting.microbatches
+    alpha, beta, capacity = route.alpha_s, route.beta_Bps, cluster.capacity_bytes(0)
+    params, spec = spec_params(setting.model), get_preset(setting.model)
+    mb = setting.batch // m  # sequences per microbatch in the pipelines and tensor parallel
+    boundary = mb * setting.seq * spec.d_model * BF16  # one microbatch's activation at a cut
+
+    def memory(strategy: str, devices: int, activations: int) -> dict[str, int]:
+        return estimate_memory(params, "adam", "mixed", strategy, devices,
+                               activations).per_device
+
+    def pipe(stages: int, micro: int) -> tuple[int, float, float]:
+        act = min(stages, m) * activation_bytes(setting.model, micro, setting.seq) // stages
+        return act, 2 * m * micro * setting.seq * spec.d_model * BF16, (stages - 1) / (m + stages - 1)
+
+    rows = [Row("data parallel", memory("dp", n, activation_bytes(
+        setting.model, setting.batch // n, setting.seq)), capacity,
+        ring_allreduce_bytes_sent(n, BF16 * params),
+        ring_allreduce_time(n, BF16 * params, alpha, beta), 0.0)]
+    act, sent, bubble = pipe(n, mb)
+    rows.append(Row("pipeline parallel", memory("pipeline", n, act), capacity, sent,
+                    2 * m * message_time(boundary, alpha, beta), bubble))
+    calls = 4 * spec.n_layers * m  # all-reduces per step: 2 forward, 2 backward per layer
+    rows.append(Row("tensor parallel", memory("tensor", n, _tensor_activations(setting, mb, n)),
+                    capacity, calls * ring_allreduce_bytes_sent(n, boundary),
+                    calls * ring_allreduce_time(n, boundary, alpha, beta), 0.0))
+    dp = setting.hybrid_dp
+    pp = n // dp
+    hybrid_mb = setting.batch // dp // m
+    act, sent, bubble = pipe(pp, hybrid_mb)
+    stage_grads = BF16 * params / pp
+    hybrid_boundary = hybrid_mb * setting.seq * spec.d_model * BF16
+    rows.append(Row(f"hybrid DP x PP", memory("pipeline", pp, act), capacity,
+                    sent + ring_allreduce_bytes_sent(dp, stage_grads),
+                    2 * m * message_time(hybrid_boundary, alpha, beta)
+                    + ring_allreduce_time(dp, stage_grads, alpha, beta), bubble))
+    return rows
+
+
+def describe_setting(setting: Setting) -> str:
+    """The job in one paragraph: what every row of the table assumes."""
+    from mpgpu_edu.viz.devicemap import link_name
+
+    cluster = Cluster.preset(setting.cluster)
+    n, dp = cluster.world_size, setting.hybrid_dp
+    return (f"{setting.model} ({spec_params(setting.model) / 1e9:.2f} billion parameters), "
+            f"mixed-precision Adam, {setting.batch} sequences of {setting.seq} tokens per step, "
+            f"on {setting.cluster}: {n} x {cluster.gpu.display_name} "
+            f"({_bytes(cluster.capacity_bytes(0))} each), linked by "
+            f"{link_name(cluster.topology.links()[0].spec_name)} "
+            f"({cluster.route(0, 1).beta_Bps / 1e9:g} GB/s). Pipelines and tensor parallelism run "
+            f"{setting.microbatches} microbatches of {setting.batch // setting.microbatches} "
+            f"sequences; the hybrid is {dp} replicas x {n // dp} stages. The step's compute, "
+            f"6 FLOPs per parameter per token split over {n} devices, takes "
+            f"{_seconds(step_compute_seconds(setting))} per device.")
+
+
+def step_compute_seconds(setting: Setting) -> float:
+    """One step's training compute per device: 6 x parameters x tokens / N FLOPs in bf16 at
+    the cluster's efficiency (the same for every strategy; bubbles not counted)."""
+    cluster = Cluster.preset(setting.cluster)
+    flops = 6 * spec_params(setting.model) * setting.batch * setting.seq
+    return cluster.compute_seconds(flops / cluster.world_size, "bf16")
+
+
+def _bytes(nbytes: float) -> str:
+    from mpgpu_edu.viz.palette import format_bytes
+
+    return format_bytes(nbytes)
+
+
+def _seconds(seconds: float) -> str:
+    from mpgpu_edu.viz.palette import format_seconds
+
+    return format_seconds(seconds)
+
+
+def _memory_cell(row: Row) -> str:
+    mark = "fits" if row.fits else "does NOT fit"
+    return f"{_bytes(row.memory)} ({mark} in {_bytes(row.capacity)})"
+
+
+def _comm_cell(row: Row) -> str:
+    text = f"{_bytes(row.comm_bytes)}, {_seconds(row.comm_seconds)} on the wire"
+    return text + (f"; bubble {row.bubble:.0%}" if row.bubble else "")
+
+
+def comparison_html(rows: list[Row]) -> str:
+    """The table as HTML: a row per strategy, the qualities, then memory per device and
+    communication per device per step (a memory that does not fit in red)."""
+    from mpgpu_edu.viz.palette import WARNING_COLOR
+
+    head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in
+                   ("strategy", *COLUMNS, "memory per device", "communication per device, step"))
+    body = []
+    for row in rows:
+        cells = [f"<b>{html.escape(row.name)}</b>"]
+        cells += [html.escape(QUALITIES[row.name][c]) for c in COLUMNS]
+        color = "black" if row.fits else WARNING_COLOR
+        cells.append(f"<span style='color:{color}'>{html.escape(_memory_cell(row))}</span>")
+        cells.append(html.escape(_comm_cell(row)))
+        body.append("<tr>" + "".join(f"<td style='text-align:left;vertical-align:top'>{c}</td>"
+                                     for c in cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def comparison_text(rows: list[Row]) -> str:
+    """The numbers of the table as plain text, a line per strategy."""
+    return "\n".join(f"{row.name:18} memory {_memory_cell(row):32} sent {_comm_cell(row)}"
+                     for row in rows)
+
+
+def plot_comparison(rows: list[Row], title: str = "") -> Figure:
+    """Left: memory per device by category against the capacity. Right: bytes each device
+    sends per step (log scale), with their time on the wire."""
+    from mpgpu_edu.viz.memory import plot_memory_bars
+    from mpgpu_edu.viz.palette import FONT_SIZE, new_figure, series_color, style
+
+    fig = new_figure(12, 4.2)
+    left, right = fig.subplots(1, 2, width_ratios=[1.25, 1])
+    labels = [row.name.replace(" parallel", "\nparallel").replace(" DP", "\nDP") for row in rows]
+    plot_memory_bars({label: row.per_device for label, row in zip(labels, rows)},
+                     rows[0].capacity, ax=left, title="memory per device")
+    ys = range(len(rows))
+    right.barh(ys, [row.comm_bytes for row in rows], color=[series_color(i) for i in ys])
+    right.set_xscale("log", base=2)
+    for y, row in zip(ys, rows):
+        right.annotate(f" {_bytes(row.comm_bytes)}, {_seconds(row.comm_seconds)}",
+                       (row.comm_bytes, y), va="center", ha="left", fontsize=FONT_SIZE - 1)
+    right.set_yticks(list(ys), labels)
+    right.invert_yaxis()
+    low = min(r.comm_bytes for r in rows) / 4
+    high = max(r.comm_bytes for r in rows) * 16
+    right.set_xlim(low, high)
+    ticks = [2.0 ** k for k in range(0, 64, 2) if low <= 2.0 ** k <= high]
+    right.set_xticks(ticks, [_bytes(t) for t in ticks])
+    right.minorticks_off()
+    right.set_xlabel("bytes each device sends per step (log scale)")
+    right.set_title("communication per device per step,\nand its time on the wire", loc="left")
+    style(right, grid="x")
+    if title:
+        fig.suptitle(title, x=0.01, ha="left", fontsize=FONT_SIZE + 1)
+    return fig
+
+
+def memory_table(models: list[str], devices: int, gpus: list[str],
+                 strategies: tuple[str, ...] = ("single", "dp", "zero1", "zero2", "zero3")
+                 ) -> str:
+    """Per-device bytes of parameters, gradients and optimizer state (mixed-precision Adam,
+    before activations) of each model under each strategy over ``devices`` devices (``single``
+    on one), and whether that fits each GPU of ``gpus`` (keys of ``hardware.GPUS``)."""
+    from mpgpu_edu.hardware import GPUS
+
+    names = [GPUS[g].display_name.replace("NVIDIA ", "").replace("GeForce ", "") for g in gpus]
+    lines = [f"{'model':12} {'strategy':9} {'per device':>11}   "
+             + "   ".join(f"{name} ({_bytes(GPUS[g].memory_bytes)})" for name, g in
+                          zip(names, gpus))]
+    for model in models:
+        params = spec_params(model)
+        for strategy in strategies:
+            n = 1 if strategy == "single" else devices
+            held = estimate_memory(params, "adam", "mixed", strategy, n).per_device_total
+            fits = [("fits" if held <= GPUS[g].memory_bytes else "-").center(len(name) + 9)
+                    for name, g in zip(names, gpus)]
+            label = strategy if strategy == "single" else f"{strategy} x {n}"
+            lines.append(f"{model:12} {label:9} {_bytes(held):>11}   " + "   ".join(fits))
+    return "\n".join(lines)
+
+
+# ---- programs that go wrong ------------------------------------------------------------------
+
+def both_send_first(comm: Communicator) -> torch.Tensor:
+    """Two ranks swap a tensor, each with a blocking send first: each waits in ``send`` for
+    the other to receive, so neither ever does (a deadlock)."""
+    other = 1 - comm.rank
+    mine, theirs = torch.full((4,), float(comm.rank)), torch.empty(4)
+    comm.send(mine, other)
+    comm.recv(theirs, other)
+    return theirs
+
+
+_PENDING = re.compile(r"rank (\d+)[^:\n]*: (send to|recv from) rank (\d+)")
+_FINISHED = re.compile(r"rank (\d+): finished")
+
+
+def plot_wait_for(error: Exception | str) -> Figure:
+    """The ranks of a ``DeadlockError`` (or a timeout) around an ellipse, an arrow from each
+    blocked rank to the rank it waits for, labelled with what it waits in. A cycle of arrows
+    is a deadlock: nobody can move first."""
+    from matplotlib.patches import FancyArrowPatch
+
+    from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO, WARNING_COLOR, new_figure
+
+    waits = [(int(a), op, int(b)) for a, op, b in _PENDING.findall(str(error))]
+    finished = {int(r) for r in _FINISHED.findall(str(error))}
+    ranks = sorted({r for a, _, b in waits for r in (a, b)} | finished)
+    ax = new_figure(6.5, 3.8).add_subplot()
+    where = {}
+    for i, rank in enumerate(ranks):  # rank 0 on the left, then clockwise
+        angle = math.pi - 2 * math.pi * i / max(len(ranks), 1)
+        where[rank] = (1.7 * math.cos(angle), 1.0 * math.sin(angle))
+    for rank, (x, y) in where.items():
+        name = f"rank {rank}" + ("\n(finished)" if rank in finished else "")
+        ax.text(x, y, name, ha="center", va="center", fontsize=FONT_SIZE + 1,
+                bbox={"boxstyle": "round", "facecolor": "#EAF4FB",
+                      "edgecolor": OKABE_ITO["blue"]})
+    bend = -0.3  # ranks go clockwise: a negative bend bulges outwards
+    for a, op, b in waits:
+        (x0, y0), (x1, y1) = where[a], where[b]
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=16,
+                                     color=WARNING_COLOR, linewidth=1.6, shrinkA=26, shrinkB=26,
+                                     connectionstyle=f"arc3,rad={bend}"))
+        dx, dy = x1 - x0, y1 - y0  # the arc bulges towards (dy, -dx); its label goes further
+        length = math.hypot(dx, dy) or 1.0
+        out = math.copysign(abs(bend) * 0.5 + 0.28 / length, bend)
+        ax.text((x0 + x1) / 2 + out * dy, (y0 + y1) / 2 - out * dx,
+                f"rank {a} is blocked in\n{op} rank {b}", ha="center", va="center",
+                fontsize=FONT_SIZE - 1, color=WARNING_COLOR)
+    ax.set_xlim(-2.6, 2.6)
+    ax.set_ylim(-1.5, 1.5)
+    ax.axis("off")
+    stuck = any(b in finished for _, _, b in waits)
+    ax.set_title("who waits for whom: " + ("a rank waits for one that has finished" if stuck
+                                           else "a cycle, so nobody can move first"), loc="left")
+    return ax.figure
+
+
+def straggler(comm: Communicator, slow_rank: int, step_seconds: float = 0.02) -> float:
+    """One step on every rank: compute, then an all-reduce of a small result. ``slow_rank``
+    computes three times longer (a slower card, a busy data loader); everyone else waits for
+    it in the all-reduce. Each rank logs what it does. Returns the all-reduced sum."""
+    seconds = step_seconds * (3 if comm.rank == slow_rank else 1)
+    comm.log(f"start: my step will take {seconds * 1e3:.0f} ms")
+    with comm.compute("forward", "step", seconds=seconds):  # real processes sleep it out
+        result = torch.tensor([float(comm.rank)], device=comm.device)
+    comm.log("computed; entering the all-reduce")
+    all_reduce(comm, result)
+    comm.log(f"all-reduce done: sum of ranks = {result.item():g}")
+    return result.item()
+
+
+def bad_shard(comm: Communicator, bad_rank: int = 2) -> float:
+    """Every rank multiplies its data shard (4 samples x 8 features) by the same weights,
+    then all-reduces the result; ``bad_rank``'s shard has 7 features (a malformed file), so
+    its matmul raises and only that rank's traceback says why."""
+    features = 7 if comm.rank == bad_rank else 8
+    comm.log(f"loaded my shard: 4 samples x {features} features")
+    shard, weights = torch.ones(4, features), torch.ones(8, 2)
+    out = (shard @ weights).sum().reshape(1)
+    all_reduce(comm, out)
+    return out.item()
+
+
+def forgot_to_send(comm: Communicator) -> None:
+    """Rank 0 waits for a tensor from rank 1; rank 1 sends only ``if comm.rank == 2`` (a typo
+    for 1), so it finishes without sending and rank 0 waits forever."""
+    if comm.rank == 0:
+        comm.log("waiting for rank 1's tensor")
+        got = torch.empty(4)
+        comm.recv(got, 1)
+    elif comm.rank == 2:  # the bug: meant comm.rank == 1
+        comm.send(torch.ones(4), 0)
+    comm.log("done")
