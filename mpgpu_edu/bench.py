@@ -108,7 +108,7 @@ def _time_size(comm: Any, nbytes: int, repeats: int,
     tensor = torch.zeros(nbytes // FP32_BYTES, device=comm.device)
     ops = operations(algos, tensor.numel(), comm.world_size, comm.device)
     for name, op in ops.items():
-        _check_sum(comm, op, tensor, name)
+        check_sum(comm, op, tensor, name)
     tensor.zero_()
     for _ in range(WARMUP):
         for op in ops.values():
@@ -117,13 +117,14 @@ def _time_size(comm: Any, nbytes: int, repeats: int,
                                               "cpu": {name: [] for name in ops}}
     for r in range(repeats):
         for name in rotated(list(ops), r):
-            wall, cpu = _timed(comm, ops[name], tensor)
+            wall, cpu = timed(comm, ops[name], tensor)
             out["wall"][name].append(wall)
             out["cpu"][name].append(cpu)
     return out
 
 
-def _timed(comm: Any, op: Op, tensor: torch.Tensor) -> tuple[float, float]:
+def timed(comm: Any, op: Op, tensor: torch.Tensor) -> tuple[float, float]:
+    """After a barrier, ``op(comm, tensor)``'s (wall-clock, process CPU) seconds."""
     dist.barrier(group=comm.lanes.main)
     comm.sync()
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -132,7 +133,8 @@ def _timed(comm: Any, op: Op, tensor: torch.Tensor) -> tuple[float, float]:
     return time.perf_counter() - start, time.process_time() - cpu_start
 
 
-def _check_sum(comm: Any, op: Op, tensor: torch.Tensor, name: str) -> None:
+def check_sum(comm: Any, op: Op, tensor: torch.Tensor, name: str) -> None:
+    """Rank r fills ``tensor`` with r + 1; after ``op`` it must hold N (N + 1) / 2."""
     tensor.fill_(comm.rank + 1)
     op(comm, tensor)
     want = comm.world_size * (comm.world_size + 1) / 2

@@ -14,10 +14,21 @@ every size has the same say, so the small sizes pin alpha and the large ones pin
 other common recipe, alpha from the smallest sizes and beta from the slope of the largest,
 gives nearly the same numbers when the model fits, and ignores the middle when it does not.)
 
+Two messages at once. A ring step sends and receives at the same time, so the ranks also
+*exchange* a message of each size (both send at once, as ``ring_step``). Between processes
+on one machine both directions are copies made by the same few CPU cores: an exchange took
+2.2-2.4x as long as one message from 4 MiB up on a 2-core machine, where NVLink would take
+1x. So a gloo profile loads as a ``shared_host`` topology, in which every transfer holds one
+resource, the host's copy bandwidth; an nccl profile as a uniform one (a port per device).
+
+Checking the model. The same job also times our ring all-reduce and torch.distributed's, on
+all ranks, and every repeat runs all of it, messages and all-reduces, one after another: on a
+machine whose load changes from minute to minute, the calibration and the all-reduces it is
+checked against then see the same load. ``compare`` simulates the ring on the calibrated
+cluster and sets it beside both measurements.
+
 The profile is a JSON file (``save_profile``); ``load_calibrated(path)`` turns it into a
-``Cluster`` whose every pair of devices has the measured alpha and beta, so that
-``launch(fn, load_calibrated(path))`` predicts this machine. ``compare`` then simulates ring
-all-reduce on that cluster and measures it (``mpgpu_edu.bench``), per size.
+``Cluster``, so that ``launch(fn, load_calibrated(path))`` predicts this machine.
 """
 
 from __future__ import annotations
@@ -33,11 +44,12 @@ from typing import Any
 
 import torch
 
-from mpgpu_edu.cluster import Cluster, topology
+from mpgpu_edu.cluster import Cluster, LinkInfo, Route, topology
 from mpgpu_edu.hardware import GPUS
 
 FORMAT = "mpgpu-edu calibration 1"
-DEFAULT_SIZES = [0] + [4**k * 2**10 for k in range(9)]  # 0 B, 1 KiB, 4 KiB, ..., 64 MiB
+ALLREDUCE_SIZES = [4**k * 2**10 for k in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
+DEFAULT_SIZES = [0, *ALLREDUCE_SIZES]
 DEFAULT_REPEATS = 10
 WARMUP = 2
 
@@ -51,27 +63,60 @@ def default_profile_path() -> Path:
     return root / ".mpgpu" / "calibration.json"
 
 
-def ping_pong(comm: Any, sizes: list[int], repeats: int,
-              warmup: int = WARMUP) -> list[list[float]] | None:
-    """SPMD: rank 0 sends a message of each size to rank 1, which sends it back. Repeat r
-    bounces every size once, so a burst of load from another program hits all sizes alike.
-    Rank 0 returns the one-way seconds (round trip / 2) of every timed repeat, per size; the
-    other ranks return None (ranks above 1 only wait at the barrier)."""
-    messages = [torch.zeros(n, dtype=torch.uint8, device=comm.device) for n in sizes]
-    times: list[list[float]] = [[] for _ in sizes]
-    comm.barrier()
-    for r in range(warmup + repeats):
-        for message, one_way in zip(messages, times):
-            if comm.rank == 0:
-                start = time.perf_counter()
-                comm.send(message, 1)
-                comm.recv(message, 1)
-                if r >= warmup:
-                    one_way.append((time.perf_counter() - start) / 2)
-            elif comm.rank == 1:
-                comm.recv(message, 0)
-                comm.send(message, 0)
-    return times if comm.rank == 0 else None
+def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: int,
+            warmup: int = WARMUP) -> dict[str, list[list[float]]]:
+    """SPMD. Each repeat: for every size, ranks 0 and 1 ping-pong a message (one way = round
+    trip / 2) and then exchange one (both send at once); then every rank runs our ring
+    all-reduce and torch.distributed's on each of ``allreduce_sizes`` (fp32, bytes), in an
+    order that alternates. Returns this rank's seconds per size and repeat: ``one_way`` and
+    ``exchange`` (filled on rank 0 only), ``ring`` and ``builtin``."""
+    from mpgpu_edu.bench import builtin_all_reduce, check_sum, rotated, timed
+    from mpgpu_edu.collectives import all_reduce_ring
+
+    sends = [torch.zeros(n, dtype=torch.uint8, device=comm.device) for n in sizes]
+    receives = [torch.empty_like(message) for message in sends]
+    tensors = [torch.zeros(n // 4, device=comm.device) for n in allreduce_sizes]
+    ops = {"ring": all_reduce_ring, "builtin": builtin_all_reduce}
+    out = {key: [[] for _ in sizes] for key in ("one_way", "exchange")}
+    out.update({key: [[] for _ in allreduce_sizes] for key in ops})
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread per rank, as in mpgpu_edu.bench
+    try:
+        for tensor in tensors:
+            for name, op in ops.items():
+                check_sum(comm, op, tensor, name)
+            tensor.zero_()
+        for r in range(warmup + repeats):
+            for i, (message, into) in enumerate(zip(sends, receives)):
+                seconds = _bounce(comm, message, into) if comm.rank < 2 else (0.0, 0.0)
+                if r >= warmup and comm.rank == 0:
+                    out["one_way"][i].append(seconds[0])
+                    out["exchange"][i].append(seconds[1])
+            for i, tensor in enumerate(tensors):
+                for name in rotated(list(ops), r):
+                    wall, _ = timed(comm, ops[name], tensor)
+                    if r >= warmup:
+                        out[name][i].append(wall)
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def _bounce(comm: Any, message: torch.Tensor, into: torch.Tensor) -> tuple[float, float]:
+    """Ranks 0 and 1: (one-way seconds of a ping-pong, seconds of an exchange)."""
+    peer = 1 - comm.rank
+    start = time.perf_counter()
+    if comm.rank == 0:
+        comm.send(message, peer)
+        comm.recv(message, peer)
+    else:
+        comm.recv(message, peer)
+        comm.send(message, peer)
+    middle = time.perf_counter()
+    work = comm.isend(message, peer)
+    comm.recv(into, peer)
+    work.wait()
+    return (middle - start) / 2, time.perf_counter() - middle
 
 
 def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
@@ -97,25 +142,37 @@ def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]
 
 
 def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
-              repeats: int = DEFAULT_REPEATS, backend: str = "gloo") -> dict:
-    """Ping-pong on ``world_size`` worker processes and fit alpha and beta: the profile
-    (``alpha_s``, ``beta_Bps``, ``points`` of one-way median seconds, ``backend``,
-    ``world_size``, ``date``, ``torch``, ``cpus``, ``loadavg``)."""
+              repeats: int = DEFAULT_REPEATS, backend: str = "gloo",
+              allreduce_sizes: Sequence[int] = ALLREDUCE_SIZES) -> dict:
+    """Run ``measure`` on ``world_size`` worker processes and fit alpha and beta: the profile
+    (``alpha_s``, ``beta_Bps``, ``topology``, ``points`` with the median one-way and exchange
+    seconds per size, ``allreduce`` with the median ring and builtin seconds per size, the
+    slowest rank each repeat, ``backend``, ``world_size``, ``repeats``, ``date``, ``torch``,
+    ``cpus``, ``loadavg``)."""
+    from mpgpu_edu.bench import combine, fp32_sizes
     from mpgpu_edu.comm import launch
 
     if world_size < 2:
         raise ValueError(f"a ping-pong needs at least 2 ranks, got {world_size}")
     if repeats < 1 or any(n < 0 for n in sizes):
         raise ValueError("repeats must be >= 1 and sizes >= 0 bytes")
-    timeout = 60.0 + 2 * sum(sizes) * (repeats + WARMUP) / 1e7
-    result = launch(ping_pong, world_size, list(sizes), repeats, backend=backend,
-                    timeout=timeout)
-    points = [(n, statistics.median(ts)) for n, ts in zip(sizes, result.results[0])]
+    allreduce_sizes = fp32_sizes(allreduce_sizes)
+    moved = 4 * sum(sizes) + 2 * world_size * sum(allreduce_sizes)
+    result = launch(measure, world_size, list(sizes), allreduce_sizes, repeats,
+                    backend=backend, timeout=60.0 + moved * (repeats + WARMUP) / 1e7)
+    mine = result.results[0]
+    points = [(n, statistics.median(ts)) for n, ts in zip(sizes, mine["one_way"])]
     alpha, beta = fit_alpha_beta(points)
+    medians = combine([{k: r[k] for k in ("ring", "builtin")} for r in result.results])
     return {"format": FORMAT, "backend": backend, "world_size": world_size,
             "alpha_s": alpha, "beta_Bps": beta,
             "fit": "t(n) = alpha + n / beta, least squares on relative error",
-            "points": [{"bytes": n, "seconds": t} for n, t in points],
+            "topology": "shared_host" if backend == "gloo" else "uniform",
+            "points": [{"bytes": n, "seconds": t, "exchange_seconds": statistics.median(x)}
+                       for (n, t), x in zip(points, mine["exchange"])],
+            "allreduce": {"sizes": allreduce_sizes, "ring_s": medians["ring"],
+                          "builtin_s": medians["builtin"]},
+            "repeats": repeats,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cpus": os.cpu_count(),
             "loadavg": list(os.getloadavg())}
@@ -143,23 +200,40 @@ def read_profile(path: str | Path) -> dict:
             and alpha >= 0 and beta > 0):
         raise ValueError(f"{str(path)!r}: alpha_s must be >= 0 and beta_Bps > 0, got "
                          f"{alpha!r} and {beta!r}")
+    if profile.get("topology", "uniform") not in ("uniform", "shared_host"):
+        raise ValueError(f"{str(path)!r}: topology must be 'uniform' or 'shared_host', got "
+                         f"{profile['topology']!r}")
     return profile
+
+
+def shared_host(n: int, alpha_s: float, beta_Bps: float, name: str) -> topology.Topology:
+    """``n`` processes on one machine: every transfer holds its sender's out port, its
+    receiver's in port and the one ``host.copy`` resource (the cores that copy the bytes
+    through the kernel), so two transfers at once take twice as long, in either direction."""
+    def route_of(s: int, d: int) -> Route:
+        return Route(alpha_s, beta_Bps, (f"gpu{s}.out", "host.copy", f"gpu{d}.in"))
+
+    links = [LinkInfo(f"gpu{g}", "host", name, beta_Bps, "host.copy") for g in range(n)]
+    return topology.Topology("shared_host", n, route_of, links, {"host": tuple(range(n))})
 
 
 def load_calibrated(path: str | Path | None = None, world_size: int | None = None,
                     gpu: str | None = None) -> Cluster:
     """A ``Cluster`` of ``world_size`` devices (default: the profile's) in which every pair
-    has the measured alpha and beta (a uniform topology: each device its own port in and
-    out). ``gpu`` names the device profile for compute (default ``CPU-16GB`` for a gloo
-    profile; name one for an nccl profile). Compute costs peak x 1.0, as ``Cluster.uniform``."""
+    has the measured alpha and beta, wired as the profile's ``topology`` says (``shared_host``
+    for gloo, ``uniform``: a port in and out per device). ``gpu`` names the device profile
+    for compute (default ``CPU-16GB`` for a gloo profile; name one for an nccl profile).
+    Compute costs peak x 1.0 with no launch overhead, as in ``Cluster.uniform``."""
     profile = read_profile(path or default_profile_path())
     n = world_size or int(profile["world_size"])
     backend = profile.get("backend", "gloo")
     if gpu is None and backend != "gloo":
         raise ValueError(f"the profile measured {backend}: name the GPU, e.g. "
                          "load_calibrated(path, gpu='H100-SXM-80GB')")
-    wiring = topology.uniform(n, profile["alpha_s"], profile["beta_Bps"],
-                              spec_name=f"loopback-{backend} (calibrated)")
+    alpha, beta = profile["alpha_s"], profile["beta_Bps"]
+    name = f"loopback-{backend} (calibrated)"
+    wiring = (shared_host(n, alpha, beta, name) if profile.get("topology") == "shared_host"
+              else topology.uniform(n, alpha, beta, spec_name=name))
     return Cluster(f"calibrated-{n}x{backend}", GPUS[gpu or "CPU-16GB"], wiring,
                    efficiency=1.0, launch_overhead_s=0.0)
 
@@ -177,17 +251,16 @@ def predict_ring(cluster: Cluster, nbytes: int) -> float:
     return launch(_ring_on_meta, cluster, nbytes // 4).trace.makespan
 
 
-def compare(cluster: Cluster, sizes: Sequence[int], repeats: int = DEFAULT_REPEATS,
-            backend: str = "gloo") -> dict:
-    """Ring all-reduce per size: simulated on ``cluster`` and measured on as many worker
-    processes. ``error`` is (predicted - measured) / measured: negative, the simulator is
-    optimistic."""
-    from mpgpu_edu.bench import bench_allreduce
-
-    measured = bench_allreduce(cluster.world_size, sizes, repeats, backend, algos=("ring",))
+def compare(profile: dict, cluster: Cluster) -> dict:
+    """Ring all-reduce per size of ``profile["allreduce"]``: simulated on ``cluster`` beside
+    the measured times. ``error`` is (predicted - measured) / measured, negative where the
+    simulator is optimistic; ``error_builtin`` compares with torch.distributed's all-reduce,
+    to tell the model's error from our ring's own overheads."""
+    measured = profile["allreduce"]
     predicted = [predict_ring(cluster, n) for n in measured["sizes"]]
     return {"sizes": measured["sizes"], "predicted_s": predicted,
             "measured_s": measured["ring_s"], "builtin_s": measured["builtin_s"],
             "error": [(p - m) / m for p, m in zip(predicted, measured["ring_s"])],
-            "world_size": cluster.world_size, "backend": backend, "repeats": repeats,
-            "loadavg": measured["loadavg"]}
+            "error_builtin": [(p - m) / m for p, m in zip(predicted, measured["builtin_s"])],
+            "world_size": cluster.world_size, "repeats": profile["repeats"],
+            "loadavg": profile["loadavg"]}

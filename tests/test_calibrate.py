@@ -49,7 +49,7 @@ def test_fit_clamps_a_negative_alpha_and_rejects_what_it_cannot_fit() -> None:
 
 def profile(alpha: float = 25e-6, beta: float = 3e9, **extra) -> dict:
     return {"format": cal.FORMAT, "backend": "gloo", "world_size": 2, "alpha_s": alpha,
-            "beta_Bps": beta, "points": [], **extra}
+            "beta_Bps": beta, "topology": "shared_host", "points": [], **extra}
 
 
 def test_load_calibrated_builds_a_cluster_whose_routes_have_the_numbers(tmp_path) -> None:
@@ -63,16 +63,27 @@ def test_load_calibrated_builds_a_cluster_whose_routes_have_the_numbers(tmp_path
     assert wider.world_size == 4 and wider.route(3, 1).alpha_s == 25e-6
 
 
-def test_the_simulated_ring_on_a_calibrated_cluster_is_the_closed_form(tmp_path) -> None:
-    cluster = cal.load_calibrated(cal.save_profile(profile(), tmp_path / "c.json"), 3)
+def test_a_uniform_profile_simulates_the_closed_form(tmp_path) -> None:
+    path = cal.save_profile(profile(topology="uniform"), tmp_path / "u.json")
+    cluster = cal.load_calibrated(path, 3)
+    assert "host.copy" not in cluster.route(0, 1).resources
     for nbytes in (12, 3 * 2**20):
         want = cost.ring_allreduce_time(3, nbytes, 25e-6, 3e9)
         assert cal.predict_ring(cluster, nbytes) == pytest.approx(want, rel=1e-9)
 
 
+def test_on_a_shared_host_the_two_directions_take_turns(tmp_path) -> None:
+    cluster = cal.load_calibrated(cal.save_profile(profile(), tmp_path / "s.json"))
+    assert "host.copy" in cluster.route(0, 1).resources
+    # 2 ranks: each ring step moves S/2 each way through one resource: alpha + S / beta
+    nbytes = 2**20
+    assert cal.predict_ring(cluster, nbytes) == pytest.approx(2 * (25e-6 + nbytes / 3e9))
+
+
 @pytest.mark.parametrize("content, message", [
     ("not json", "cannot read"), (json.dumps({"alpha_s": 1}), "not a calibration profile"),
     (json.dumps(profile(beta=0.0)), "beta_Bps"), (json.dumps(profile(alpha=-1.0)), "alpha_s"),
+    (json.dumps(profile(topology="ring")), "topology"),
 ])
 def test_a_bad_profile_says_what_is_wrong(tmp_path, content, message) -> None:
     path = tmp_path / "bad.json"
@@ -116,10 +127,13 @@ def test_calibrate_end_to_end_writes_a_profile_that_loads(tmp_path, capsys) -> N
     assert report["profile_path"] == str(out)
     assert saved["alpha_s"] == report["alpha_s"] >= 0 and saved["beta_Bps"] > 0
     assert [p["bytes"] for p in saved["points"]] == [0, 1024, 16 * 2**20]
-    assert all(p["seconds"] > 0 for p in saved["points"])
+    assert all(p["seconds"] > 0 and p["exchange_seconds"] > 0 for p in saved["points"])
+    assert saved["topology"] == "shared_host" and saved["allreduce"]["sizes"] == [4096]
     assert saved["torch"] and saved["date"] and saved["backend"] == "gloo"
-    compared = report["allreduce"]
+    compared = report["comparison"]
     assert compared["sizes"] == [4096] and len(compared["error"]) == 1
     p, m = compared["predicted_s"][0], compared["measured_s"][0]
     assert compared["error"][0] == pytest.approx((p - m) / m)
+    b = compared["builtin_s"][0]
+    assert compared["error_builtin"][0] == pytest.approx((p - b) / b)
     assert cal.load_calibrated(out).route(0, 1).beta_Bps == saved["beta_Bps"]

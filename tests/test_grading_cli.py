@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,12 @@ def test_no_course_folder_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.delenv("MPGPU_EDU_ROOT", raising=False)
     assert main(["progress"]) == 2
     assert "MPGPU_EDU_ROOT" in capsys.readouterr().err
+
+
+def test_command_modules_and_grading_import_no_torch() -> None:
+    code = ("import sys, mpgpu_edu.cli.check, mpgpu_edu.cli.grade, mpgpu_edu.cli.reset, "
+            "mpgpu_edu.cli.progress, mpgpu_edu.cli.generate, mpgpu_edu.grading.runner, "
+            "mpgpu_edu.grading.grade; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert out.strip() == "False"

@@ -140,12 +140,12 @@ HOSTILE = {  # learner: (file, function, new source)
 IDS = ["1.3", "3.2"]
 
 
-STUCK = {"hang", "deaf"}  # graded with a short budget: they use all of it
+STUCK = {"hang": "1.3", "deaf": "3.2"}  # graded on that exercise alone, with a short budget
 
 
-def grade_folder(folder: Path, timeout: str) -> dict[str, dict]:
+def grade_folder(folder: Path, timeout: str, ids: list[str]) -> dict[str, dict]:
     out_csv = folder.parent / f"{folder.name}.csv"
-    code, _ = run_cli("grade", str(folder), "--csv", str(out_csv), "--ids", *IDS,
+    code, _ = run_cli("grade", str(folder), "--csv", str(out_csv), "--ids", *ids,
                       "--timeout", timeout, "--memory", "1")
     assert code == 0
     with out_csv.open() as handle:
@@ -154,34 +154,43 @@ def grade_folder(folder: Path, timeout: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    calm, stuck = tmp_path_factory.mktemp("submissions"), tmp_path_factory.mktemp("stuck")
+    calm = tmp_path_factory.mktemp("submissions")
+    stuck = {i: tmp_path_factory.mktemp(f"stuck{i}") for i in STUCK.values()}
     shutil.copytree(ROOT / "solutions", calm / "good" / "exercises")  # a whole-repo layout
     shutil.copytree(ROOT / "exercises", calm / "stubs")
     for learner, (module, function, source) in HOSTILE.items():
-        folder = (stuck if learner in STUCK else calm) / learner
+        folder = (stuck[STUCK[learner]] if learner in STUCK else calm) / learner
         shutil.copytree(ROOT / "solutions", folder)
         path = folder / f"{module}.py"
         path.write_text(replaced(path.read_text(), function, source))
     shutil.copytree(ROOT / "solutions", calm / "syntax")
     (calm / "syntax" / "ex01_communication.py").write_text("def ring_all_reduce(:\n")
     (calm / "nothing").mkdir()
-    before = [digest(calm), digest(stuck)]
-    rows = grade_folder(calm, "60") | grade_folder(stuck, "4")
-    return {"rows": rows, "before": before, "after": [digest(calm), digest(stuck)]}
+    folders = [calm, *stuck.values()]
+    before = [digest(folder) for folder in folders]
+    rows = grade_folder(calm, "60", IDS)
+    for exercise_id, folder in stuck.items():
+        rows |= grade_folder(folder, "4", [exercise_id])
+    return {"rows": rows, "before": before, "after": [digest(folder) for folder in folders]}
 
 
 @pytest.mark.parametrize("learner, ring, buckets, note", [
     ("good", 10, 5, ""), ("stubs", 0, 0, ""), ("crash", 0, 5, "1.3 error"),
-    ("hang", 0, 5, "1.3 timeout"), ("exit", 10, 0, "3.2 error"), ("os_exit", 10, 0, "3.2 error"),
-    ("flood", 10, 5, ""), ("memory", 10, 0, "3.2 error"), ("mutate", 10, 0, ""),
-    ("deaf", 10, 0, "3.2 timeout"), ("syntax", 0, 5, "1.3 error"),
+    ("exit", 10, 0, "3.2 error"), ("os_exit", 10, 0, "3.2 error"), ("flood", 10, 5, ""),
+    ("memory", 10, 0, "3.2 error"), ("mutate", 10, 0, ""), ("syntax", 0, 5, "1.3 error"),
     ("nothing", 0, 0, "1.3 error; 3.2 error"),
+    ("hang", 0, None, "1.3 timeout"), ("deaf", None, 0, "3.2 timeout"),
 ])
-def test_grade_marks_each_submission_and_goes_on(graded: dict, learner: str, ring: int,
-                                                buckets: int, note: str) -> None:
+def test_grade_marks_each_submission_and_goes_on(graded: dict, learner: str,
+                                                ring: int | None, buckets: int | None,
+                                                note: str) -> None:
     row = graded["rows"][learner]
-    assert (int(row["1.3"]), int(row["3.2"]), row["notes"]) == (ring, buckets, note)
-    assert int(row["total"]) == ring + buckets and int(row["max_total"]) == 15
+    assert row["notes"] == note
+    got = {i: int(row[i]) for i in IDS if i in row}
+    want = {i: p for i, p in (("1.3", ring), ("3.2", buckets)) if p is not None}
+    assert got == want
+    assert int(row["total"]) == sum(want.values())
+    assert int(row["max_total"]) == sum(EXERCISES[i].points for i in want)
 
 
 def test_grade_writes_one_row_per_learner_and_changes_no_file(graded: dict) -> None:

@@ -4,11 +4,13 @@
     mpgpu-edu calibrate --world-size 2 --out my_laptop.json --json
 
 Ranks 0 and 1 bounce messages from 0 B to 64 MiB (ping-pong); a least-squares fit on relative
-error gives ``t(n) = alpha + n / beta`` (``mpgpu_edu.calibrate``). The profile is written as
-JSON (default ``.mpgpu/calibration.json`` in the repository) and loads as a simulated cluster
-with ``mpgpu_edu.calibrate.load_calibrated(path)``. Then ring all-reduce is simulated on that
-cluster and measured on the worker processes, per size: the table shows how far the model
-is from reality. ``--json`` prints the profile and the comparison as one object.
+error gives ``t(n) = alpha + n / beta`` (``mpgpu_edu.calibrate``). They also exchange messages
+(both send at once), which shows why a gloo profile is a shared host: the two directions take
+turns. The profile is written as JSON (default ``.mpgpu/calibration.json`` in the repository)
+and loads as a simulated cluster with ``mpgpu_edu.calibrate.load_calibrated(path)``. Then ring
+all-reduce is simulated on that cluster and measured on the worker processes, per size: the
+table shows how far the model is from reality, and from torch.distributed's all-reduce.
+``--json`` prints the profile and the comparison as one object.
 """
 
 from __future__ import annotations
@@ -50,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from mpgpu_edu.calibrate import (calibrate, compare, default_profile_path, load_calibrated,
                                      save_profile)
 
-    profile = calibrate(args.world_size, ping_sizes, args.repeats, args.backend)
+    profile = calibrate(args.world_size, ping_sizes, args.repeats, args.backend,
+                        allreduce_sizes)
     path = save_profile(profile, args.out or default_profile_path())
-    cluster = load_calibrated(path, gpu="CPU-16GB")
-    comparison = compare(cluster, allreduce_sizes, args.repeats, args.backend)
-    report = {"profile_path": str(path), **profile, "allreduce": comparison}
+    comparison = compare(profile, load_calibrated(path, gpu="CPU-16GB"))
+    report = {"profile_path": str(path), **profile, "comparison": comparison}
     print(json.dumps(report, indent=2) if args.json else text(report))
     return 0
 
@@ -80,20 +82,26 @@ def text(report: dict) -> str:
     """The human-readable report: the fit, its residuals, and the simulator's error."""
     alpha, beta = report["alpha_s"], report["beta_Bps"]
     lines = [f"{report['backend']}, ranks 0 and 1 of {report['world_size']}: alpha "
-             f"{alpha * 1e6:.1f} us, beta {beta / 1e9:.3f} GB/s ({report['fit']})",
+             f"{alpha * 1e6:.1f} us, beta {beta / 1e9:.3f} GB/s ({report['fit']}); "
+             f"topology {report['topology']}",
              f"profile written to {report['profile_path']}",
-             "", "ping-pong, one way (median)", f"{'size':>10}  {'measured ms':>12}  "
-             f"{'fit ms':>10}  {'fit error':>9}"]
+             "", "ping-pong, one way, and exchange (both send at once), medians",
+             f"{'size':>10}  {'one way ms':>11}  {'fit ms':>9}  {'fit error':>9}  "
+             f"{'exchange ms':>11}  {'exchange/one way':>16}"]
     for point in report["points"]:
+        t, x = point["seconds"], point["exchange_seconds"]
         fit = alpha + point["bytes"] / beta
-        lines.append(f"{_size(point['bytes']):>10}  {point['seconds'] * 1e3:12.4f}  "
-                     f"{fit * 1e3:10.4f}  {(fit - point['seconds']) / point['seconds']:+9.1%}")
-    c = report["allreduce"]
+        lines.append(f"{_size(point['bytes']):>10}  {t * 1e3:11.4f}  {fit * 1e3:9.4f}  "
+                     f"{(fit - t) / t:+9.1%}  {x * 1e3:11.4f}  {x / t:16.2f}")
+    c = report["comparison"]
     lines += ["", f"ring all-reduce on {c['world_size']} ranks: simulated on the calibrated "
-              f"cluster vs measured (median of {c['repeats']})",
-              f"{'size':>10}  {'predicted ms':>12}  {'measured ms':>11}  {'error':>7}"]
-    for size, p, m, e in zip(c["sizes"], c["predicted_s"], c["measured_s"], c["error"]):
-        lines.append(f"{_size(size):>10}  {p * 1e3:12.4f}  {m * 1e3:11.4f}  {e:+7.1%}")
+              f"cluster vs measured in the same job (median of {c['repeats']})",
+              f"{'size':>10}  {'predicted ms':>12}  {'ring ms':>9}  {'error':>7}  "
+              f"{'builtin ms':>10}  {'error vs builtin':>16}"]
+    for i, size in enumerate(c["sizes"]):
+        lines.append(f"{_size(size):>10}  {c['predicted_s'][i] * 1e3:12.4f}  "
+                     f"{c['measured_s'][i] * 1e3:9.4f}  {c['error'][i]:+7.1%}  "
+                     f"{c['builtin_s'][i] * 1e3:10.4f}  {c['error_builtin'][i]:+16.1%}")
     load = ", ".join(f"{x:.2f}" for x in c["loadavg"])
     lines.append(f"error = (predicted - measured) / measured. Load average {load} "
                  f"(1, 5, 15 min; {report['cpus']} CPUs)")

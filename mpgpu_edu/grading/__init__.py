@@ -12,8 +12,9 @@ helps. The code runs in a separate process with a timeout (``runner``); a functi
 in the notebook itself cannot be sent there, so it runs in a thread of the kernel instead.
 
 Modules: ``registry`` (the exercises), ``checks`` (their cases), ``runner`` (isolated runs),
-``report`` (text and HTML), ``generate`` (exercises from solutions), ``progress`` (the course
-folder, progress, reset), ``grade`` (a whole class).
+``in_kernel`` (a notebook's own function), ``report`` (text and HTML), ``generate``
+(exercises from solutions), ``progress`` (the course folder, progress, reset), ``grade``
+(a whole class).
 """
 
 from __future__ import annotations
@@ -84,11 +85,11 @@ def _check(exercise_id: str, fn: Callable[..., Any] | None, impl: str | Path | N
 
 def _check_function(exercise_id: str, fn: Callable[..., Any], limits: Any,
                     figures: bool) -> ExerciseResult:
-    from mpgpu_edu.grading import runner
+    from mpgpu_edu.grading import in_kernel, runner
 
     file = _importable_file(fn)
     if file is None:
-        return runner.run_in_thread(exercise_id, fn, limits=limits, figures=figures)
+        return in_kernel.run_in_thread(exercise_id, fn, limits=limits, figures=figures)
     copy = Path(tempfile.mkdtemp(prefix="mpgpu-check-"))
     try:
         target = copy / file.name

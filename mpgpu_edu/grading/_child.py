@@ -137,7 +137,9 @@ def _run(conn: Any, request: dict, output: CappedOutput) -> None:
         with _alarm(min(30.0, request["budget_s"])):
             impl = _load(request["file"], request["function"])
     except BaseException as exc:  # noqa: BLE001 - anything the file does on import
-        conn.send({"type": "import_error", "message": _import_message(exc, request)})
+        status = "timeout" if isinstance(exc, CaseTimeout) else "error"
+        conn.send({"type": "import_error", "status": status,
+                   "message": _import_message(exc, request)})
         return
     figure_sent = False
     for index in range(request["start"], len(cases)):

@@ -1,8 +1,8 @@
 """Lesson 00's demos: split the work and combine it, and a GPU that waits for its data.
 
-Both are SPMD programs for ``mpgpu_edu.launch``; times are given in seconds (from the
-hardware profiles, or from an assumption the notebook states), so the timelines show the
-*shape* of a run, not a measurement.
+Both are SPMD programs for ``mpgpu_edu.launch`` on the simulator: times are given in seconds
+(from the hardware profiles, or from an assumption the notebook states) and tensors are meta
+tensors, so the timelines show the *shape* of a run, not a measurement.
 
 - ``split_then_combine``: every rank does 1/N of each step's compute, then the ranks
   all-reduce the gradients (data parallel in one picture; built in lesson 03).

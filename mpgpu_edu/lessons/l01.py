@@ -9,6 +9,8 @@ costs on real topologies.
   simulator with meta tensors (a shape, no data: a 1 GiB message costs no memory).
 - ``plot_bytes_per_rank``: who sends how much, per algorithm.
 - ``step_seconds``: compute plus gradient all-reduce per step on N devices (pitfall 1).
+
+Everything runs on the simulator; large messages are meta tensors (a shape, no data).
 """
 
 from __future__ import annotations

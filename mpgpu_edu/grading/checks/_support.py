@@ -46,7 +46,7 @@ def run_spmd(fn: Callable[..., Any], cluster: Cluster | int, *args: Any,
     except RankError as exc:
         original = exc.original
         if isinstance(original, NotImplementedError):
-            raise original
+            raise original from None
         if isinstance(original, AssertionError):
             raise CheckFailure(f"rank {exc.rank}: {original}") from None
         if original is None:
