@@ -13,7 +13,7 @@ PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -c constraints.t
 STAMP := $(VENV)/.mpgpu-installed
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: course test doctor setup clean distclean
+.PHONY: course test doctor setup clean distclean wheelhouse
 
 course: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
@@ -35,10 +35,26 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP_INSTALL) -e '.[test]'
 	touch $(STAMP)
 
+# For a room without good internet: build every wheel once, copy the folder (USB stick), then on
+# each machine:  PIP_NO_INDEX=1 PIP_FIND_LINKS=$$PWD/wheelhouse make course
+WHEELHOUSE ?= wheelhouse
+wheelhouse: $(PY)
+	$(PY) -m pip wheel --disable-pip-version-check -c constraints.txt -w $(WHEELHOUSE) '.[test]'
+	$(PY) -m pip download --disable-pip-version-check -d $(WHEELHOUSE) setuptools wheel pip
+	@echo "wheelhouse ready: $(WHEELHOUSE) ($$(ls $(WHEELHOUSE) | wc -l) files)"
+
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .hypothesis artifacts
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) \
 		-type d -exec rm -rf {} +
 
-distclean: clean
+dist# For a room without good internet: build every wheel once, copy the folder (USB stick), then on
+# each machine:  PIP_NO_INDEX=1 PIP_FIND_LINKS=$$PWD/wheelhouse make course
+WHEELHOUSE ?= wheelhouse
+wheelhouse: $(PY)
+	$(PY) -m pip wheel --disable-pip-version-check -c constraints.txt -w $(WHEELHOUSE) '.[test]'
+	$(PY) -m pip download --disable-pip-version-check -d $(WHEELHOUSE) setuptools wheel pip
+	@echo "wheelhouse ready: $(WHEELHOUSE) ($$(ls $(WHEELHOUSE) | wc -l) files)"
+
+clean: clean
 	rm -rf $(VENV)

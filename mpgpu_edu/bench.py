@@ -38,7 +38,6 @@ import torch
 import torch.distributed as dist
 
 from mpgpu_edu.collectives import all_reduce_naive, all_reduce_ring, cost
-from mpgpu_edu.collectives.allgather import ring_all_gather_chunks, ring_reduce_scatter_chunks
 
 FP32_BYTES = 4
 BUILTIN = "builtin"
@@ -53,9 +52,7 @@ def all_reduce_ring_reused(comm: Any, tensor: torch.Tensor, buffer: torch.Tensor
     """``all_reduce_ring`` (sum) with a scratch ``buffer`` that the caller keeps between
     calls, at least as long as the ring's longest chunk. A fresh 32 MiB buffer per call is
     fresh memory that the receive must fault in page by page."""
-    chunks = list(torch.tensor_split(tensor.view(-1), comm.world_size))
-    ring_reduce_scatter_chunks(comm, chunks, buffer, shift=1)
-    ring_all_gather_chunks(comm, chunks, shift=1)
+    all_reduce_ring(comm, tensor, "sum", buffer=buffer)
 
 
 def builtin_all_reduce(comm: Any, tensor: torch.Tensor) -> None:

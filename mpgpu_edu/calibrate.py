@@ -16,9 +16,9 @@ gives nearly the same numbers when the model fits, and ignores the middle when i
 
 Two messages at once. A ring step sends and receives at the same time, so the ranks also
 *exchange* a message of each size (both send at once, as ``ring_step``). Between processes
-on one machine both directions are copies made by the same few CPU cores: an exchange took
-2.2-2.4x as long as one message from 4 MiB up on a 2-core machine, where NVLink would take
-1x. So a gloo profile loads as a ``shared_host`` topology, in which every transfer holds one
+on one machine both directions are copies made by the same few CPU cores: on a 2-core machine
+an exchange took 1.8-2.9x as long as one message from 4 MiB up, where NVLink would take 1x.
+So a gloo profile loads as a ``shared_host`` topology, in which every transfer holds one
 resource, the host's copy bandwidth; an nccl profile as a uniform one (a port per device).
 
 Checking the model. The same job also times our ring all-reduce and torch.distributed's, on

@@ -71,13 +71,13 @@ def overlap(comm, seconds: float) -> float:
     peer = 1 - comm.rank
 
     def exchange() -> float:
-        out, got = torch.full((4,), float(comm.rank)), torch.empty(4)
+        out, got = torch.full((4,), float(comm.rank)), torch.full((4,), -1.0)
         if comm.rank == 0:
             time.sleep(seconds)  # the receiver waits meanwhile
             comm.send(out, peer)
-        else:
-            comm.recv(got, peer)
-        return got.sum().item()
+            return out.sum().item()
+        comm.recv(got, peer)
+        return got.sum().item()  # 0.0 once rank 0's zeros arrived (else -4.0)
 
     work = comm.run_async(exchange)
     with comm.compute("forward", "busy"):

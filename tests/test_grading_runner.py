@@ -242,6 +242,18 @@ def test_a_hanging_notebook_function_times_out() -> None:
     assert "background of this kernel" in result.cases[0].message
 
 
+def test_a_function_from_a_file_is_checked_in_a_separate_process() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("solved", ROOT / "solutions" /
+                                                  "ex03_data_parallel.py")
+    solved = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(solved)
+    result = check("3.2", solved.make_buckets, figures=False)
+    assert result.passed and result.ran_in == "a separate process"
+    assert result.file.endswith("solutions/ex03_data_parallel.py")
+
+
 def test_check_shows_a_timeline_figure(course: Path) -> None:
     result = check("1.3", impl="solutions")
     assert result.passed and result.figure_png

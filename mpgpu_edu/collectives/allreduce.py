@@ -52,7 +52,8 @@ def all_reduce_tree(comm: Communicator, tensor: torch.Tensor, op: str = "sum") -
     broadcast_tree(comm, tensor, root=0)
 
 
-def all_reduce_ring(comm: Communicator, tensor: torch.Tensor, op: str = "sum") -> None:
+def all_reduce_ring(comm: Communicator, tensor: torch.Tensor, op: str = "sum",
+                    buffer: torch.Tensor | None = None) -> None:
     """Ring all-reduce: ring reduce-scatter, then ring all-gather, over N chunks.
 
     Idea: split the tensor into N chunks (``torch.tensor_split``). In N - 1 reduce-scatter
@@ -61,13 +62,19 @@ def all_reduce_ring(comm: Communicator, tensor: torch.Tensor, op: str = "sum") -
     ``mpgpu_edu.viz.ring``). In N - 1 all-gather steps the full sums travel round the ring.
     Cost: 2(N - 1) steps, each alpha + S / (N beta): 2(N - 1) alpha + 2(N - 1)/N S / beta;
     every rank sends and receives 2(N - 1)/N S bytes (exactly so when N divides the number
-    of elements)."""
+    of elements).
+
+    ``buffer``: optional scratch space of at least ceil(numel / N) elements that the caller
+    keeps between calls (a fresh buffer is fresh memory the first receive must fault in)."""
     check_op(op, tensor)
     n = comm.world_size
     with flat_view(tensor) as flat:
         chunks = list(torch.tensor_split(flat, n))
         # One receive buffer for all 2(N - 1) steps; chunk 0 is the longest.
-        buffer = torch.empty_like(chunks[0])
+        longest = chunks[0].numel()
+        if buffer is None or buffer.numel() < longest or buffer.dtype != flat.dtype:
+            buffer = torch.empty_like(chunks[0])
+        buffer = buffer.view(-1)[:longest]
         ring_reduce_scatter_chunks(comm, chunks, buffer, shift=1)
         # Divide once, by the chunk's owner, so every rank ends with identical numbers.
         finish_op(chunks[(comm.rank + 1) % n], op, n)

@@ -20,8 +20,6 @@ Modules: ``registry`` (the exercises), ``checks`` (their cases), ``runner`` (iso
 from __future__ import annotations
 
 import inspect
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,14 +88,8 @@ def _check_function(exercise_id: str, fn: Callable[..., Any], limits: Any,
     file = _importable_file(fn)
     if file is None:
         return in_kernel.run_in_thread(exercise_id, fn, limits=limits, figures=figures)
-    copy = Path(tempfile.mkdtemp(prefix="mpgpu-check-"))
-    try:
-        target = copy / file.name
-        shutil.copyfile(file, target)
-        return runner.run_exercise(exercise_id, target, fn.__qualname__, limits=limits,
-                                   figures=figures, display_file=str(file))
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
+    return runner.run_exercise(exercise_id, file, fn.__qualname__, limits=limits,
+                               figures=figures)
 
 
 def _importable_file(fn: Callable[..., Any]) -> Path | None:

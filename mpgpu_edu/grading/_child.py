@@ -84,9 +84,9 @@ def _isolate(request: dict) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    os.chdir(request["workdir"])
+    os.chdir(request["workdir"])  # a scratch folder: whatever the code writes lands there
     sys.dont_write_bytecode = True
-    sys.path.insert(0, request["workdir"])
+    sys.path.insert(0, str(Path(request["file"]).parent))  # the file's own neighbours
     os.environ["MPLBACKEND"] = "Agg"
     torch.set_num_threads(1)
     _limit_memory(request["memory_bytes"])
@@ -163,6 +163,8 @@ def _run(conn: Any, request: dict, output: CappedOutput) -> None:
 
 def _load(file: str, function: str) -> Any:
     name = Path(file).stem
+    if name in sys.modules:  # never shadow a module already loaded (torch, the checks...)
+        name = f"_checked_{name}"
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {file}")

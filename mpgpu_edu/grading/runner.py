@@ -13,7 +13,8 @@ each exercise runs in a child process:
   process group when a case overruns by ``GRACE_S``, or when the child dies, and starts a
   fresh child for the remaining cases; the exercise as a whole has a time budget;
 * the learner's files are copied to a temporary folder and imported from there (no
-  bytecode written), and the child works in that folder, so checking never changes them.
+  bytecode written), and the child works in a scratch folder, so checking never changes
+  them.
 
 Messages child -> parent (dicts over a pipe): ``cases`` (names, points), ``import``,
 ``start`` (case i, its timeout), ``result``, ``figure`` (a PNG timeline), ``done``.
@@ -117,16 +118,27 @@ def run_exercise(exercise_id: str, file: Path, function: str | None = None, *,
                  limits: Limits = Limits(), figures: bool = False,
                  display_file: str | None = None) -> ExerciseResult:
     """Check ``function`` (default: the exercise's own) of the module ``file`` in child
-    processes. ``file`` is imported as it is: copy it first if it must stay untouched
-    (``run_many`` does)."""
+    processes that work in a scratch folder. ``file`` is imported where it is, without
+    writing bytecode (``run_many`` imports copies, so that not even hostile code can change
+    the learner's files)."""
     exercise = get(exercise_id)
     state = _State(exercise)
     started = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="mpgpu-work-")
     request = {"exercise": exercise.id, "file": str(file),
-               "function": function or exercise.function, "workdir": str(Path(file).parent),
+               "function": function or exercise.function, "workdir": workdir,
                "case_timeout_s": limits.case_timeout_s, "memory_bytes": limits.memory_bytes,
                "output_chars": limits.output_chars, "figures": figures,
                "display_file": display_file or str(file)}
+    try:
+        _run_sessions(state, request, limits)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return _result(state, request, time.monotonic() - started)
+
+
+def _run_sessions(state: _State, request: dict, limits: Limits) -> None:
+    """Child after child, each from the next case, until every case has a result."""
     while not state.finished():
         if state.budget_end is not None and time.monotonic() >= state.budget_end:
             state.record_rest("timeout", f"not run: the exercise's {limits.timeout_s:g} s "
@@ -139,16 +151,15 @@ def run_exercise(exercise_id: str, file: Path, function: str | None = None, *,
             if state.cases:
                 state.record_rest("error", state.message)
             break
-    return _result(state, display_file or str(file), time.monotonic() - started)
 
 
-def _result(state: _State, file: str, seconds: float) -> ExerciseResult:
+def _result(state: _State, request: dict, seconds: float) -> ExerciseResult:
     e = state.exercise
     cases = [state.results[i] for i in sorted(state.results)]
     status = exercise_status(cases) if cases else "error"
-    return ExerciseResult(e.id, e.title, status, e.points, cases, e.hint, file, e.function,
-                          e.notebook, state.message, state.figure, "a separate process",
-                          seconds)
+    return ExerciseResult(e.id, e.title, status, e.points, cases, e.hint,
+                          request["display_file"], request["function"], e.notebook,
+                          state.message, state.figure, "a separate process", seconds)
 
 
 def _session(state: _State, request: dict, limits: Limits) -> None:
@@ -204,19 +215,21 @@ def _without_main() -> Iterator[None]:
             multiprocessing.spawn.get_preparation_data = original
 
 
+Phase = tuple[int | str | None, float]  # (the case running, or "import"..., its deadline)
+
+
 def _follow(state: _State, reader: Any, process: Any, limits: Limits) -> None:
-    current: int | str | None = "startup"
-    deadline = time.monotonic() + BETWEEN_CASES_S + 60.0
-    while True:
+    """Read the child's messages until it is done, dies, or misses a deadline."""
+    phase: Phase | None = ("startup", time.monotonic() + BETWEEN_CASES_S + 60.0)
+    while phase is not None:
         assert state.budget_end is not None
-        deadline = min(deadline, state.budget_end + GRACE_S)
-        wait = deadline - time.monotonic()
+        current, deadline = phase
+        wait = min(deadline, state.budget_end + GRACE_S) - time.monotonic()
         if wait <= 0:
             _overran(state, current, limits)
             return
         try:
-            ready = reader.poll(min(wait, 0.5))
-            message = reader.recv() if ready else None
+            message = reader.recv() if reader.poll(min(wait, 0.5)) else None
         except (EOFError, OSError):
             _died(state, current, process)
             return
@@ -225,28 +238,31 @@ def _follow(state: _State, reader: Any, process: Any, limits: Limits) -> None:
                 _died(state, current, process)
                 return
             continue
-        kind = message["type"]
-        now = time.monotonic()
-        if kind == "cases":
-            state.cases = message["cases"]
-            deadline = now + BETWEEN_CASES_S
-        elif kind == "import":
-            current, deadline = "import", now + BETWEEN_CASES_S
-        elif kind == "import_error":
-            state.message = message["message"]
-            state.record_rest(message["status"], "not run: the file could not be imported")
-            return
-        elif kind == "start":
-            current, deadline = message["index"], now + message["timeout_s"] + GRACE_S
-        elif kind == "result":
-            index = message.pop("index")
-            message.pop("type")
-            state.results[index] = CaseResult(**message)
-            current, deadline = None, now + BETWEEN_CASES_S
-        elif kind == "figure":
-            state.figure = message["png"]
-        elif kind == "done":
-            return
+        phase = _handle(state, message, phase)
+
+
+def _handle(state: _State, message: dict, phase: Phase) -> Phase | None:
+    """Record one message; the next phase, or None when the child is done."""
+    kind, now = message.pop("type"), time.monotonic()
+    if kind == "cases":
+        state.cases = message["cases"]
+        return phase[0], now + BETWEEN_CASES_S
+    if kind == "import":
+        return "import", now + BETWEEN_CASES_S
+    if kind == "import_error":
+        state.message = message["message"]
+        state.record_rest(message["status"], "not run: the file could not be imported")
+        return None
+    if kind == "start":
+        return message["index"], now + message["timeout_s"] + GRACE_S
+    if kind == "result":
+        index = message.pop("index")
+        state.results[index] = CaseResult(**message)
+        return None, now + BETWEEN_CASES_S
+    if kind == "figure":
+        state.figure = message["png"]
+        return phase
+    return None  # "done"
 
 
 def _overran(state: _State, current: int | str | None, limits: Limits) -> None:

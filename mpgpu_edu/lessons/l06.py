@@ -52,7 +52,7 @@ QUALITIES: dict[str, dict[str, str]] = {
         "splits": "the batch: every device a full replica",
         "model size": "must fit on one device (ZeRO shards its optimizer state)",
         "data size": "more data, more replicas: scales almost linearly",
-        "hardware": "any; one all-reduce per step, overlapped with the backward",
+        "hardware": "any; one all-reduce per step, which can overlap the backward",
         "development cost": "low: wrap the model in DDP"},
     "pipeline parallel": {
         "splits": "the layers into stages, one per device",
@@ -110,53 +110,91 @@ class Row:
         return self.memory <= self.capacity
 
 
-def _tensor_activations(setting: Setting, b: int, t: int) -> int:
-    spec = get_preset(setting.model)
-    s, h, a = setting.seq, spec.d_model, spec.n_heads
-    per_layer = s * b * h * (10 + 24 / t) + 5 * a * s * s * b / t
-    return int(spec.n_layers * per_layer)
+@dataclass(frozen=True)
+class _Job:
+    """What every row needs, worked out once from a Setting."""
+
+    setting: Setting
+    n: int             # devices
+    params: int
+    d_model: int
+    alpha: float
+    beta: float
+    capacity: int
+
+    @classmethod
+    def of(cls, setting: Setting) -> _Job:
+        cluster = Cluster.preset(setting.cluster)
+        route = cluster.route(0, 1)
+        return cls(setting, cluster.world_size, spec_params(setting.model),
+                   get_preset(setting.model).d_model, route.alpha_s, route.beta_Bps,
+                   cluster.capacity_bytes(0))
+
+    def memory(self, strategy: str, devices: int, activations: int) -> dict[str, int]:
+        return estimate_memory(self.params, "adam", "mixed", strategy, devices,
+                               activations).per_device
+
+    def boundary(self, sequences: int) -> int:
+        """Bytes of one activation at a cut (or of a layer's output) for ``sequences``."""
+        return sequences * self.setting.seq * self.d_model * BF16
+
+    def activations(self, sequences: int) -> int:
+        return activation_bytes(self.setting.model, sequences, self.setting.seq)
+
+
+def _data_parallel(job: _Job) -> Row:
+    grads = BF16 * job.params
+    return Row("data parallel", job.memory("dp", job.n, job.activations(
+        job.setting.batch // job.n)), job.capacity, ring_allreduce_bytes_sent(job.n, grads),
+        ring_allreduce_time(job.n, grads, job.alpha, job.beta), 0.0)
+
+
+def _pipeline(job: _Job, stages: int, sequences: int) -> tuple[int, float, float, float]:
+    """1F1B with ``stages`` stages, microbatches of ``sequences``: stage 0's activations,
+    bytes a middle stage sends per step, their time, and the bubble."""
+    m = job.setting.microbatches
+    held = min(stages, m) * job.activations(sequences) // stages
+    message = job.boundary(sequences)
+    return (held, 2 * m * message, 2 * m * message_time(message, job.alpha, job.beta),
+            (stages - 1) / (m + stages - 1))
+
+
+def _pipeline_parallel(job: _Job) -> Row:
+    held, sent, seconds, bubble = _pipeline(job, job.n, job.setting.batch
+                                            // job.setting.microbatches)
+    return Row("pipeline parallel", job.memory("pipeline", job.n, held), job.capacity, sent,
+               seconds, bubble)
+
+
+def _tensor_parallel(job: _Job) -> Row:
+    """Megatron without sequence parallelism: per layer, s*b*h*(10 + 24/t + 5*a*s/(h*t))
+    bytes of activations; per microbatch and layer, two all-reduces forward, two backward."""
+    spec, s, t = get_preset(job.setting.model), job.setting.seq, job.n
+    b = job.setting.batch // job.setting.microbatches
+    per_layer = s * b * spec.d_model * (10 + 24 / t) + 5 * spec.n_heads * s * s * b / t
+    calls = 4 * spec.n_layers * job.setting.microbatches
+    message = job.boundary(b)
+    return Row("tensor parallel", job.memory("tensor", t, int(spec.n_layers * per_layer)),
+               job.capacity, calls * ring_allreduce_bytes_sent(t, message),
+               calls * ring_allreduce_time(t, message, job.alpha, job.beta), 0.0)
+
+
+def _hybrid(job: _Job) -> Row:
+    dp = job.setting.hybrid_dp
+    pp = job.n // dp
+    held, sent, seconds, bubble = _pipeline(job, pp, job.setting.batch // dp
+                                            // job.setting.microbatches)
+    stage_grads = BF16 * job.params / pp
+    return Row("hybrid DP x PP", job.memory("pipeline", pp, held), job.capacity,
+               sent + ring_allreduce_bytes_sent(dp, stage_grads),
+               seconds + ring_allreduce_time(dp, stage_grads, job.alpha, job.beta), bubble)
 
 
 def strategy_rows(setting: Setting) -> list[Row]:
     """Memory per device and communication per device per step of the four strategies
     (see the module's docstring for what each assumes)."""
-    cluster = Cluster.preset(setting.cluster)
-    n, route, m = cluster.world_size, cluster.route(0, 1), setting.microbatches
-    alpha, beta, capacity = route.alpha_s, route.beta_Bps, cluster.capacity_bytes(0)
-    params, spec = spec_params(setting.model), get_preset(setting.model)
-    mb = setting.batch // m  # sequences per microbatch in the pipelines and tensor parallel
-    boundary = mb * setting.seq * spec.d_model * BF16  # one microbatch's activation at a cut
-
-    def memory(strategy: str, devices: int, activations: int) -> dict[str, int]:
-        return estimate_memory(params, "adam", "mixed", strategy, devices,
-                               activations).per_device
-
-    def pipe(stages: int, micro: int) -> tuple[int, float, float]:
-        act = min(stages, m) * activation_bytes(setting.model, micro, setting.seq) // stages
-        return act, 2 * m * micro * setting.seq * spec.d_model * BF16, (stages - 1) / (m + stages - 1)
-
-    rows = [Row("data parallel", memory("dp", n, activation_bytes(
-        setting.model, setting.batch // n, setting.seq)), capacity,
-        ring_allreduce_bytes_sent(n, BF16 * params),
-        ring_allreduce_time(n, BF16 * params, alpha, beta), 0.0)]
-    act, sent, bubble = pipe(n, mb)
-    rows.append(Row("pipeline parallel", memory("pipeline", n, act), capacity, sent,
-                    2 * m * message_time(boundary, alpha, beta), bubble))
-    calls = 4 * spec.n_layers * m  # all-reduces per step: 2 forward, 2 backward per layer
-    rows.append(Row("tensor parallel", memory("tensor", n, _tensor_activations(setting, mb, n)),
-                    capacity, calls * ring_allreduce_bytes_sent(n, boundary),
-                    calls * ring_allreduce_time(n, boundary, alpha, beta), 0.0))
-    dp = setting.hybrid_dp
-    pp = n // dp
-    hybrid_mb = setting.batch // dp // m
-    act, sent, bubble = pipe(pp, hybrid_mb)
-    stage_grads = BF16 * params / pp
-    hybrid_boundary = hybrid_mb * setting.seq * spec.d_model * BF16
-    rows.append(Row(f"hybrid DP x PP", memory("pipeline", pp, act), capacity,
-                    sent + ring_allreduce_bytes_sent(dp, stage_grads),
-                    2 * m * message_time(hybrid_boundary, alpha, beta)
-                    + ring_allreduce_time(dp, stage_grads, alpha, beta), bubble))
-    return rows
+    job = _Job.of(setting)
+    return [_data_parallel(job), _pipeline_parallel(job), _tensor_parallel(job), _hybrid(job)]
 
 
 def describe_setting(setting: Setting) -> str:

@@ -1,0 +1,186 @@
+"""Lessons 04-06's demos: pipelines on the clock, split layers, the comparison table, and the
+programs that go wrong on purpose."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.collectives.cost import ring_allreduce_bytes_sent
+from mpgpu_edu.comm import DeadlockError, LaunchTimeoutError, RankError, launch
+from mpgpu_edu.data import loss_fn, make_batches, make_mlp
+from mpgpu_edu.hybrid import Mesh, train_hybrid
+from mpgpu_edu.lessons import l04, l05, l06
+from mpgpu_edu.memory import spec_params
+from mpgpu_edu.pipeline import (gpipe, naive, one_f_one_b, partition_balanced, partition_by_list,
+                                partition_by_sizes)
+
+# ---- lesson 04 --------------------------------------------------------------------------------
+
+
+def test_seed_model_splits_as_the_seed_says() -> None:
+    placement = partition_by_list(l04.seed_model(30, width=4), [10, 20])
+    assert [(s.layers[0], s.layers[-1]) for s in placement.stages] == [
+        ("1", "10"), ("11", "20"), ("21", "30")]
+
+
+def test_balancing_the_uneven_model_beats_equal_layer_counts() -> None:
+    model = l04.uneven_model()
+    by_count = max(s.n_params for s in partition_by_sizes(model, [3, 3, 3, 3]).stages)
+    balanced = max(s.n_params for s in partition_balanced(model, 4).stages)
+    assert balanced < 0.6 * by_count
+    fig = l04.plot_stage_costs({"count": partition_by_sizes(model, [3, 3, 3, 3]),
+                                "balanced": partition_balanced(model, 4)})
+    assert isinstance(fig, Figure) and len(fig.axes) == 2
+
+
+def test_naive_step_keeps_one_device_busy_at_a_time() -> None:
+    result = l04.run_step(naive(4))
+    forward, backward = l04.BATCH_SECONDS
+    assert result.trace.makespan == pytest.approx(4 * (forward + backward), rel=1e-3)
+    for device in range(4):
+        assert result.trace.idle_fraction(device) == pytest.approx(0.75, abs=1e-3)
+    lines = l04.describe_messages(result).splitlines()
+    assert sum("activations" in line for line in lines) == 3
+    assert sum("gradient" in line for line in lines) == 3
+    fig = l04.plot_flow(result.trace)
+    arrows = [p for p in fig.axes[0].texts if str(p.get_gid()).startswith("message:")]
+    assert len(arrows) == 6
+
+
+def test_gpipe_and_1f1b_same_time_less_memory() -> None:
+    gp, ofob = l04.run_step(gpipe(4, 8)), l04.run_step(one_f_one_b(4, 8))
+    assert gp.trace.makespan == pytest.approx(ofob.trace.makespan, rel=1e-3)  # sends differ
+    assert ofob.trace.peak_memory(0) < gp.trace.peak_memory(0)
+    assert gp.trace.makespan < l04.run_step(naive(4)).trace.makespan
+
+
+@pytest.mark.parametrize("stages", [2, 4, 5])
+def test_bubble_rows_measure_both_formulas(stages: int) -> None:
+    for row in l04.bubble_rows(stages, [1, 3, 8]):
+        assert row["idle_share"] == pytest.approx(row["idle_formula"])
+        assert row["overhead"] == pytest.approx(row["overhead_formula"])
+    assert len(l04.plot_bubble(stages).axes[0].get_lines()) == 4
+
+
+def test_timed_trace_pays_the_link() -> None:
+    nbytes = 64 * 2**20
+    pcie, pcie_s = l04.timed_trace(one_f_one_b(4, 8), "4xRTX4090-pcie", 0.002, 0.004, nbytes)
+    nvlink, nvlink_s = l04.timed_trace(one_f_one_b(4, 8), "4xA100-nvlink", 0.002, 0.004, nbytes)
+    assert pcie_s == pytest.approx(Cluster.preset("4xRTX4090-pcie").route(0, 1).seconds(nbytes))
+    assert nvlink_s < pcie_s
+    assert 8 * 0.006 < nvlink.makespan < pcie.makespan
+
+
+# ---- lesson 05 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [4, 3])
+def test_split_conv_equals_the_unsplit_layer(world_size: int) -> None:
+    torch.manual_seed(0)
+    conv = nn.Conv2d(5, 64, 3, padding=1)
+    images = torch.randn(2, 5, 8, 8)
+    result = launch(l05.split_conv, world_size, conv, images)
+    expected = conv(images).detach()
+    firsts = [r["channels"][0] for r in result.results]
+    assert firsts[0] == 0 and result.results[-1]["channels"][1] == 63
+    for r in result.results:
+        torch.testing.assert_close(r["output"], expected)
+    assert sum(r["filters"][0] for r in result.results) == 64
+
+
+def test_split_figures_draw() -> None:
+    assert isinstance(l05.plot_channel_split(64, 64, 4), Figure)
+    assert len(l05.plot_linear_split(4).axes) == 2
+
+
+def test_megatron_mlp_sends_a_third_of_the_naive_split() -> None:
+    megatron = launch(l05.mlp_pass, "4xA100-nvlink", 64, 32, False)
+    naive_split = launch(l05.mlp_pass, "4xA100-nvlink", 64, 32, True)
+    one_all_reduce = ring_allreduce_bytes_sent(4, 64 * 32 * 2)  # bf16 activations
+    assert megatron.bytes_sent_per_rank == [2 * one_all_reduce] * 4
+    assert naive_split.bytes_sent_per_rank == [6 * one_all_reduce] * 4
+
+
+def test_traffic_by_group_splits_every_byte() -> None:
+    mesh = Mesh(2, 2)
+    result = launch(train_hybrid, 4, mesh, make_mlp([4, 8, 8, 2]), make_batches(1, 8, 4, 2),
+                    gpipe(2, 2), None, None, loss_fn)
+    traffic = l05.traffic_by_group(result, mesh)
+    assert traffic["pipeline"] > 0 and traffic["data"] > 0
+    assert sum(traffic.values()) == sum(result.bytes_sent_per_rank)
+
+
+def test_zero_sends_what_an_all_reduce_sends() -> None:
+    plain = launch(l05.sharded_update_traffic, 4, 1024, False)
+    zero = launch(l05.sharded_update_traffic, 4, 1024, True)
+    assert zero.bytes_sent_per_rank == plain.bytes_sent_per_rank == [2 * 3 * 1024] * 4
+
+
+# ---- lesson 06 --------------------------------------------------------------------------------
+
+
+def test_strategy_rows_follow_the_closed_forms() -> None:
+    setting = l06.Setting(model="gpt2-small", cluster="8xA100-nvlink", batch=16, microbatches=4)
+    rows = {row.name: row for row in l06.strategy_rows(setting)}
+    assert set(rows) == set(l06.QUALITIES)
+    params = spec_params("gpt2-small")
+    assert rows["data parallel"].comm_bytes == pytest.approx(
+        ring_allreduce_bytes_sent(8, 2 * params))
+    assert rows["pipeline parallel"].bubble == pytest.approx(7 / 11)
+    assert rows["hybrid DP x PP"].bubble == pytest.approx(3 / 7)
+    assert rows["tensor parallel"].memory < rows["data parallel"].memory
+    assert rows["pipeline parallel"].comm_bytes < rows["data parallel"].comm_bytes
+    assert l06.step_compute_seconds(setting) > 0
+
+
+def test_comparison_table_and_figure() -> None:
+    rows = l06.strategy_rows(l06.Setting())
+    page = l06.comparison_html(rows)
+    assert page.count("<tr>") == 5 and "does NOT fit" in page
+    assert len(l06.comparison_text(rows).splitlines()) == 4
+    assert "llama-7b" in l06.describe_setting(l06.Setting())
+    assert isinstance(l06.plot_comparison(rows), Figure)
+
+
+def test_memory_table_has_a_line_per_model_and_strategy() -> None:
+    text = l06.memory_table(["gpt2-small", "llama-7b"], 8, ["RTX4090-24GB"])
+    assert len(text.splitlines()) == 1 + 2 * 5
+    assert "zero3 x 8" in text
+
+
+def test_both_send_first_deadlocks_and_the_picture_shows_a_cycle() -> None:
+    with pytest.raises(DeadlockError) as caught:
+        launch(l06.both_send_first, 2)
+    fig = l06.plot_wait_for(caught.value)
+    assert "cycle" in fig.axes[0].get_title(loc="left")
+    assert len(fig.axes[0].patches) == 2
+
+
+def test_straggler_makes_everyone_wait_and_logs_it() -> None:
+    result = launch(l06.straggler, 3, 2, 0.01)
+    assert result.results == [3.0] * 3
+    assert all(len(lines) == 3 for lines in result.logs)
+    assert result.trace.idle_fraction(0) == pytest.approx(2 / 3, abs=0.01)
+
+
+def test_bad_shard_names_its_rank() -> None:
+    with pytest.raises(RankError) as caught:
+        launch(l06.bad_shard, 4, 2)
+    assert caught.value.rank == 2 and "bad_shard" in caught.value.rank_traceback
+
+
+def test_forgot_to_send_is_a_deadlock_on_the_simulator() -> None:
+    with pytest.raises(DeadlockError, match="rank 1: finished") as caught:
+        launch(l06.forgot_to_send, 2)
+    assert "finished" in l06.plot_wait_for(caught.value).axes[0].get_title(loc="left")
+
+
+@pytest.mark.gloo
+def test_forgot_to_send_hangs_on_gloo_until_the_timeout() -> None:
+    launch(l06.straggler, 2, 1, 0.001, backend="gloo")  # start the workers outside the timeout
+    with pytest.raises(LaunchTimeoutError, match="recv from rank 1"):
+        launch(l06.forgot_to_send, 2, backend="gloo", timeout=3)
