@@ -48,13 +48,5 @@ clean:
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) \
 		-type d -exec rm -rf {} +
 
-dist# For a room without good internet: build every wheel once, copy the folder (USB stick), then on
-# each machine:  PIP_NO_INDEX=1 PIP_FIND_LINKS=$$PWD/wheelhouse make course
-WHEELHOUSE ?= wheelhouse
-wheelhouse: $(PY)
-	$(PY) -m pip wheel --disable-pip-version-check -c constraints.txt -w $(WHEELHOUSE) '.[test]'
-	$(PY) -m pip download --disable-pip-version-check -d $(WHEELHOUSE) setuptools wheel pip
-	@echo "wheelhouse ready: $(WHEELHOUSE) ($$(ls $(WHEELHOUSE) | wc -l) files)"
-
-clean: clean
+distclean: clean
 	rm -rf $(VENV)
