@@ -18,10 +18,14 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 course: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
+# Every test, then every notebook top to bottom twice (nbval): with the learner's stubs (every
+# cell runs, checks say "not implemented") and with the solutions (every check must pass).
+NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q \
+	-o addopts="" --timeout=300 notebooks
 test: setup
 	$(PY) -m pytest tests -q
-# Next, with the notebooks: run them top to bottom with nbval, e.g.
-#	$(PY) -m pytest --nbval-lax notebooks -q
+	MPGPU_EDU_IMPL=exercises $(NBVAL)
+	MPGPU_EDU_IMPL=solutions MPGPU_EDU_STRICT=1 $(NBVAL)
 
 doctor: setup
 	$(VENV)/bin/mpgpu-edu doctor

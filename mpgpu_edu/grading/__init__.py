@@ -20,6 +20,7 @@ Modules: ``registry`` (the exercises), ``checks`` (their cases), ``runner`` (iso
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,11 @@ class ExerciseFailed(AssertionError):
     """Raised by ``check(..., strict=True)`` when the exercise does not pass."""
 
 
+IMPL_ENV, STRICT_ENV = "MPGPU_EDU_IMPL", "MPGPU_EDU_STRICT"
+
+
 def check(exercise: str, fn: Callable[..., Any] | None = None, *,
-          impl: str | Path | None = None, timeout: float = 60.0, strict: bool = False,
+          impl: str | Path | None = None, timeout: float = 60.0, strict: bool | None = None,
           figures: bool = True) -> ExerciseResult:
     """Check exercise ``exercise`` (e.g. ``"1.3"``) and return its result.
 
@@ -47,7 +51,15 @@ def check(exercise: str, fn: Callable[..., Any] | None = None, *,
     checked. ``timeout`` bounds all the exercise's cases together (each case has its own
     limit too). ``strict=True`` raises ``ExerciseFailed`` unless it passed (and ValueError
     for an unknown id).
+
+    The environment can set the defaults for a whole run (CI runs every notebook twice):
+    ``MPGPU_EDU_IMPL=solutions`` checks the solutions instead of ``exercises/``, and
+    ``MPGPU_EDU_STRICT=1`` makes every check strict.
     """
+    if impl is None and fn is None and os.environ.get(IMPL_ENV):
+        impl = os.environ[IMPL_ENV]
+    if strict is None:
+        strict = os.environ.get(STRICT_ENV, "") not in ("", "0", "false", "no")
     try:
         result = _check(exercise, fn, impl, timeout, figures)
     except Exception as exc:  # noqa: BLE001 - check() reports, it does not raise
