@@ -138,3 +138,9 @@ def test_scaling_study_wrapper_returns_plot_ready_series() -> None:
     times = l03.run_scaling_study([SMALL], presets=["8xH100-nvswitch"], world_sizes=[1, 2])
     assert list(times) == ["small model, 8xH100-nvswitch"]
     assert set(times["small model, 8xH100-nvswitch"]) == {1, 2}
+
+
+def test_demo_wrappers_match_one_device() -> None:
+    assert l02.run_demo(3, 2, "adam")["matches"]
+    report = l03.run_demo(3, 2, "sgd", variant="bucketed")
+    assert report["matches"] and report["variant"] == "bucketed"

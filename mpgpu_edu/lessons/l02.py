@@ -1,5 +1,6 @@
 """Lesson 02's demos: a parameter server, its one link, its shards, and stale updates.
 
+- ``run_demo``: ``ps.run_demo`` (the parameter server against one device on the demo model).
 - ``ps_step_on_meta`` / ``run_ps_step``: one synchronous step of the package's parameter
   server (``mpgpu_edu.ps``, one server or K shards) on meta tensors: shapes without data, so
   a model of millions of parameters costs no memory and the timeline is exact.
@@ -52,7 +53,14 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-# ---- the synchronous server on meta tensors ---------------------------------------------------
+# ---- the synchronous server: against one device, then on meta tensors ---------------------
+
+def run_demo(world_size: int, steps: int, optimizer: str) -> dict:
+    """``ps.run_demo`` on the simulator: ``world_size - 1`` workers and a server train the
+    demo model for ``steps`` steps; the report compares with one device (``train_single``)."""
+    with one_torch_thread():
+        return ps.run_demo("sim", world_size, steps, optimizer)
+
 
 def ps_step_on_meta(comm: Communicator, workload: Workload, n_servers: int = 1) -> None:
     """Every rank: one synchronous parameter-server step of ``workload`` on meta tensors.
@@ -176,8 +184,9 @@ def plot_loss_curves(curves: Mapping[str, Sequence[float]], *,
                      times: Mapping[str, Sequence[float]] | None = None,
                      title: str | None = None, log: bool = True) -> Figure:
     """Loss against update, one line per run (``{label: losses}``); every second line is
-    dashed and thinner, so two runs that coincide both stay visible. With ``times`` (``{label: the time of each
-    update}``, same labels) a second panel shows the loss against simulated time."""
+    dashed and thinner, so two runs that coincide both stay visible. With ``times``
+    (``{label: the time of each update}``, same labels) a second panel shows the loss
+    against simulated time."""
     panels = 2 if times else 1
     fig = new_figure(5.2 * panels + 2.2, 3.8)
     axes = fig.subplots(1, panels, sharey=True, squeeze=False)[0]

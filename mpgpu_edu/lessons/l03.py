@@ -8,6 +8,7 @@ refinements hide.
   gradients, optimizer state, activations and buckets recorded in the memory ledger.
 - ``deep``: a workload of many small layers, where buckets and overlap show.
 - ``hidden_comm_seconds``: communication that ran under compute, costing no time.
+- ``run_demo``: ``dp.run_demo`` (a DDP variant against one device on the demo model).
 - ``run_training``: real DDP training with every tensor in the memory ledger.
 - ``run_scaling_study``: ``dp.scaling.scaling_study``, the step time on 1 .. 8 devices.
 - ``plot_loss_curves``: lesson 02's loss figure.
@@ -25,6 +26,7 @@ from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.data import (DEMO_BATCH, DEMO_SIZES, Workload, make_batch, make_batches,
                             make_mlp, shard)
+from mpgpu_edu.dp import run_demo as dp_run_demo
 from mpgpu_edu.dp.dataparallel import dataparallel_step
 from mpgpu_edu.dp.ddp import (StepFn, ddp_step_overlapped, forward_backward, optimizer_step,
                               train_ddp)
@@ -35,8 +37,8 @@ from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, tra
 from mpgpu_edu.reference import make_optimizer
 from mpgpu_edu.trace import Trace
 
-__all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "recipe_step", "run_recipe",
-           "run_scaling_study", "run_step", "run_training", "step_on_meta"]
+__all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "recipe_step", "run_demo",
+           "run_recipe", "run_scaling_study", "run_step", "run_training", "step_on_meta"]
 
 RECIPE_LR = 0.05
 
@@ -144,6 +146,14 @@ def hidden_comm_seconds(trace: Trace, device: int) -> float:
 
 
 # ---- whole runs -------------------------------------------------------------------------------
+
+def run_demo(world_size: int, steps: int, optimizer: str,
+             variant: str = "overlapped") -> dict:
+    """``dp.run_demo`` on the simulator: DDP (``variant``) on ``world_size`` ranks trains the
+    demo model for ``steps`` steps; the report compares with one device (``train_single``)."""
+    with one_torch_thread():
+        return dp_run_demo("sim", world_size, steps, optimizer, variant=variant)
+
 
 def run_training(cluster: Cluster | str, sizes: Sequence[int], batch: int, steps: int,
                  optimizer: str = "adam", step_fn: StepFn = ddp_step_overlapped,
