@@ -53,7 +53,8 @@ def seed_model(n_layers: int = 30, width: int = 64) -> nn.Sequential:
 
 def uneven_model(widths: Sequence[int] = UNEVEN_WIDTHS) -> nn.Sequential:
     """Linear layers of the given widths, one block each (Linear + ReLU, the last Linear
-    alone): the first layers hold most of the parameters, as an embedding does."""
+    alone), named ``"1"``, ``"2"``, ...: the first layers are the widest and hold most of the
+    parameters."""
     pairs = list(zip(widths, widths[1:]))
     blocks = [(str(i + 1), nn.Sequential(nn.Linear(a, b), nn.ReLU()) if i < len(pairs) - 1
                else nn.Linear(a, b)) for i, (a, b) in enumerate(pairs)]
