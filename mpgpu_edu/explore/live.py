@@ -22,7 +22,7 @@ from typing import Any
 
 import ipywidgets as widgets
 from IPython import get_ipython
-from IPython.display import Image, display
+from IPython.display import Image
 from matplotlib.figure import Figure
 
 from mpgpu_edu.viz.palette import WARNING_COLOR
@@ -74,9 +74,10 @@ class Explorer(widgets.VBox):
         self.summary.value = self.describe(info)
         if get_ipython() is None:  # plain Python (a script, a test): nothing to show it on
             return
-        with self.output:
-            self.output.clear_output(wait=True)
-            display(Image(data=self.png(), format="png"))
+        # Set the output's contents directly rather than `with output: display(...)`, which
+        # sometimes leaves a headless notebook runner waiting for ever (ipykernel 7/nbclient).
+        self.output.outputs = ()
+        self.output.append_display_data(Image(data=self.png(), format="png"))
 
     def png(self) -> bytes:
         """The current figure as PNG bytes (what the notebook shows)."""
