@@ -9,8 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.base import CommStats
 from mpgpu_edu.comm.errors import (Aborted, DeadlockError, LaunchTimeoutError,
@@ -129,16 +127,9 @@ def run_sim(fn: Callable[..., Any], cluster: Any, args: tuple, kwargs: dict,
 
     threads = [threading.Thread(target=body, args=(r,), daemon=True, name=f"rank-{r}")
                for r in range(n)]
-    # N rank threads that each start one torch thread per core would fight over the cores
-    # (small ops got 30x slower on 2 cores): one intra-op thread per rank, as torchrun does.
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(1 if n > 1 else torch_threads)
-    try:
-        for t in threads:
-            t.start()
-        _join(threads, comms, router, timeout)
-    finally:
-        torch.set_num_threads(torch_threads)
+    for t in threads:
+        t.start()
+    _join(threads, comms, router, timeout)
     _raise_failure(router, errors)
     _check_unmatched(router)
     op_lists = {(c.rank, lane.lane): lane.ops for c in comms
