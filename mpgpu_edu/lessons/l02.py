@@ -39,18 +39,16 @@ LINE_STYLES = (("-", 2.6), ("--", 1.6))
 
 @contextlib.contextmanager
 def one_torch_thread() -> Iterator[None]:
-    """Run torch's kernels on one thread inside the block, and restore the count after.
+    """Run torch's kernels on one thread from here on (the count is not raised again).
 
     The simulator runs every rank as a thread of this process, and the demo tensors are
     small: two OpenMP threads per tiny op, times several ranks, on a laptop's few busy cores
     make every op wait for the others (``torchrun`` sets one thread per process for the same
-    reason). Simulated times do not depend on it, only how long you wait for them."""
-    before = torch.get_num_threads()
+    reason). Simulated times do not depend on it, only how long you wait for them. The count
+    stays at one afterwards: raising it again left OpenMP threads spinning, which slowed every
+    later op of the process."""
     torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    yield
 
 
 # ---- the synchronous server: against one device, then on meta tensors ---------------------
