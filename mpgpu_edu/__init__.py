@@ -27,6 +27,11 @@ _EXPORTS = {
     "show_timeline": "mpgpu_edu.viz.timeline:plot_timeline",
     "check": "mpgpu_edu.grading:check",
     "progress": "mpgpu_edu.grading:progress",
+    "hint": "mpgpu_edu.grading.hints:hint",
+    "predict": "mpgpu_edu.grading.predict:predict",
+    "reveal": "mpgpu_edu.grading.predict:reveal",
+    "yours": "mpgpu_edu.grading.yours:yours",
+    "show_source": "mpgpu_edu.viz.source:show_source",
 }
 
 __all__ = sorted(_EXPORTS)

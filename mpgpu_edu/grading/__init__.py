@@ -27,10 +27,13 @@ from typing import Any
 
 from mpgpu_edu.grading.progress import CourseNotFound, find_root, progress
 from mpgpu_edu.grading.registry import EXERCISES, get
+from mpgpu_edu.grading.hints import hint
+from mpgpu_edu.grading.predict import predict, reveal
 from mpgpu_edu.grading.report import ExerciseResult, Report
+from mpgpu_edu.grading.yours import yours
 
-__all__ = ["EXERCISES", "ExerciseFailed", "ExerciseResult", "Report", "check", "progress",
-           "resolve_impl"]
+__all__ = ["EXERCISES", "ExerciseFailed", "ExerciseResult", "Report", "check", "hint",
+           "predict", "progress", "resolve_impl", "reveal", "yours"]
 
 
 class ExerciseFailed(AssertionError):
@@ -86,10 +89,13 @@ def _check(exercise_id: str, fn: Callable[..., Any] | None, impl: str | Path | N
     folder = resolve_impl(impl, root)
     results = runner.run_many(folder, [exercise.id], limits=limits, figures=figures,
                               display_dir=_shown(folder, root))
+    from mpgpu_edu.grading.yours import remember
+
+    sha = remember(folder / exercise.filename, exercise.id, results[0].passed)
     if root is not None and folder == root / "exercises":
         from mpgpu_edu.grading.progress import record
 
-        record(root, results)
+        record(root, results, {exercise.id: sha})
     return results[0]
 
 

@@ -11,12 +11,12 @@ In a solution module each graded part sits inside a function body between marker
 and the generated exercise keeps everything else byte for byte, with the marked lines
 replaced by these two (indented as the markers were)::
 
-    # Exercise 1.3 (about 14 lines). Hint: <the registry's hint>
+    # Exercise 1.3 (about 14 lines). mp.hint("1.3") when stuck.
     raise NotImplementedError("Exercise 1.3: ring_all_reduce (notebooks/01_communication.ipynb)")
 
 "About k lines" counts the solution's lines that are neither blank nor comments. The id after
-``BEGIN SOLUTION`` names the exercise in ``registry.EXERCISES``, which gives the function,
-the hint and the notebook; a marker in the wrong function or file is an error.
+``BEGIN SOLUTION`` names the exercise in ``registry.EXERCISES``, which gives the function
+and the notebook; a marker in the wrong function or file is an error.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class SolvedPart:
 
 def stub_lines(exercise: Exercise, indent: str, n_lines: int) -> list[str]:
     """The two lines that replace a solution."""
-    return [f"{indent}# Exercise {exercise.id} (about {n_lines} lines). Hint: {exercise.hint}",
+    return [f"{indent}# Exercise {exercise.id} (about {n_lines} lines). "
+            f'mp.hint("{exercise.id}") when stuck.',
             f'{indent}raise NotImplementedError("Exercise {exercise.id}: {exercise.function} '
             f'({exercise.notebook})")']
 

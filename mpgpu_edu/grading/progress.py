@@ -55,28 +55,49 @@ def progress_path(root: Path) -> Path:
     return root / STATE_DIR / "progress.json"
 
 
-def load(root: Path) -> dict[str, dict]:
-    """``{exercise id: {"status", "points", "max_points", "checked_at"}}`` (empty if never
-    checked)."""
+def read_state(root: Path) -> dict:
+    """The whole of ``progress.json``: ``exercises`` (latest results), ``hints`` (the level
+    revealed per exercise), ``predictions`` (the learner's choices). Empty when absent."""
     try:
         data = json.loads(progress_path(root).read_text())
     except (OSError, ValueError):
         return {}
-    return data.get("exercises", {}) if isinstance(data, dict) else {}
+    return data if isinstance(data, dict) else {}
 
 
-def record(root: Path, results: list[ExerciseResult]) -> None:
-    """Remember the latest result of each exercise checked."""
-    entries = load(root)
-    now = _dt.datetime.now().isoformat(timespec="seconds")
-    for r in results:
-        entries[r.id] = {"status": r.status, "points": r.points, "max_points": r.max_points,
-                         "checked_at": now}
+def update_state(root: Path, section: str, key: str, value: dict | None) -> None:
+    """Set (or with ``None`` remove) one entry of one section of ``progress.json``,
+    atomically (a crash leaves the old file or the new one, never half of one)."""
+    state = read_state(root)
+    entries = state.get(section) if isinstance(state.get(section), dict) else {}
+    if value is None:
+        entries.pop(key, None)
+    else:
+        entries[key] = value
+    state[section] = entries
     path = progress_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"exercises": entries}, indent=1, sort_keys=True))
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(state, indent=1, sort_keys=True))
     temporary.replace(path)
+
+
+def load(root: Path) -> dict[str, dict]:
+    """``{exercise id: {"status", "points", "max_points", "checked_at", "source_sha256"}}``
+    (empty if never checked)."""
+    entries = read_state(root).get("exercises", {})
+    return entries if isinstance(entries, dict) else {}
+
+
+def record(root: Path, results: list[ExerciseResult],
+           shas: dict[str, str] | None = None) -> None:
+    """Remember the latest result of each exercise checked, with the SHA-256 of the
+    function's source as it was checked (``shas``), so a later edit makes it stale."""
+    now = _dt.datetime.now().isoformat(timespec="seconds")
+    for r in results:
+        update_state(root, "exercises", r.id, {
+            "status": r.status, "points": r.points, "max_points": r.max_points,
+            "checked_at": now, "source_sha256": (shas or {}).get(r.id, "")})
 
 
 @dataclass

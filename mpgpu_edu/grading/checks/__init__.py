@@ -1,9 +1,14 @@
 """The checks: for every exercise, a list of named cases, each worth some points.
 
-A case is a function of the learner's implementation (the exercise's function). It returns
-normally when the implementation passes, raises ``AssertionError`` (or ``CheckFailure``)
-with a message for the learner when it does not, and may return ``Evidence``: timelines to
-draw next to the reference's, or text such as a rendered schedule.
+A case has two halves. *compute* calls the learner's implementation (the exercise's function)
+and returns plain data only: ``torch.Tensor``, ``float``, ``int``, ``bool``, ``str``, ``None``,
+and lists and dicts of them (``plain`` copies whatever it returns into exactly those types, so
+a returned object cannot lie about equality). *judge* takes that data, never the learner's
+code, and returns normally when it passes, raises ``CheckFailure`` with a message for the
+learner when it does not, and may return ``Evidence``: timelines to draw next to the
+reference's (as ``Trace.to_dict()`` data), or text such as a rendered schedule. Only
+*compute* ever needs to run beside the learner's code; the verdict can be reached where that
+code cannot reach.
 
 Cases test structure as well as numbers: bytes and messages per rank from the simulator's
 ``LaunchResult.stats``, the timeline (``LaunchResult.trace``), schedules' activations,
@@ -41,13 +46,22 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Case:
-    """One named check worth ``points``: ``run(impl)`` raises on failure."""
+    """One named check worth ``points``: ``judge(plain(compute(impl)))`` raises on failure."""
 
     name: str
     points: int
-    run: Callable[[Callable[..., Any]], Evidence | None]
+    compute: Callable[[Callable[..., Any]], Any]
+    judge: Callable[[Any], Evidence | None] | None
     hidden: bool = False
     timeout_s: float = DEFAULT_CASE_TIMEOUT_S
+
+    def run(self, impl: Callable[..., Any]) -> Evidence | None:
+        """Both halves in this process (the data crosses ``plain`` in between)."""
+        from mpgpu_edu.grading.checks._plain import plain
+
+        if self.judge is None:
+            raise TypeError(f"case {self.name!r} has no judge half")
+        return self.judge(plain(self.compute(impl)))
 
 
 def lesson_module(lesson: int) -> Any:

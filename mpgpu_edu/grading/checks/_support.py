@@ -227,3 +227,74 @@ def rank_inputs(world_size: int, numel: int, seed: int = 0) -> list[torch.Tensor
 
 def bytes_of(numel: int, dtype: torch.dtype = torch.float32) -> int:
     return numel * torch.empty(0, dtype=dtype).element_size()
+
+
+# ---- compute + judge: plain facts and examples -----------------------------------------------
+
+def launch_facts(result: LaunchResult, with_trace: bool = False) -> dict[str, Any]:
+    """What a judge may know of a simulator run, as plain data: each rank's return value,
+    its messages and bytes (``stats``: one dict per rank, peers as int keys), the makespan,
+    and the whole trace as ``Trace.to_dict()`` when ``with_trace``."""
+    from mpgpu_edu.grading.checks._plain import plain
+
+    facts: dict[str, Any] = {
+        "results": plain(result.results),
+        "stats": [s.to_dict() for s in result.stats],
+        "makespan": float(result.trace.makespan),
+    }
+    if with_trace:
+        facts["trace"] = result.trace.to_dict()
+    return facts
+
+
+def evidence(traces: dict[str, dict], text: str = "") -> Evidence:
+    """``Evidence`` from traces given as ``Trace.to_dict()`` data (what a judge receives)."""
+    from mpgpu_edu.trace import Trace
+
+    return Evidence(traces={name: Trace.from_dict(t) for name, t in traces.items()}, text=text)
+
+
+def examples(count: int, seed: int = 0, **ranges: tuple[int, int]) -> list[dict[str, int]]:
+    """``count`` reproducible examples for a hidden case, smallest first: the first is every
+    range's low end, the rest drawn at random (seeded) and sorted by size, so the first
+    failing example a judge reports is a small one."""
+    import random
+
+    rng = random.Random(seed)
+    drawn = [{name: low for name, (low, _high) in ranges.items()}]
+    while len(drawn) < count:
+        drawn.append({name: rng.randint(low, high) for name, (low, high) in ranges.items()})
+    unique = list({tuple(sorted(d.items())): d for d in drawn}.values())
+    return sorted(unique, key=lambda d: (sum(d.values()), tuple(d.values())))
+
+
+def compute_examples(body: Callable[..., Any], cases: list[dict[str, Any]]) -> list[dict]:
+    """*compute* for a hidden case: ``[{"example": ..., "out": body(**example)}, ...]``.
+    A stub's NotImplementedError passes through; the learner's first other error is
+    reported with its example."""
+    from mpgpu_edu.grading.checks._plain import plain
+
+    records = []
+    for example in cases:
+        try:
+            out = body(**example)
+        except (NotImplementedError, LaunchTimeoutError, CheckFailure):
+            raise
+        except LearnerError as exc:
+            raise LearnerError(f"for {_example(example)}: {exc}", exc.original) from None
+        except Exception as exc:  # noqa: BLE001 - the learner's code raised
+            raise LearnerError(f"for {_example(example)}: {type(exc).__name__}: {exc}",
+                               exc) from None
+        records.append({"example": dict(example), "out": plain(out)})
+    return records
+
+
+def judge_examples(records: list[dict], judge_one: Callable[..., None]) -> None:
+    """*judge* for a hidden case: ``judge_one(out, **example)`` for every record; the first
+    failure is reported with its example."""
+    for record in records:
+        try:
+            judge_one(record["out"], **record["example"])
+        except AssertionError as exc:
+            raise CheckFailure(f"fails for {_example(record['example'])}: "
+                               f"{_first_line(exc)}") from None

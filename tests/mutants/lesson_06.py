@@ -1,0 +1,5 @@
+"""Plausible wrong answers for lesson 06 (see tests/mutants/__init__.py)."""
+
+from __future__ import annotations
+
+MUTANTS: dict[str, list[str]] = {}
