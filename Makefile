@@ -1,6 +1,7 @@
 # mpgpu-edu: the course in two commands.
 #   make course   set up .venv (first time only) and open the notebooks in JupyterLab
 #   make test     set up .venv (first time only) and run every test
+#   make quick    the fast tests only, for everyday iteration
 #   make doctor   is this machine ready for the course?
 #   make clean    remove caches and build leftovers (keeps .venv); make distclean also drops .venv
 
@@ -13,19 +14,29 @@ PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -c constraints.t
 STAMP := $(VENV)/.mpgpu-installed
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: course test doctor setup clean distclean wheelhouse
+.PHONY: course test quick doctor setup clean distclean wheelhouse
 
 course: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG)
 
 # Every test, then every notebook top to bottom twice (nbval): with the learner's stubs (every
-# cell runs, checks say "not implemented") and with the solutions (every check must pass).
+# cell runs, checks say "not implemented", demos run the reference and say so) and with the
+# solutions (every check must pass), where each solved function logs the calls made outside
+# the checks: the last step proves that the lessons' demos ran the learner's code.
 NBVAL := $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q \
 	-o addopts="" --timeout=300 notebooks
+SOLVED := artifacts/solved
+CALL_LOG := $(CURDIR)/artifacts/demo_calls.log
 test: setup
 	$(PY) -m pytest tests -q
 	MPGPU_EDU_IMPL=exercises $(NBVAL)
-	MPGPU_EDU_IMPL=solutions MPGPU_EDU_STRICT=1 $(NBVAL)
+	$(PY) -m tests.instrument $(SOLVED) > /dev/null && rm -f $(CALL_LOG)
+	MPGPU_EDU_IMPL=$(CURDIR)/$(SOLVED) MPGPU_EDU_CALL_LOG=$(CALL_LOG) MPGPU_EDU_STRICT=1 $(NBVAL)
+	$(PY) -m tests.instrument --verify $(CALL_LOG)
+
+# Everyday iteration: the package's tests without the slow, gloo, notebook and browser ones.
+quick: setup
+	$(PY) -m pytest tests -q -m "not slow and not gloo and not notebooks and not browser and not mutants"
 
 doctor: setup
 	$(VENV)/bin/mpgpu-edu doctor

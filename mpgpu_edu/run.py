@@ -205,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     options, rest = build_parser().parse_known_args(argv)
     try:
         if options.list or options.target is None:
-            for name, entry in ENTRIES.items():
-                print(f"{name:12s} {entry.help}")
+            if os.environ.get("RANK", "0") == "0":  # under torchrun, every rank runs this
+                for name, entry in ENTRIES.items():
+                    print(f"{name:12s} {entry.help}")
             return 0
         fn, args, kwargs = resolve(options.target, rest)
         missing = [v for v in TORCHRUN_VARIABLES if v not in os.environ]

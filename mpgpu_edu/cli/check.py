@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from mpgpu_edu.cli import UsageError
 
@@ -57,16 +58,21 @@ def run(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise UsageError(f"{folder} does not exist")
 
-    def show(result: object) -> None:
-        if not args.json:
-            print(f"  {result!r}", file=sys.stderr, flush=True)
+    def show(result: Any) -> None:  # progress while a long run goes on, one line each
+        if not args.json and len(ids) > 1:
+            print(f"  {result.id:5s} {result.status:15s} {result.points}/{result.max_points}",
+                  file=sys.stderr, flush=True)
 
     shown = args.impl if named else str(folder)
     results = runner.run_many(folder, ids, limits=runner.Limits(timeout_s=args.timeout),
                               display_dir=shown, on_result=show)
     report = Report(results)
     if root is not None and args.impl == "exercises":
-        record(root, results)
+        from mpgpu_edu.grading.yours import remember
+
+        shas = {r.id: remember(folder / registry.get(r.id).filename, r.id, r.passed)
+                for r in results}
+        record(root, results, shas)
     if args.html:
         Path(args.html).write_text(html_page(report_html(report), "mpgpu-edu check"))
     if args.json:

@@ -42,6 +42,9 @@ def _warm_up() -> None:
 _warm_up()
 
 
+GRADING_CHILD_ENV = "MPGPU_EDU_GRADING_CHILD"
+
+
 class CappedOutput(io.TextIOBase):
     """A text stream that keeps the first ``limit`` characters and counts the rest."""
 
@@ -70,6 +73,7 @@ class CappedOutput(io.TextIOBase):
 
 def main(conn: Any, request: dict) -> None:
     """Entry point of a child: run cases ``request["start"]..`` of one exercise."""
+    os.environ[GRADING_CHILD_ENV] = "1"  # this process runs checks (the demo-call log skips it)
     try:
         _isolate(request)
         output = CappedOutput(request["output_chars"])

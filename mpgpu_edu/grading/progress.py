@@ -92,12 +92,19 @@ def load(root: Path) -> dict[str, dict]:
 def record(root: Path, results: list[ExerciseResult],
            shas: dict[str, str] | None = None) -> None:
     """Remember the latest result of each exercise checked, with the SHA-256 of the
-    function's source as it was checked (``shas``), so a later edit makes it stale."""
+    function's source as it was checked (``shas``; by default hashed from ``exercises/``
+    now), so a later edit makes the record stale for ``mp.yours``."""
+    from mpgpu_edu.grading.yours import source_sha
+
     now = _dt.datetime.now().isoformat(timespec="seconds")
     for r in results:
+        sha = (shas or {}).get(r.id)
+        if sha is None:
+            exercise = EXERCISES[r.id]
+            sha = source_sha(root / "exercises" / exercise.filename, exercise.function)
         update_state(root, "exercises", r.id, {
             "status": r.status, "points": r.points, "max_points": r.max_points,
-            "checked_at": now, "source_sha256": (shas or {}).get(r.id, "")})
+            "checked_at": now, "source_sha256": sha})
 
 
 @dataclass
@@ -151,8 +158,17 @@ class Progress:
 
 def progress(root: Path | str | None = None) -> Progress:
     """The learner's progress from the latest checks (``mpgpu_edu.check`` records them)."""
+    from mpgpu_edu.grading.yours import source_sha
+
     folder = Path(root) if root is not None else find_root()
     entries = load(folder)
+    for exercise_id, entry in entries.items():  # edited since its check: no longer counts
+        exercise = EXERCISES.get(exercise_id)
+        if exercise is None or not isinstance(entry, dict) or not entry.get("source_sha256"):
+            continue
+        now = source_sha(folder / "exercises" / exercise.filename, exercise.function)
+        if now != entry["source_sha256"] and entry.get("status") == "passed":
+            entries[exercise_id] = dict(entry, status="changed since its check", points=0)
     lessons = []
     for lesson in LESSONS:
         exercises = [e for e in EXERCISES.values() if e.lesson == lesson]

@@ -25,6 +25,8 @@ from mpgpu_edu.viz.palette import (
 
 BAR_HEIGHT = 0.8
 LABEL_FONT_SIZE = 8
+MIN_BAR_PX = 2.5   # the narrowest bar drawn: a tiny message stays visible
+EDGE_MIN_PX = 5.0  # bars narrower than this lose their white edge (it would hide them)
 
 
 def _kind_color(kind: str) -> str:
@@ -75,13 +77,23 @@ def _lanes(y: float, events: Sequence[Event], split: bool) -> list[tuple[Event, 
 
 
 def _draw_bars(ax: Axes, placed: list[tuple[Event, float, float]], seconds_per_px: float) -> None:
+    """One bar per event. A message too short to see at this scale (a 4 KiB send beside a
+    40 ms backward) is drawn ``MIN_BAR_PX`` wide and without the white edge that separates
+    neighbouring bars, so it shows as a solid mark of its kind's colour, not a pale smear."""
+    narrow = EDGE_MIN_PX * seconds_per_px
     for kind in dict.fromkeys(e.kind for e, _, _ in placed):
         mine = [(e, y, h) for e, y, h in placed if e.kind == kind]
-        bars = ax.barh([y for _, y, _ in mine], [e.duration for e, _, _ in mine],
-                       left=[e.start for e, _, _ in mine], height=[h for _, _, h in mine],
-                       color=_kind_color(kind), edgecolor="white", linewidth=0.6, label=kind)
-        for rect in bars.patches:
-            rect.set_gid(f"event:{kind}")
+        for wide in (True, False):
+            group = [(e, y, h) for e, y, h in mine if (e.duration >= narrow) == wide]
+            if not group:
+                continue
+            bars = ax.barh([y for _, y, _ in group],
+                           [max(e.duration, MIN_BAR_PX * seconds_per_px) for e, _, _ in group],
+                           left=[e.start for e, _, _ in group], height=[h for _, _, h in group],
+                           color=_kind_color(kind), edgecolor="white" if wide else "none",
+                           linewidth=0.6 if wide else 0, label=kind)
+            for rect in bars.patches:
+                rect.set_gid(f"event:{kind}")
         for e, y, h in mine:
             _label_inside(ax, e, y, h, seconds_per_px)
 
