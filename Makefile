@@ -12,6 +12,8 @@ PY := $(VENV)/bin/python
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
 # Reinstall only when the dependency lists change.
 STAMP := $(VENV)/.mpgpu-installed
+# JupyterLab's defaults for the course: no "Jupyter news?" prompt, no update check.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: course test quick doctor setup clean distclean wheelhouse
@@ -41,7 +43,7 @@ quick: setup
 doctor: setup
 	$(VENV)/bin/mpgpu-edu doctor
 
-setup: $(STAMP)
+setup: $(STAMP) $(LAB_OVERRIDES)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +51,11 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml constraints.txt
 	$(PIP_INSTALL) -e '.[test]'
 	touch $(STAMP)
+
+$(LAB_OVERRIDES): $(STAMP)
+	mkdir -p $(dir $(LAB_OVERRIDES))
+	printf '%s\n' '{"@jupyterlab/apputils-extension:notification":' \
+		' {"fetchNews": "false", "checkForUpdates": false}}' > $(LAB_OVERRIDES)
 
 # For a room without good internet: build every wheel once, copy the folder (USB stick), then on
 # each machine:  PIP_NO_INDEX=1 PIP_FIND_LINKS=$$PWD/wheelhouse make course

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 
@@ -125,3 +126,15 @@ def test_every_install_goes_through_the_constraints() -> None:
     installs = [line for line in makefile.splitlines() if "pip install" in line]
     assert installs and all("-c constraints.txt" in line for line in installs), installs
     assert re.search(r"^\s*make test\s*$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+
+
+def test_the_course_jupyterlab_asks_no_news_question() -> None:
+    """``make setup`` writes JupyterLab overrides into the venv: no "Jupyter news?" prompt."""
+    import json
+    import sys
+
+    if not (Path(sys.prefix) / ".mpgpu-installed").exists():
+        pytest.skip("not the course's .venv (made by `make setup`)")
+    overrides = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+    settings = json.loads(overrides.read_text())["@jupyterlab/apputils-extension:notification"]
+    assert settings["fetchNews"] == "false" and settings["checkForUpdates"] is False
