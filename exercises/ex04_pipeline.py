@@ -9,11 +9,16 @@ them, ``render`` draws them. The function just below is solved for you: read it 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator
-from mpgpu_edu.pipeline import Step, recv_from, send_to
+from mpgpu_edu.pipeline import Schedule, Step, recv_from, send_to, steps_of
+from mpgpu_edu.pipeline.executor import message_tag
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 # ---- worked example (solved, not graded) ---------------------------------------------------
@@ -45,7 +50,7 @@ def balanced_boundaries(costs: list[float], n_stages: int) -> list[int]:
     >>> balanced_boundaries([3, 1, 1, 1, 2], 2)
     [2]
     """
-    # Exercise 4.1 (about 20 lines). Hint: DP: best[k][j] = cheapest max for j layers in k stages.
+    # Exercise 4.1 (about 20 lines). mp.hint("4.1") when stuck.
     raise NotImplementedError("Exercise 4.1: balanced_boundaries (notebooks/04_pipeline.ipynb)")
 
 
@@ -56,35 +61,75 @@ def gpipe_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
     ``from_order("gpipe", gpipe_orders(P, M))`` then takes 2(M + P - 1) ticks, and stage 0
     holds all M microbatches' activations when it turns from forward to backward.
     """
-    # Exercise 4.2 (about 3 lines). Hint: all F steps in microbatch order, then all B steps.
+    # Exercise 4.2 (about 3 lines). mp.hint("4.2") when stuck.
     raise NotImplementedError("Exercise 4.2: gpipe_orders (notebooks/04_pipeline.ipynb)")
 
 
 def one_f_one_b_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
-    """The 1F1B schedule (PipeDream-Flush) as each device's step order: stage p runs
-    ``min(P - 1 - p, M)`` warm-up forwards, then alternates one forward and one backward
-    (backwards in microbatch order 0, 1, ...), then runs the backwards that are left.
+    """The 1F1B schedule (PipeDream-Flush, Narayanan et al., 2021) as each device's step
+    order: stage p runs ``min(P - 1 - p, M)`` warm-up forwards, then alternates one forward
+    and one backward (backwards in microbatch order 0, 1, ...), then runs the backwards that
+    are left.
 
     Same makespan as GPipe, 2(M + P - 1) ticks, but stage p never holds more than
     ``min(P - p, M)`` microbatches' activations.
     """
-    # Exercise 4.3 (about 8 lines). Hint: P - 1 - p warm-up forwards, then pairs of F and B.
+    # Exercise 4.3 (about 8 lines). mp.hint("4.3") when stuck.
     raise NotImplementedError("Exercise 4.3: one_f_one_b_orders (notebooks/04_pipeline.ipynb)")
 
 
 def pipeline_forward_step(comm: Communicator, stage: nn.Module, step: Step, n_stages: int,
                           x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
     """Run one forward ``step`` of a pipeline on this rank (rank p runs stage p) and return
-    the stage's output, still attached to the autograd graph (a backward step needs it).
+    the stage's output, still attached to the autograd graph, so that a later backward step
+    can compute the gradient of the stage's parameters *and* of its input (the gradient the
+    previous stage waits for).
 
-    1. Input: on stage 0 it is ``x`` (the microbatch); on later stages receive a float32
-       activation of shape ``in_shape`` from ``recv_from(step, n_stages)``.
-    2. Forward: ``stage(input)`` inside ``with comm.compute("forward", ...)`` so the
-       simulator times it.
-    3. Output: unless this is the last stage, send the output (detached) to
-       ``send_to(step, n_stages)``.
+    - Input: on stage 0 it is ``x`` (the microbatch); a later stage receives a float32
+      activation of shape ``in_shape`` from ``recv_from(step, n_stages)``, and that received
+      tensor must collect a ``.grad`` when backward runs through this stage's output.
+    - The stage's forward runs inside ``comm.compute("forward", step.token)`` (the simulator
+      times it).
+    - Unless this is the last stage, the output goes to ``send_to(step, n_stages)``; what
+      crosses the wire is data only, never the graph.
 
     Every message uses ``tag=step.microbatch``, so microbatches cannot be mixed up.
     """
-    # Exercise 4.4 (about 10 lines). Hint: recv_from / send_to(step, n_stages); tag=microbatch.
+    # Exercise 4.4 (about 11 lines). mp.hint("4.4") when stuck.
     raise NotImplementedError("Exercise 4.4: pipeline_forward_step (notebooks/04_pipeline.ipynb)")
+
+
+def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
+                     microbatches: Sequence[torch.Tensor] | None,
+                     targets: Sequence[torch.Tensor] | None,
+                     recv_shapes: Sequence[tuple[int, ...]] | None,
+                     loss_fn: LossFn = nn.functional.mse_loss,
+                     stage_seconds: tuple[float, float] | None = None) -> float | None:
+    """Run this rank's steps of any ``schedule`` (rank p runs stage ``stage``, row p of the
+    grid, in the order ``steps_of(schedule, p)`` gives) and leave the gradients of one
+    training step in ``stage``'s parameters' ``.grad`` (accumulated: the caller zeroes them
+    before and steps the optimizer after). Return the loss on the last stage, None elsewhere.
+
+    - F(m): stage 0 reads ``microbatches[m]``; a later stage receives microbatch m's
+      activation (float32, shape ``recv_shapes[m]``) from ``recv_from(step, P)``. The stage's
+      output goes to ``send_to(step, P)``; on the last stage it is scored with
+      ``loss_fn(output, targets[m])`` instead.
+    - B(m): the last stage starts from its loss; another stage receives the gradient of its
+      output from ``recv_from(step, P)``. Every stage but the first sends the gradient of its
+      input to ``send_to(step, P)``.
+    - The loss convention: the step's loss is the **mean over microbatches**,
+      ``(1/M) * sum_m loss_fn(output_m, targets[m])``, and the gradients are its gradients,
+      so that the pipeline trains exactly as one device does on the whole batch.
+    - Memory: between F(m) and B(m) the stage keeps what B(m) needs (microbatch m's input and
+      output), and nothing of m after B(m): a stage holds as many microbatches as the
+      schedule has in flight there. Each F and each B runs the stage's forward or backward
+      once (no recomputation).
+    - Messages: tag ``message_tag(step)`` (microbatch and direction). The forward runs in
+      ``comm.compute("forward", step.token, seconds=...)`` and the backward in
+      ``comm.compute("backward", ...)``, with ``stage_seconds = (forward_s, backward_s)`` as
+      the seconds when given (a stand-in duration for the simulator's timeline).
+
+    Cost per microbatch and cut: one activation message forward, one gradient message back.
+    """
+    # Exercise 4.5 (about 36 lines). mp.hint("4.5") when stuck.
+    raise NotImplementedError("Exercise 4.5: execute_schedule (notebooks/04_pipeline.ipynb)")

@@ -9,11 +9,16 @@ them, ``render`` draws them. The function just below is solved for you: read it 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator
-from mpgpu_edu.pipeline import Step, recv_from, send_to
+from mpgpu_edu.pipeline import Schedule, Step, recv_from, send_to, steps_of
+from mpgpu_edu.pipeline.executor import message_tag
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 # ---- worked example (solved, not graded) ---------------------------------------------------
@@ -85,9 +90,10 @@ def gpipe_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
 
 
 def one_f_one_b_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
-    """The 1F1B schedule (PipeDream-Flush) as each device's step order: stage p runs
-    ``min(P - 1 - p, M)`` warm-up forwards, then alternates one forward and one backward
-    (backwards in microbatch order 0, 1, ...), then runs the backwards that are left.
+    """The 1F1B schedule (PipeDream-Flush, Narayanan et al., 2021) as each device's step
+    order: stage p runs ``min(P - 1 - p, M)`` warm-up forwards, then alternates one forward
+    and one backward (backwards in microbatch order 0, 1, ...), then runs the backwards that
+    are left.
 
     Same makespan as GPipe, 2(M + P - 1) ticks, but stage p never holds more than
     ``min(P - p, M)`` microbatches' activations.
@@ -107,14 +113,17 @@ def one_f_one_b_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
 def pipeline_forward_step(comm: Communicator, stage: nn.Module, step: Step, n_stages: int,
                           x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
     """Run one forward ``step`` of a pipeline on this rank (rank p runs stage p) and return
-    the stage's output, still attached to the autograd graph (a backward step needs it).
+    the stage's output, still attached to the autograd graph, so that a later backward step
+    can compute the gradient of the stage's parameters *and* of its input (the gradient the
+    previous stage waits for).
 
-    1. Input: on stage 0 it is ``x`` (the microbatch); on later stages receive a float32
-       activation of shape ``in_shape`` from ``recv_from(step, n_stages)``.
-    2. Forward: ``stage(input)`` inside ``with comm.compute("forward", ...)`` so the
-       simulator times it.
-    3. Output: unless this is the last stage, send the output (detached) to
-       ``send_to(step, n_stages)``.
+    - Input: on stage 0 it is ``x`` (the microbatch); a later stage receives a float32
+      activation of shape ``in_shape`` from ``recv_from(step, n_stages)``, and that received
+      tensor must collect a ``.grad`` when backward runs through this stage's output.
+    - The stage's forward runs inside ``comm.compute("forward", step.token)`` (the simulator
+      times it).
+    - Unless this is the last stage, the output goes to ``send_to(step, n_stages)``; what
+      crosses the wire is data only, never the graph.
 
     Every message uses ``tag=step.microbatch``, so microbatches cannot be mixed up.
     """
@@ -123,10 +132,83 @@ def pipeline_forward_step(comm: Communicator, stage: nn.Module, step: Step, n_st
     if source is not None:
         x = torch.empty(in_shape)
         comm.recv(x, source, tag=step.microbatch)
-    with comm.compute("forward", f"F{step.microbatch}"):
+        x.requires_grad_()  # a leaf: backward leaves the gradient for stage p - 1 in x.grad
+    with comm.compute("forward", step.token):
         y = stage(x)
     target = send_to(step, n_stages)
     if target is not None:
         comm.send(y.detach(), target, tag=step.microbatch)
     return y
+    ### END SOLUTION
+
+
+def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
+                     microbatches: Sequence[torch.Tensor] | None,
+                     targets: Sequence[torch.Tensor] | None,
+                     recv_shapes: Sequence[tuple[int, ...]] | None,
+                     loss_fn: LossFn = nn.functional.mse_loss,
+                     stage_seconds: tuple[float, float] | None = None) -> float | None:
+    """Run this rank's steps of any ``schedule`` (rank p runs stage ``stage``, row p of the
+    grid, in the order ``steps_of(schedule, p)`` gives) and leave the gradients of one
+    training step in ``stage``'s parameters' ``.grad`` (accumulated: the caller zeroes them
+    before and steps the optimizer after). Return the loss on the last stage, None elsewhere.
+
+    - F(m): stage 0 reads ``microbatches[m]``; a later stage receives microbatch m's
+      activation (float32, shape ``recv_shapes[m]``) from ``recv_from(step, P)``. The stage's
+      output goes to ``send_to(step, P)``; on the last stage it is scored with
+      ``loss_fn(output, targets[m])`` instead.
+    - B(m): the last stage starts from its loss; another stage receives the gradient of its
+      output from ``recv_from(step, P)``. Every stage but the first sends the gradient of its
+      input to ``send_to(step, P)``.
+    - The loss convention: the step's loss is the **mean over microbatches**,
+      ``(1/M) * sum_m loss_fn(output_m, targets[m])``, and the gradients are its gradients,
+      so that the pipeline trains exactly as one device does on the whole batch.
+    - Memory: between F(m) and B(m) the stage keeps what B(m) needs (microbatch m's input and
+      output), and nothing of m after B(m): a stage holds as many microbatches as the
+      schedule has in flight there. Each F and each B runs the stage's forward or backward
+      once (no recomputation).
+    - Messages: tag ``message_tag(step)`` (microbatch and direction). The forward runs in
+      ``comm.compute("forward", step.token, seconds=...)`` and the backward in
+      ``comm.compute("backward", ...)``, with ``stage_seconds = (forward_s, backward_s)`` as
+      the seconds when given (a stand-in duration for the simulator's timeline).
+
+    Cost per microbatch and cut: one activation message forward, one gradient message back.
+    """
+    ### BEGIN SOLUTION 4.5
+    n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
+    forward_s, backward_s = stage_seconds or (None, None)
+    stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # m -> (input, output or loss)
+    sends, losses = [], []
+    for step in steps_of(schedule, comm.rank):
+        m, tag = step.microbatch, message_tag(step)
+        source, target = recv_from(step, n_stages), send_to(step, n_stages)
+        if step.op == "F":
+            if source is None:
+                x = microbatches[m]
+            else:
+                x = torch.empty(recv_shapes[m])
+                comm.recv(x, source, tag)
+                x.requires_grad_()
+            with comm.compute("forward", step.token, seconds=forward_s):
+                y = stage(x)
+                if target is None:
+                    y = loss_fn(y, targets[m]) / n_mbs
+                    losses.append(y.item())
+            stash[m] = (x, y)
+            if target is not None:
+                message = y.detach()
+                sends.append((comm.isend(message, target, tag), message))
+        else:
+            x, y = stash.pop(m)  # the last use of microbatch m's activations
+            grad = None
+            if source is not None:
+                grad = torch.empty_like(y)
+                comm.recv(grad, source, tag)
+            with comm.compute("backward", step.token, seconds=backward_s):
+                torch.autograd.backward(y, grad)
+            if target is not None:
+                sends.append((comm.isend(x.grad, target, tag), x.grad))
+    for work, _ in sends:
+        work.wait()
+    return sum(losses) if comm.rank == n_stages - 1 else None
     ### END SOLUTION

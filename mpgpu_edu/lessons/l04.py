@@ -10,12 +10,20 @@
   gradients it sends back, as text and as arrows on the timeline.
 - ``bubble_rows`` / ``plot_bubble``: the two bubble formulas against measured schedules.
 - ``timed_trace``: a schedule on the clock of a real link (send = alpha + bytes / beta).
+- ``executor_step`` / ``run_executor_step``: one training step run by an executor with
+  exercise 4.5's signature (the learner's, or ``reference_executor``, the package's), each
+  stage a ``TrackedStage`` that records its activations from forward until backward;
+  ``microbatches_held``, ``plot_memory_runs``, ``plot_timeline_runs`` read the runs.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -23,16 +31,19 @@ from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 from mpgpu_edu.cluster import Cluster
-from mpgpu_edu.comm import LaunchResult, launch
+from mpgpu_edu.comm import Communicator, LaunchResult, launch, nbytes_of
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp
+from mpgpu_edu.memory.measure import track_gradients, track_parameters
 from mpgpu_edu.pipeline import (Placement, Schedule, gpipe, partition_balanced,
-                                schedule_timeline, timeline_trace)
+                                schedule_timeline, split_module, timeline_trace)
+from mpgpu_edu.pipeline.executor import run_schedule, split_batch, stage_inputs_like
 from mpgpu_edu.pipeline.runner import train_pipeline
 from mpgpu_edu.trace import Trace
 from mpgpu_edu.viz.devicemap import format_count
 from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, format_bytes, format_seconds,
                                    new_figure, series_color, style)
-from mpgpu_edu.viz.timeline import plot_timeline
+from mpgpu_edu.viz.memory import plot_memory_compare
+from mpgpu_edu.viz.timeline import plot_timeline, plot_timelines_side_by_side
 
 BATCH_SECONDS = (0.016, 0.032)  # one stage's forward and backward of the whole batch
 STEP_SIZES = (16, 64, 64, 64, 64, 64, 64, 64, 8)  # 8 Linear layers: 15 children with the ReLUs
@@ -203,3 +214,141 @@ def timed_trace(schedule: Schedule, cluster: Cluster | str, forward_s: float, ba
     send_s = machine.route(0, 1).seconds(nbytes)
     timeline = schedule_timeline(schedule, forward_s, backward_s, send_s)
     return timeline_trace(timeline, schedule.n_stages), send_s
+
+
+# ---- an executor of exercise 4.5 on the clock ---------------------------------------------------
+
+Executor = Callable[..., Any]  # exercise 4.5's signature: execute_schedule
+
+
+class _FreeOnBackward(torch.autograd.Function):
+    """Identity on a stage's output; its backward (the first thing B(m) does in this stage)
+    frees the microbatch's activation record."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, release: Callable[[], None]) -> torch.Tensor:
+        ctx.release = release
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        ctx.release()
+        return grad, None
+
+
+class TrackedStage(nn.Module):
+    """A stage that records what autograd saves in its forward (the parameters aside) as
+    "activations" memory, until that microbatch's backward begins. The package's executor
+    counts the same way, so whichever executor runs the stage, the memory timeline shows how
+    many microbatches it holds."""
+
+    def __init__(self, inner: nn.Module, comm: Communicator) -> None:
+        super().__init__()
+        self.inner, self.comm, self.calls = inner, comm, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        seen = {w.data_ptr() for w in self.inner.parameters()}
+        nbytes = 0
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal nbytes
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                nbytes += nbytes_of(tensor)
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            y = self.inner(x)
+        token = self.comm.memory.alloc("activations", nbytes,
+                                       f"stage {self.comm.rank} forward {self.calls}")
+        if not y.requires_grad:
+            return y
+        return _FreeOnBackward.apply(y, lambda: self.comm.memory.free(token))
+
+
+def reference_executor(comm: Communicator, schedule: Schedule, stage: nn.Module,
+                       microbatches: Sequence[torch.Tensor] | None,
+                       targets: Sequence[torch.Tensor] | None,
+                       recv_shapes: Sequence[tuple[int, ...]] | None,
+                       loss_fn: Callable = nn.functional.mse_loss,
+                       stage_seconds: tuple[float, float] | None = None) -> float | None:
+    """The package's ``run_schedule`` with exercise 4.5's signature and loss convention (the
+    mean over microbatches). It records the activations itself, so a ``TrackedStage`` is
+    unwrapped rather than counted twice."""
+    inner = stage.inner if isinstance(stage, TrackedStage) else stage
+    recv_like = [torch.empty(shape) for shape in recv_shapes] if recv_shapes else None
+    n_mbs, total = schedule.n_microbatches, sum(len(t) for t in targets or [])
+
+    def mean_over_microbatches(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # run_schedule weighs microbatch m by len(m) / total; this makes it 1 / M
+        return loss_fn(output, target) * total / (len(target) * n_mbs)
+
+    return run_schedule(comm, schedule, inner, microbatches, targets, mean_over_microbatches,
+                        recv_like=recv_like, stage_seconds=stage_seconds)
+
+
+def executor_step(comm: Communicator, executor: Executor, stages: Sequence[nn.Module],
+                  schedule: Schedule, batch: torch.Tensor, targets: torch.Tensor,
+                  stage_seconds: tuple[float, float] | None = None, lr: float = 0.05
+                  ) -> float | None:
+    """SPMD: one SGD step of pipeline training, rank p training ``stages[p]``, with
+    ``executor`` (exercise 4.5's signature) running ``schedule``. Returns the loss on the last
+    stage, None elsewhere."""
+    rank, last, n_mbs = comm.rank, comm.rank == schedule.n_stages - 1, schedule.n_microbatches
+    stage = TrackedStage(copy.deepcopy(stages[rank]), comm)
+    track_parameters(comm, stage)
+    track_gradients(comm, stage)
+    xs, ys = split_batch(batch, n_mbs), split_batch(targets, n_mbs)
+    shapes = ([tuple(t.shape) for t in stage_inputs_like(stages[:rank], xs)] if rank > 0
+              else None)
+    loss = executor(comm, schedule, stage, xs if rank == 0 else None, ys if last else None,
+                    shapes, loss_fn, stage_seconds)
+    with torch.no_grad():
+        for weight in stage.parameters():
+            if weight.grad is not None:
+                weight -= lr * weight.grad
+    return loss
+
+
+def run_executor_step(executor: Executor, schedule: Schedule,
+                      cluster: Cluster | str = "4xRTX4090-pcie",
+                      batch_seconds: tuple[float, float] = BATCH_SECONDS) -> LaunchResult:
+    """``executor_step`` on the simulator with ``run_step``'s model, batch and timing: every
+    stage takes ``batch_seconds`` for the whole batch, shared out over the microbatches."""
+    machine = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
+    p, m = schedule.n_stages, schedule.n_microbatches
+    machine = machine.with_visible(",".join(str(machine.physical(d)) for d in range(p)))
+    model = make_mlp(STEP_SIZES, seed=0)
+    stages = split_module(model, partition_balanced(model, p))
+    batch, targets = make_batch(STEP_BATCH, STEP_SIZES[0], STEP_SIZES[-1], seed=0)
+    seconds = (batch_seconds[0] / m, batch_seconds[1] / m)
+    return launch(executor_step, machine, executor, stages, schedule, batch, targets, seconds)
+
+
+def microbatches_held(trace: Trace, device: int) -> int:
+    """The most microbatches whose activations ``device`` held at once (records of the
+    "activations" category, one label per microbatch's forward)."""
+    held: dict[str, int] = {}
+    peak = 0
+    for m in sorted((m for m in trace.memory if m.device == device
+                     and m.category == "activations"), key=lambda m: m.time):
+        held[m.label] = held.get(m.label, 0) + m.delta
+        peak = max(peak, sum(1 for nbytes in held.values() if nbytes > 0))
+    return peak
+
+
+def plot_memory_runs(runs: Mapping[str, LaunchResult], label: str, device: int = 0) -> Figure:
+    """``device``'s memory over the step under each run, side by side; ``label`` (whose
+    executor ran them) as the figure's title."""
+    fig = plot_memory_compare({name: run.trace for name, run in runs.items()}, device=device)
+    fig.suptitle(f"run by: {label}", x=0.01, ha="left", fontsize=FONT_SIZE)
+    return fig
+
+
+def plot_timeline_runs(runs: Mapping[str, LaunchResult], label: str) -> Figure:
+    """The runs' compute timelines stacked on one time axis, ``label`` as the title."""
+    fig = plot_timelines_side_by_side({name: run.trace for name, run in runs.items()},
+                                      streams=("compute",))
+    fig.suptitle(f"run by: {label}", x=0.01, ha="left", fontsize=FONT_SIZE)
+    return fig

@@ -2,4 +2,233 @@
 
 from __future__ import annotations
 
-MUTANTS: dict[str, list[str]] = {}
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpgpu_edu.pipeline import Schedule, Step, recv_from, send_to, steps_of
+from mpgpu_edu.pipeline.executor import message_tag
+
+# ---- 4.1 ----------------------------------------------------------------------------------------
+
+
+def equal_layer_counts(costs: list[float], n_stages: int) -> list[int]:
+    """Not balanced: gives every stage the same number of layers, whatever they cost."""
+    if not 1 <= n_stages <= len(costs):
+        raise ValueError("bad stage count")
+    return [round(i * len(costs) / n_stages) for i in range(1, n_stages)]
+
+
+def greedy_fill(costs: list[float], n_stages: int) -> list[int]:
+    """Greedy: closes a stage once it reaches the average cost, which is not always the best
+    split (and can leave the last stages empty-handed)."""
+    if not 1 <= n_stages <= len(costs):
+        raise ValueError("bad stage count")
+    share, boundaries, held = sum(costs) / n_stages, [], 0.0
+    for i, cost in enumerate(costs):
+        left = len(costs) - i
+        if held > 0 and (held + cost > share or left <= n_stages - 1 - len(boundaries)) \
+                and len(boundaries) < n_stages - 1:
+            boundaries.append(i)
+            held = 0.0
+        held += cost
+    while len(boundaries) < n_stages - 1:
+        boundaries.append(len(costs) - (n_stages - 1 - len(boundaries)))
+    return boundaries
+
+
+# ---- 4.2 ----------------------------------------------------------------------------------------
+
+
+def gpipe_interleaved(n_stages: int, n_microbatches: int) -> list[list[Step]]:
+    """Interleaves each microbatch's forward and backward (F0 B0 F1 B1 ...): a valid schedule,
+    but not GPipe, and no pipelining at all."""
+    return [[step for m in range(n_microbatches) for step in (Step(p, m, "F"), Step(p, m, "B"))]
+            for p in range(n_stages)]
+
+
+def gpipe_backwards_reversed(n_stages: int, n_microbatches: int) -> list[list[Step]]:
+    """Runs the backwards last microbatch first (valid, but not the order GPipe uses here)."""
+    mbs = range(n_microbatches)
+    return [[*(Step(p, m, "F") for m in mbs), *(Step(p, m, "B") for m in reversed(mbs))]
+            for p in range(n_stages)]
+
+
+# ---- 4.3 ----------------------------------------------------------------------------------------
+
+
+def _one_f_one_b(n_stages: int, n_microbatches: int, warmup_of: Callable[[int], int]
+                 ) -> list[list[Step]]:
+    orders = []
+    for p in range(n_stages):
+        warmup = warmup_of(p)
+        forwards = [Step(p, m, "F") for m in range(n_microbatches)]
+        backwards = [Step(p, m, "B") for m in range(n_microbatches)]
+        steady = [step for pair in zip(forwards[warmup:], backwards) for step in pair]
+        orders.append(forwards[:warmup] + steady + backwards[len(steady) // 2:])
+    return orders
+
+
+def one_f_one_b_warmup_off_by_one(n_stages: int, n_microbatches: int) -> list[list[Step]]:
+    """Off-by-one warm-up: P - p forwards instead of P - 1 - p, one microbatch too many held."""
+    return _one_f_one_b(n_stages, n_microbatches, lambda p: min(n_stages - p, n_microbatches))
+
+
+def one_f_one_b_unclamped(n_stages: int, n_microbatches: int) -> list[list[Step]]:
+    """Forgets min(., M): with fewer microbatches than stages the leftover backwards are
+    counted from a warm-up longer than M."""
+    orders = []
+    for p in range(n_stages):
+        warmup = n_stages - 1 - p
+        forwards = [Step(p, m, "F") for m in range(n_microbatches)]
+        backwards = [Step(p, m, "B") for m in range(n_microbatches)]
+        steady = [step for pair in zip(forwards[warmup:], backwards) for step in pair]
+        orders.append(forwards[:warmup] + steady + backwards[n_microbatches - warmup:])
+    return orders
+
+
+# ---- 4.4 ----------------------------------------------------------------------------------------
+
+
+def forward_cuts_the_graph(comm: Any, stage: nn.Module, step: Step, n_stages: int,
+                           x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
+    """Receives into a plain tensor that never requires grad: the output's graph stops at the
+    stage's parameters, and no gradient can go back to the previous stage."""
+    source = recv_from(step, n_stages)
+    if source is not None:
+        x = torch.empty(in_shape)
+        comm.recv(x, source, tag=step.microbatch)
+    with comm.compute("forward", step.token):
+        y = stage(x)
+    target = send_to(step, n_stages)
+    if target is not None:
+        comm.send(y.detach(), target, tag=step.microbatch)
+    return y
+
+
+def forward_returns_detached(comm: Any, stage: nn.Module, step: Step, n_stages: int,
+                             x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
+    """Returns the detached copy it sent: a backward step could not reach the parameters."""
+    source = recv_from(step, n_stages)
+    if source is not None:
+        x = torch.empty(in_shape)
+        comm.recv(x, source, tag=step.microbatch)
+        x.requires_grad_()
+    with comm.compute("forward", step.token):
+        y = stage(x).detach()
+    target = send_to(step, n_stages)
+    if target is not None:
+        comm.send(y, target, tag=step.microbatch)
+    return y
+
+
+# ---- 4.5 ----------------------------------------------------------------------------------------
+
+Tensors = Sequence[torch.Tensor] | None
+Shapes = Sequence[tuple[int, ...]] | None
+Seconds = tuple[float, float] | None
+MSE = nn.functional.mse_loss
+
+
+def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
+             microbatches: Sequence[torch.Tensor] | None, targets: Sequence[torch.Tensor] | None,
+             recv_shapes: Sequence[tuple[int, ...]] | None, loss_fn: Any,
+             stage_seconds: tuple[float, float] | None, *, stash_all: bool = True,
+             grad_back: int = -1, mean: bool = True, steps: list[Step] | None = None,
+             leaf: bool = True) -> float | None:
+    """The executor with one mistake switched on (each mutant below names its own)."""
+    n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
+    forward_s, backward_s = stage_seconds or (None, None)
+    stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    sends, losses = [], []
+    for step in steps if steps is not None else steps_of(schedule, comm.rank):
+        m, tag = step.microbatch, message_tag(step)
+        source, target = recv_from(step, n_stages), send_to(step, n_stages)
+        if step.op == "F":
+            if source is None:
+                x = microbatches[m]
+            else:
+                x = torch.empty(recv_shapes[m])
+                comm.recv(x, source, tag)
+                if leaf:
+                    x.requires_grad_()
+            with comm.compute("forward", step.token, seconds=forward_s):
+                y = stage(x)
+                if target is None:
+                    y = loss_fn(y, targets[m]) / (n_mbs if mean else 1)
+                    losses.append(y.item())
+            if not stash_all:
+                stash.clear()
+            stash[m] = (x, y)
+            if target is not None:
+                sends.append((comm.isend(y.detach(), target, tag), y))
+        else:
+            x, y = stash.pop(m) if m in stash else next(iter(stash.values()))
+            grad = None
+            if source is not None:
+                grad = torch.empty_like(y)
+                comm.recv(grad, source, tag)
+            with comm.compute("backward", step.token, seconds=backward_s):
+                torch.autograd.backward(y, grad, retain_graph=not stash_all)
+            if target is not None:
+                peer = target if grad_back < 0 else (comm.rank + 1) % n_stages
+                sends.append((comm.isend(x.grad, peer, tag), x.grad))
+    for work, _ in sends:
+        work.wait()
+    return sum(losses) if comm.rank == n_stages - 1 else None
+
+
+def executor_stashes_one(comm: Any, schedule: Schedule, stage: nn.Module, microbatches: Tensors,
+                         targets: Tensors, recv_shapes: Shapes, loss_fn: Any = MSE,
+                         stage_seconds: Seconds = None) -> float | None:
+    """Forgets to stash per microbatch: keeps only the latest microbatch's input and output,
+    so a backward that runs after a later forward uses the wrong activations."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, stash_all=False)
+
+
+def executor_grads_to_next_stage(comm: Any, schedule: Schedule, stage: nn.Module,
+                                 microbatches: Tensors, targets: Tensors, recv_shapes: Shapes,
+                                 loss_fn: Any = MSE, stage_seconds: Seconds = None) -> float | None:
+    """Sends the input's gradient to the wrong stage (the next one, where activations go)."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, grad_back=1)
+
+
+def executor_sums_losses(comm: Any, schedule: Schedule, stage: nn.Module, microbatches: Tensors,
+                         targets: Tensors, recv_shapes: Shapes, loss_fn: Any = MSE,
+                         stage_seconds: Seconds = None) -> float | None:
+    """Sums the microbatches' losses instead of taking their mean: gradients M times too big."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, mean=False)
+
+
+def executor_always_gpipe(comm: Any, schedule: Schedule, stage: nn.Module, microbatches: Tensors,
+                          targets: Tensors, recv_shapes: Shapes, loss_fn: Any = MSE,
+                          stage_seconds: Seconds = None) -> float | None:
+    """Ignores the schedule's order: every forward, then every backward (GPipe), so 1F1B's
+    stages hold all M microbatches."""
+    steps = [Step(comm.rank, m, op) for op in ("F", "B")
+             for m in range(schedule.n_microbatches)]
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, steps=steps)
+
+
+def executor_cuts_the_graph(comm: Any, schedule: Schedule, stage: nn.Module, microbatches: Tensors,
+                            targets: Tensors, recv_shapes: Shapes, loss_fn: Any = MSE,
+                            stage_seconds: Seconds = None) -> float | None:
+    """The received activation never requires grad: there is no input gradient to send back."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, leaf=False)
+
+
+MUTANTS: dict[str, list[str]] = {
+    "4.1": ["equal_layer_counts", "greedy_fill"],
+    "4.2": ["gpipe_interleaved", "gpipe_backwards_reversed"],
+    "4.3": ["one_f_one_b_warmup_off_by_one", "one_f_one_b_unclamped"],
+    "4.4": ["forward_cuts_the_graph", "forward_returns_detached"],
+    "4.5": ["executor_stashes_one", "executor_grads_to_next_stage", "executor_sums_losses",
+            "executor_always_gpipe", "executor_cuts_the_graph"],
+}
