@@ -2,8 +2,10 @@
 
 Tensor parallelism splits one layer's matrix over the ranks: 64 output channels on 4 ranks
 are 16 channels each. ZeRO splits the optimizer state instead. A hybrid mesh combines data
-and pipeline parallelism. You may use the package's collectives (``all_reduce``,
-``all_gather``, ``reduce_scatter``). The function just below is solved for you: read it first.
+and pipeline parallelism. The capstone, 5.4, is Megatron-LM's MLP block: two split layers
+and the f and g operators that make it train like the unsplit block. You may use the
+package's collectives (``all_reduce``, ``all_gather``, ``reduce_scatter``). The functions just
+below are solved for you: read them first.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.nn import functional as F
 
 from mpgpu_edu.collectives import all_gather, all_reduce, reduce_scatter
 from mpgpu_edu.comm import Communicator
@@ -55,9 +58,10 @@ def column_parallel_linear(comm: Communicator, x: torch.Tensor, weight_shard: to
 
     ``x`` (B, in) is the same on every rank. This rank holds ``weight_shard``, rows
     ``rank * k .. (rank + 1) * k - 1`` of W (k = out / N, the same on every rank), and the
-    matching ``bias_shard`` (or None). Compute only this rank's k output features, then
-    all-gather them and put them side by side: (B, out). Megatron-LM's "f" then gather.
-    Cost: 1/N of the layer's FLOPs per rank, then an all-gather of the output.
+    matching ``bias_shard`` (or None). Returns (B, out), equal to the unsplit layer's output,
+    on every rank; output features in W's row order.
+    Cost: 1/N of the layer's FLOPs per rank, then an all-gather of the output: each rank
+    sends (N - 1) of its (B, k) slices.
     """
     ### BEGIN SOLUTION 5.1
     local = x @ weight_shard.T  # (B, k): my output features
@@ -75,11 +79,9 @@ def zero1_adam_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor
     ``params`` (1-D, the same on every rank, numel a multiple of N) is updated in place with
     Adam on the *mean* of every rank's ``grad`` (1-D, this rank's own gradient). This rank
     owns shard ``rank`` of ``torch.tensor_split(params, N)`` and keeps Adam's state for that
-    shard only, in ``state`` (pass it to ``adam_update``): 1/N of the state per rank.
-
-    Steps: reduce-scatter the gradients (mean) so each rank gets its shard of the average;
-    Adam on its own shard; all-gather the updated shards into ``params``.
-    Cost: a reduce-scatter and an all-gather, as much traffic as one all-reduce.
+    shard only, in ``state`` (pass it to ``adam_update``): 1/N of the state per rank, and
+    exactly the moments ``torch.optim.Adam`` would hold for that shard.
+    Cost: as much traffic as one all-reduce of the gradient (2 (N - 1) / N of it per rank).
     """
     ### BEGIN SOLUTION 5.2
     mean_grad = reduce_scatter(comm, grad, op="mean")  # my shard of the averaged gradient
@@ -109,4 +111,58 @@ def hybrid_groups(world_size: int, pp_size: int) -> tuple[list[list[int]], list[
     pipelines = [[d * pp_size + s for s in range(pp_size)] for d in range(replicas)]
     data = [[d * pp_size + s for d in range(replicas)] for s in range(pp_size)]
     return pipelines, data
+    ### END SOLUTION
+
+
+def megatron_mlp(comm: Communicator, x: torch.Tensor, w1_shard: torch.Tensor,
+                 b1_shard: torch.Tensor | None, w2_shard: torch.Tensor,
+                 b2: torch.Tensor | None) -> torch.Tensor:
+    """Megatron-LM's MLP block ``gelu(x @ W1.T + b1) @ W2.T + b2``, split over the ranks by
+    its hidden features: the first linear column-parallel, the second row-parallel.
+
+    ``x`` (..., d_in), any number of leading batch dimensions, is the same on every rank.
+    This rank holds its hidden features' rows of W1 (``w1_shard``, (h_r, d_in)) and of b1
+    (``b1_shard``, (h_r,) or None), and the same features' columns of W2 (``w2_shard``,
+    (d_out, h_r)); ``b2`` (d_out,) or None is whole on every rank. Shards follow
+    ``torch.tensor_split`` over the hidden features: hidden need not be a multiple of N, h_r
+    may differ by one between ranks, and may be 0. GeLU is ``F.gelu`` (exact, erf).
+
+    Returns (..., d_out), the unsplit block's output, on every rank, and differentiable:
+    after ``out.backward(g)`` with the same ``g`` on every rank, ``x.grad`` is the unsplit
+    block's input gradient on every rank, each shard's ``.grad`` is that shard of the unsplit
+    gradient, and ``b2.grad`` is b2's whole gradient on every rank.
+
+    Megatron's two conjugate operators carry all the communication: f (identity forward,
+    all-reduce of the gradient backward) before the column-parallel layer, g (all-reduce
+    forward, identity backward) after the row-parallel one; the hidden layer never leaves
+    its rank. Cost: forward, one all-reduce of the output; backward, one of x's gradient.
+    Shoeybi et al. 2019, "Megatron-LM", section 3.
+    """
+    ### BEGIN SOLUTION 5.4
+    class CopyToParallel(torch.autograd.Function):  # f
+        @staticmethod
+        def forward(ctx, inputs: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+            return inputs.view_as(inputs)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+            grad = grad.contiguous().clone()  # every rank's share of dx, summed
+            all_reduce(comm, grad)
+            return grad
+
+    class ReduceFromParallel(torch.autograd.Function):  # g
+        @staticmethod
+        def forward(ctx, partial: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+            total = partial.contiguous().clone()
+            all_reduce(comm, total)
+            return total
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+            return grad  # every rank's partial contributed to the sum with weight 1
+
+    hidden = F.gelu(F.linear(CopyToParallel.apply(x), w1_shard, b1_shard))  # (..., h_r)
+    partial = F.linear(hidden, w2_shard)  # (..., d_out): my hidden features' share
+    out = ReduceFromParallel.apply(partial)
+    return out + b2 if b2 is not None else out  # once, after the sum: not N times
     ### END SOLUTION

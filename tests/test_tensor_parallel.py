@@ -11,7 +11,8 @@ from mpgpu_edu.comm import launch
 from mpgpu_edu.data import make_batches, make_mlp
 from mpgpu_edu.tensor import (ColumnParallelConv2d, ColumnParallelLinear, ParallelMLP,
                               RowParallelLinear, copy_to_parallel, gather_from_parallel,
-                              reduce_from_parallel, scatter_to_parallel, shard_sizes)
+                              megatron_mlp, reduce_from_parallel, scatter_to_parallel,
+                              shard_sizes)
 from mpgpu_edu.tensor.runner import run_demo, train_tensor_parallel
 
 torch.manual_seed(0)
@@ -110,6 +111,46 @@ def test_f_and_g_are_each_others_transpose():
         assert torch.equal(f_grad, torch.full((3,), 6.0))  # 1 + 2 + 3
         assert torch.equal(g_out, torch.full((3,), 6.0))
         assert torch.equal(g_grad, torch.full((3,), float(rank + 1)))
+
+
+@pytest.mark.parametrize(("world_size", "hidden"), [(1, 8), (2, 8), (4, 8), (4, 7), (4, 3),
+                                                    (5, 12)])
+def test_megatron_mlp_equals_the_unsplit_block(world_size, hidden):
+    """Forward, x's gradient on every rank, each rank's shards of the weight gradients, b2's
+    whole gradient; any hidden size (tensor_split shards, even an empty one); one all-reduce
+    of the output forward and one of x's gradient backward (2(N-1) x S bytes in all each)."""
+    g = torch.Generator().manual_seed(world_size * 100 + hidden)
+    x, dy = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 4, generator=g)
+    params = {"w1": torch.randn(hidden, 5, generator=g), "b1": torch.randn(hidden, generator=g),
+              "w2": torch.randn(4, hidden, generator=g), "b2": torch.randn(4, generator=g)}
+    split_dim = {"w1": 0, "b1": 0, "w2": 1, "b2": None}
+    full = {k: v.clone().requires_grad_() for k, v in params.items()}
+    x_full = x.clone().requires_grad_()
+    want = nn.functional.linear(nn.functional.gelu(nn.functional.linear(
+        x_full, full["w1"], full["b1"])), full["w2"], full["b2"])
+    want.backward(dy)
+
+    def prog(comm):
+        mine = {k: (v if split_dim[k] is None else torch.tensor_split(v, comm.world_size,
+                                                                      split_dim[k])[comm.rank])
+                .clone().requires_grad_() for k, v in params.items()}
+        x_mine = x.clone().requires_grad_()
+        out = megatron_mlp(comm, x_mine, mine["w1"], mine["b1"], mine["w2"], mine["b2"])
+        forward_sent = comm.stats.bytes_sent
+        out.backward(dy)
+        return (out.detach(), x_mine.grad, {k: v.grad for k, v in mine.items()},
+                forward_sent, comm.stats.bytes_sent - forward_sent)
+
+    results = launch(prog, world_size).results
+    for rank, (out, x_grad, grads, _, _) in enumerate(results):
+        torch.testing.assert_close(out, want.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x_grad, x_full.grad, rtol=1e-5, atol=1e-5)
+        for k, grad in grads.items():
+            whole = full[k].grad
+            torch.testing.assert_close(grad, whole if split_dim[k] is None else torch.tensor_split(
+                whole, world_size, split_dim[k])[rank], rtol=1e-5, atol=1e-5)
+    assert sum(r[3] for r in results) == 2 * (world_size - 1) * dy.numel() * 4
+    assert sum(r[4] for r in results) == 2 * (world_size - 1) * x.numel() * 4
 
 
 def test_scatter_then_gather_is_the_identity_for_uneven_slices():

@@ -14,9 +14,13 @@ Each row is one pipeline: its ranks pass activations and gradients to each other
 holds the same stage in every replica: its ranks average that stage's gradients. So a rank
 talks to two groups, and ``make_groups`` builds both from a communicator with ``comm.group``.
 
-Which neighbours share a row is a choice: here a replica's stages sit on consecutive devices.
-Megatron-LM orders the other way by default (a data-parallel group on neighbouring devices),
-because the gradient all-reduce moves more bytes than the pipeline's activations.
+Which neighbours share a row is a choice: here a replica's stages sit on consecutive devices,
+so on machines of ``pp`` devices each a replica is one machine and every data-parallel group
+spans the machines. Whatever the order of DP and PP, tensor parallelism (a third axis, not in
+this mesh) takes the innermost neighbours, NVLink inside one machine, because it communicates
+inside every layer; data-parallel groups (one gradient all-reduce per step, overlapped with
+the backward) and pipeline stages (one activation per microbatch) go across machines.
+Megatron-LM's default order is tensor, then data, then pipeline outermost.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@
 - ``plot_linear_split``: who holds what in a column-parallel and a row-parallel linear layer.
 - ``mlp_pass``: SPMD, forward and backward of a tensor-parallel MLP (Megatron's column then
   row, or the naive split) on meta tensors: shapes, FLOPs and bytes, no data.
+- ``megatron_pass``: SPMD, the same block run by a function with exercise 5.4's signature
+  (the learner's ``megatron_mlp`` once it passes), on meta tensors; ``all_reduces`` counts
+  the all-reduces its bytes make; ``link_lines`` lists bytes per link.
 - ``traffic_by_group``: bytes a DP x PP run sent inside pipelines and inside data groups.
 - ``sharded_update_traffic``: SPMD, the communication of a ZeRO step (reduce-scatter, then
   all-gather) or of plain data parallelism (all-reduce), on meta tensors.
@@ -12,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +28,7 @@ from mpgpu_edu.collectives import all_gather, all_reduce, reduce_scatter
 from mpgpu_edu.comm import Communicator, LaunchResult
 from mpgpu_edu.hybrid import Mesh
 from mpgpu_edu.tensor import ColumnParallelConv2d, ParallelMLP, naive_parallel_mlp, shard_sizes
+from mpgpu_edu.viz import format_bytes
 from mpgpu_edu.viz.palette import FONT_SIZE, new_figure, series_color
 
 GREY = "#D9D9D9"
@@ -172,6 +176,47 @@ def mlp_pass(comm: Communicator, tokens: int, d_model: int, naive: bool = False)
         y = model(x)
     with comm.compute("backward", "MLP"):
         y.backward(torch.empty_like(y))
+
+
+MegatronMLP = Callable[..., torch.Tensor]  # exercise 5.4: (comm, x, w1, b1, w2, b2) -> out
+
+
+def megatron_pass(comm: Communicator, mlp: MegatronMLP, tokens: int, d_model: int
+                  ) -> dict[str, int]:
+    """Forward and backward of ``Linear(d, 4d), GELU, Linear(4d, d)`` in bf16 on ``tokens``
+    rows, run by ``mlp`` (exercise 5.4's ``megatron_mlp`` or the package's) on this rank's
+    shards of the hidden features. Meta tensors: timed from their FLOPs and bytes, never
+    computed. Returns the bytes this rank sent in the forward and in the backward."""
+    hidden = shard_sizes(4 * d_model, comm.world_size)[comm.rank]
+    with torch.device("meta"):
+        def leaf(*shape: int) -> torch.Tensor:
+            return torch.empty(*shape, dtype=torch.bfloat16, requires_grad=True)
+        x, w1, b1 = leaf(tokens, d_model), leaf(hidden, d_model), leaf(hidden)
+        w2, b2 = leaf(d_model, hidden), leaf(d_model)
+    with comm.compute("forward", "MLP"):
+        out = mlp(comm, x, w1, b1, w2, b2)
+    forward = comm.stats.bytes_sent
+    with comm.compute("backward", "MLP"):
+        out.backward(torch.empty_like(out))
+    return {"forward_bytes": forward, "backward_bytes": comm.stats.bytes_sent - forward}
+
+
+def all_reduces(bytes_sent: Sequence[int], nbytes: int) -> float:
+    """How many all-reduces of ``nbytes`` the ranks' ``bytes_sent`` add up to: whatever its
+    algorithm, one all-reduce on N ranks sends 2 (N - 1) x ``nbytes`` in all."""
+    n = len(bytes_sent)
+    return sum(bytes_sent) / (2 * (n - 1) * nbytes) if n > 1 else 0.0
+
+
+def link_lines(result: LaunchResult) -> str:
+    """Bytes sent over each link (source -> destination), one line per source."""
+    links = result.bytes_per_link()
+    lines = []
+    for src in sorted({s for s, _ in links}):
+        cells = [f"-> dev {dst}: {format_bytes(links[src, dst]):>9}"
+                 for dst in sorted(d for s, d in links if s == src)]
+        lines.append(f"dev {src} " + "   ".join(cells))
+    return "\n".join(lines)
 
 
 # ---- hybrid: where the bytes go --------------------------------------------------------------
