@@ -1,14 +1,19 @@
-"""Our DDP (overlapped, bucketed, ring all-reduce written on send/recv) against
-``torch.nn.parallel.DistributedDataParallel``, on gloo, with the same model and data.
+"""Our DDP (``ddp_step_overlapped``: gradients as bucket views, torch's bucket rule, the
+engineered ring written on send/recv) against ``torch.nn.parallel.DistributedDataParallel``,
+on gloo, with the same model and data.
 
-    python benchmarks/ddp_vs_torch.py                      # 2 processes, defaults below
-    python benchmarks/ddp_vs_torch.py --batch 64 --repeats 30 --results benchmarks/RESULTS.md
+    python benchmarks/ddp_vs_torch.py --quick             # runs end to end? (seconds)
+    python benchmarks/ddp_vs_torch.py --world-size 2,4 --runs 3 --results benchmarks/RESULTS.md
 
-Both run in the same two processes, one step at a time, alternating (ours, theirs, theirs,
+Both run in the same processes, one step at a time, alternating (ours, theirs, theirs,
 ours, ...) so that a change in machine load hits both alike; each timed step starts after a
-barrier. We report the medians, their ratio (ours / torch: below 1 means ours is faster) and
-the median of the ratios of neighbouring steps (less sensitive to slow drifts in load), and
+barrier. Per run we report the medians and the median of the ratios of neighbouring steps
+(ours / torch, less sensitive to slow drifts in load; below 1 means ours is faster), and
 check that both ended with the same parameters (same start, data and number of steps).
+Over ``--runs`` runs: the median of the run medians (and min-max). The 1-minute load
+average is printed before and after; ``--results`` refuses to write when it is above
+``MAX_LOAD_PER_CORE`` per core before the bench, unless ``--force``. ``--quick`` (a tiny
+MLP, 2 timed steps, one run, 2 ranks) only checks that everything runs.
 This is a benchmark, not a test: its numbers depend on the machine and on its load.
 """
 
@@ -27,29 +32,21 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from mpgpu_edu.bench import MAX_LOAD_PER_CORE, check_idle  # noqa: E402
 from mpgpu_edu.comm import launch  # noqa: E402
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp, shard  # noqa: E402
-from mpgpu_edu.dp.ddp import ddp_step_overlapped  # noqa: E402
+from mpgpu_edu.dp.ddp import DEFAULT_BUCKET_BYTES, ddp_step_overlapped  # noqa: E402
 
 MARKER = "<!-- ddp_vs_torch -->"
 NOTES = """\
 Both sides do the same work per step: forward and backward of the same replica on the same
-shard, gradients copied into 25 MiB buckets and averaged while backward runs, the same SGD
-update (the parameters agree to the last bit). What differs is the all-reduce: ours is the
-course's ring written on `send`/`recv` in Python (`mpgpu_edu.collectives`), one round of
-messages after another on a comm-stream thread; torch's is gloo's native C++ all-reduce.
-Measured on the same machine, a 24 MiB all-reduce cost about the same CPU time both ways but
-took 1.5-3x longer on the wall clock for ours: each ring round waits until both processes
-are running, which on an oversubscribed machine takes a while. And our bucket rule ("at most
-25 MiB") leaves a 24 MiB bucket for the end of backward on this model (torch closes a bucket
-once it passes the cap and starts with a 1 MiB bucket, which leaves 8 MiB): the last bucket's
-all-reduce is the part no overlap can hide.
-
-These numbers come from a 2-core machine shared with other jobs (the load averages are in
-the lines above): single steps varied by 2x from one to the next, and other runs of this
-comparison the same day (8 to 20 timed steps each, 64 or 256 samples per rank) gave ratios
-between 1.01 and 1.29. Read them as "within about 10-30% of torch under heavy load", not as
-a precise figure; rerun on an idle machine for one."""
+shard, gradients averaged in buckets while backward runs (torch's bucket rule on both
+sides: a 1 MiB first bucket, then buckets closed once past the cap), the same SGD update
+(the parameters agree to rounding; on 2 ranks to the last bit). Both keep the gradients as
+views into the buckets
+(ours: `GradBuckets`; torch: its reducer's bucket views). What differs is the all-reduce:
+ours is `RingAllReduce` (`mpgpu_edu.collectives.ring_fast`), written on `isend`/`irecv` in
+Python on a comm-stream thread; torch's is gloo's native C++ all-reduce."""
 
 
 def bench(comm, sizes: list[int], batch: int, warmup: int, repeats: int,  # noqa: ANN001
@@ -60,8 +57,10 @@ def bench(comm, sizes: list[int], batch: int, warmup: int, repeats: int,  # noqa
     ours = make_mlp(sizes, seed=0)
     ours_opt = torch.optim.SGD(ours.parameters(), lr=0.01)
     theirs_model = make_mlp(sizes, seed=0)
-    theirs = torch.nn.parallel.DistributedDataParallel(
-        theirs_model, bucket_cap_mb=bucket_bytes / 2**20)
+    # torch starts with a 1 MiB bucket only when bucket_cap_mb is left at its default
+    cap_mb = None if bucket_bytes == DEFAULT_BUCKET_BYTES else bucket_bytes / 2**20
+    theirs = torch.nn.parallel.DistributedDataParallel(theirs_model, bucket_cap_mb=cap_mb,
+                                                       gradient_as_bucket_view=True)
     theirs_opt = torch.optim.SGD(theirs.parameters(), lr=0.01)
     (x, y), _ = shard(data, comm.rank, comm.world_size)
 
@@ -87,57 +86,86 @@ def bench(comm, sizes: list[int], batch: int, warmup: int, repeats: int,  # noqa
     return {"times": times, "max_param_diff": diff}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1024,2048,2048,2048,1024", help="MLP layer sizes")
     p.add_argument("--batch", default="64,256",
                    help="samples per rank per step; several (comma-separated): one run each")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=20, help="timed steps of each")
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size, both sides")
+    p.add_argument("--repeats", type=int, default=20, help="timed steps of each, per run")
+    p.add_argument("--runs", type=int, default=3, help="launches per configuration")
+    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / 2**20,
+                   help="bucket size, both sides (default 25, torch's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--world-size", default="2,4", help="comma-separated (default 2,4)")
     p.add_argument("--results", help="write the tables into this markdown file's section")
+    p.add_argument("--force", action="store_true", help="write even on a busy machine")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny MLP, 2 timed steps, 1 run, 2 ranks: does it run end to end?")
     args = p.parse_args(argv)
-    tables = [run_one(args, int(batch)) for batch in args.batch.split(",")]
-    print("\n\n".join(tables))
+    if args.quick:
+        args.sizes, args.batch, args.world_size = "32,64,32", "4", "2"
+        args.warmup, args.repeats, args.runs = 1, 2, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    load = os.getloadavg()[0]
+    print(f"1-minute load average before: {load:.2f} on {os.cpu_count()} cores")
     if args.results:
-        write_section(Path(args.results), "\n\n".join(tables),
-                      " ".join(["python", *sys.argv]))
+        try:
+            check_idle(args.force)
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    tables = []
+    for world_size in (int(n) for n in args.world_size.split(",")):
+        for batch in (int(b) for b in args.batch.split(",")):
+            tables.append(run_config(args, world_size, batch))
+            print(tables[-1], end="\n\n")
+    print(f"1-minute load average after: {os.getloadavg()[0]:.2f} (before: {load:.2f}; "
+          f"recorded only below {MAX_LOAD_PER_CORE} per core)")
+    if args.results:
+        command = " ".join(["python", "benchmarks/ddp_vs_torch.py",
+                            *(sys.argv[1:] if argv is None else argv)])
+        write_section(Path(args.results), "\n\n".join(tables), command)
     return 0
 
 
-def run_one(args: argparse.Namespace, batch: int) -> str:
-    """One configuration: launch, time, and the markdown table of the medians."""
+def run_config(args: argparse.Namespace, world_size: int, batch: int) -> str:
+    """One configuration, ``args.runs`` launches: a Markdown row per run, then the median
+    over runs of the run medians of the neighbouring ratios."""
     import ddp_vs_torch  # workers import the benchmark by module name, not as __main__
 
     sizes = [int(s) for s in args.sizes.split(",")]
-    load_before = os.getloadavg()[0]
-    run = launch(ddp_vs_torch.bench, args.world_size, sizes, batch, args.warmup,
-                 args.repeats, int(args.bucket_mb * 2**20), args.threads, backend="gloo",
-                 timeout=3600)
-    times = run.results[0]["times"]
-    ours, theirs = statistics.median(times["ours"]), statistics.median(times["torch"])
-    paired = statistics.median(a / b for a, b in zip(times["ours"], times["torch"]))
     n_params = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
-    load = os.getloadavg()[0]
-    rows = (("ours (ddp_step_overlapped)", times["ours"]),
-            ("torch DistributedDataParallel", times["torch"]))
+    rows, paired = [], []
+    for run_index in range(args.runs):
+        load_before = os.getloadavg()[0]
+        run = launch(ddp_vs_torch.bench, world_size, sizes, batch, args.warmup, args.repeats,
+                     int(args.bucket_mb * 2**20), args.threads, backend="gloo", timeout=3600)
+        times = run.results[0]["times"]
+        ours, theirs = statistics.median(times["ours"]), statistics.median(times["torch"])
+        paired.append(statistics.median(a / b for a, b in zip(times["ours"], times["torch"])))
+        rows.append(f"| {run_index + 1} | {ours * 1e3:.1f} | {theirs * 1e3:.1f} | "
+                    f"{ours / theirs:.3f} | {paired[-1]:.3f} | "
+                    f"{run.results[0]['max_param_diff']:.2g} | {load_before:.2f} / "
+                    f"{os.getloadavg()[0]:.2f} |")
     return "\n".join([
         f"MLP {sizes} ({n_params / 1e6:.1f} M parameters, {4 * n_params / 2**20:.0f} MiB of "
-        f"gradients), **{batch} samples per rank**, {args.world_size} gloo processes, "
-        f"{args.threads} torch thread(s) each, buckets of {args.bucket_mb:g} MiB; "
-        f"{args.repeats} timed steps each after {args.warmup} warm-up, interleaved",
+        f"gradients), **{world_size} ranks, {batch} samples per rank**, gloo, {args.threads} "
+        f"torch thread(s) each, buckets of {args.bucket_mb:g} MiB; per run {args.repeats} "
+        f"timed steps each after {args.warmup} warm-up, interleaved",
         "",
-        "| implementation | median step (ms) | min (ms) | max (ms) |",
-        "|---|---|---|---|",
-        *(f"| {name} | {statistics.median(t) * 1e3:.1f} | {min(t) * 1e3:.1f} | "
-          f"{max(t) * 1e3:.1f} |" for name, t in rows),
+        "| run | ours median (ms) | torch median (ms) | ratio of medians | median of "
+        "neighbouring ratios | max param diff | 1-min load before / after |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
         "",
-        f"ratio ours / torch: **{ours / theirs:.3f}** (of the medians), **{paired:.3f}** "
-        f"(median of the ratios of neighbouring steps); largest parameter difference after "
-        f"training: {run.results[0]['max_param_diff']:.2g}; 1-minute load average: "
-        f"{load_before:.1f} before, {load:.1f} after, on {os.cpu_count()} cores",
+        f"ours / torch, median over {args.runs} run(s) of the run medians of neighbouring "
+        f"ratios: **{statistics.median(paired):.3f}** (min {min(paired):.3f}, max "
+        f"{max(paired):.3f}; below 1: ours is faster); {os.cpu_count()} cores",
     ])
 
 

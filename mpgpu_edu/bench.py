@@ -21,9 +21,15 @@ How it is timed, so that the comparison is fair on a busy machine:
   included), summed over ranks: on a machine busy with other work the wall clock measures
   mostly how long each process waited for a core, while CPU time still measures the work.
 
+- per repeat also the ratio ours / builtin of that repeat's two neighbouring runs, and its
+  median over repeats (``paired_<algo>``): a slow drift in the machine's load cancels out;
+- the 1-minute load average before and after (``loadavg_start``, ``loadavg``): a result
+  taken above ``MAX_LOAD_PER_CORE`` per core is not one to record (``check_idle``).
+
 The tensor holds zeros while it is timed: repeated sums neither overflow nor change the work.
-Besides ``ring`` and ``naive``, ``algos=`` can time ``ring_reused``: the same ring, keeping its
-scratch buffer between calls, to show what a fresh buffer per call costs.
+Besides ``ring`` and ``naive``, ``algos=`` can time ``ring_reused`` (the same ring, keeping its
+scratch buffer between calls), ``ring_fast`` (``mpgpu_edu.collectives.ring_fast``) and
+``ring_fast_unsegmented`` (the same, one message per chunk): each engineering step alone.
 """
 
 from __future__ import annotations
@@ -38,13 +44,17 @@ import torch
 import torch.distributed as dist
 
 from mpgpu_edu.collectives import all_reduce_naive, all_reduce_ring, cost
+from mpgpu_edu.collectives.ring_fast import RingAllReduce
 
 FP32_BYTES = 4
 BUILTIN = "builtin"
-ALGOS = ("ring", "naive", "ring_reused")
+ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented")
 DEFAULT_SIZES = [4**k * 2**10 for k in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
 DEFAULT_REPEATS = 10
 WARMUP = 2
+QUICK_SIZES = [4, 4100]  # --quick: does the bench run end to end? (not: how fast)
+QUICK_REPEATS = 2
+MAX_LOAD_PER_CORE = 0.5  # above this 1-minute load average per core, timings are not kept
 Op = Callable[[Any, torch.Tensor], None]
 
 
@@ -65,7 +75,9 @@ def operations(algos: Sequence[str], numel: int, world_size: int,
     """The operations to time for a tensor of ``numel`` elements: ``algos``, then builtin.
     ``ring_reused`` gets its scratch buffer here, once per size."""
     chunk = -(-numel // world_size)
-    made: dict[str, Op] = {"ring": all_reduce_ring, "naive": all_reduce_naive}
+    made: dict[str, Op] = {"ring": all_reduce_ring, "naive": all_reduce_naive,
+                           "ring_fast": RingAllReduce(),
+                           "ring_fast_unsegmented": RingAllReduce(segment_bytes=None)}
     if "ring_reused" in algos:
         buffer = torch.empty(chunk, device=device)
         made["ring_reused"] = lambda comm, t: all_reduce_ring_reused(comm, t, buffer)
@@ -149,6 +161,33 @@ def combine(per_rank: list[dict[str, list[list[float]]]],
             for name, per_size in per_rank[0].items()}
 
 
+def paired(per_rank: list[dict[str, list[list[float]]]], name: str) -> list[float]:
+    """Per size: the median over repeats of ours / builtin *within* a repeat (the two ran
+    next to each other), each the slowest rank's time."""
+    def slowest(op: str, i: int, r: int) -> float:
+        return max(rank[op][i][r] for rank in per_rank)
+
+    return [statistics.median(slowest(name, i, r) / slowest(BUILTIN, i, r)
+                              for r in range(len(per_size)))
+            for i, per_size in enumerate(per_rank[0][name])]
+
+
+def load_per_core() -> float:
+    """The machine's 1-minute load average divided by its number of cores."""
+    return os.getloadavg()[0] / (os.cpu_count() or 1)
+
+
+def check_idle(force: bool = False) -> None:
+    """Raise ``RuntimeError`` if the machine is too busy for timings worth recording
+    (1-minute load average above ``MAX_LOAD_PER_CORE`` per core), unless ``force``."""
+    load = load_per_core()
+    if load > MAX_LOAD_PER_CORE and not force:
+        raise RuntimeError(f"the machine is busy (1-minute load average {os.getloadavg()[0]:.2f}"
+                           f" on {os.cpu_count()} cores, {load:.2f} per core, above "
+                           f"{MAX_LOAD_PER_CORE}): not recording these timings; run on an "
+                           "idle machine, or pass --force")
+
+
 def ratios(ours: Sequence[float], builtin: Sequence[float]) -> list[float]:
     """``ours / builtin`` per size: below 1, ours is faster."""
     return [a / b for a, b in zip(ours, builtin)]
@@ -168,7 +207,8 @@ def bench_allreduce(world_size: int, sizes: Sequence[int] = DEFAULT_SIZES,
     """Time our all-reduces (``algos``) against ``torch.distributed.all_reduce`` on
     ``world_size`` worker processes and return the report (``mpgpu-edu bench allreduce
     --json``): ``sizes`` (bytes), ``<algo>_s`` and ``builtin_s`` (median seconds),
-    ``ratio_<algo>`` (ours / builtin), ``<algo>_cpu_s`` and ``cpu_ratio_<algo>`` (CPU seconds
+    ``ratio_<algo>`` (ours / builtin, of the medians), ``paired_<algo>`` (median of the
+    ratios within a repeat), ``<algo>_cpu_s`` and ``cpu_ratio_<algo>`` (CPU seconds
     of all ranks together, and ours / builtin), ``busbw_<algo>`` and ``busbw_builtin`` (B/s),
     ``world_size``, ``backend``, ``repeats``, ``threads``, ``loadavg`` (1, 5 and 15 minute
     load averages at the end) and ``loadavg_start``."""
@@ -189,6 +229,8 @@ def bench_allreduce(world_size: int, sizes: Sequence[int] = DEFAULT_SIZES,
     report.update({f"ratio_{name}": ratios(medians[name], medians[BUILTIN]) for name in algos})
     report.update({f"{name}_cpu_s": cpu[name] for name in names})
     report.update({f"cpu_ratio_{name}": ratios(cpu[name], cpu[BUILTIN]) for name in algos})
+    wall = [r["wall"] for r in result.results]
+    report.update({f"paired_{name}": paired(wall, name) for name in algos})
     report.update({f"busbw_{name}": [cost.busbw(s, t, world_size)
                                      for s, t in zip(sizes, medians[name])] for name in names})
     report.update(algos=list(algos), world_size=world_size, backend=backend, repeats=repeats,
@@ -212,16 +254,19 @@ def _check(world_size: int, repeats: int, algos: Sequence[str], threads: int) ->
 
 def table(report: dict) -> str:
     """The report as a text table: one row per size, times in ms, ratios ours / builtin of
-    wall-clock time and of CPU time, and the bus bandwidth (GB/s) of our first algorithm and
-    of the built-in one."""
+    the median wall-clock times, the median of the ratios within a repeat (``paired``), of
+    CPU time, and the bus bandwidth (GB/s) of our first algorithm and of the built-in one;
+    then the 1-minute load average before and after."""
     algos = report["algos"]
     head = (["size"] + [f"{a} ms" for a in [*algos, BUILTIN]] + [f"{a}/builtin" for a in algos]
-            + [f"cpu {a}/builtin" for a in algos] + [f"busbw {algos[0]}", "busbw builtin"])
+            + [f"paired {a}/builtin" for a in algos] + [f"cpu {a}/builtin" for a in algos]
+            + [f"busbw {algos[0]}", "busbw builtin"])
     rows = [head]
     for i, nbytes in enumerate(report["sizes"]):
         rows.append([size_label(nbytes)]
                     + [f"{report[f'{a}_s'][i] * 1e3:.3f}" for a in [*algos, BUILTIN]]
                     + [f"{report[f'ratio_{a}'][i]:.2f}" for a in algos]
+                    + [f"{report[f'paired_{a}'][i]:.2f}" for a in algos]
                     + [f"{report[f'cpu_ratio_{a}'][i]:.2f}" for a in algos]
                     + [f"{report[f'busbw_{a}'][i] / 1e9:.3f}" for a in (algos[0], BUILTIN)])
     widths = [max(len(row[c]) for row in rows) for c in range(len(head))]
@@ -231,7 +276,8 @@ def table(report: dict) -> str:
             f"{report['repeats']} interleaved repeats (slowest rank each), {report['threads']} "
             "torch thread(s) per rank\n" + "\n".join(lines)
             + "\ncpu: CPU time of all ranks' processes, ours / builtin. busbw: GB/s, size / time "
-              f"x 2(N-1)/N. Load average {load} "
+              f"x 2(N-1)/N. 1-minute load average before {report['loadavg_start'][0]:.2f}, "
+              f"after {report['loadavg'][0]:.2f}; at the end {load} "
               f"(1, 5, 15 min; {report['cpus']} CPUs)")
 
 

@@ -3,7 +3,11 @@ the ring, the report, and one-line errors."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,18 +75,60 @@ def test_the_ring_with_a_kept_buffer_gives_the_exact_sum(world_size, numel) -> N
 
 def fake_report() -> dict:
     return {"sizes": [1024, 2**20], "ring_s": [2e-3, 4e-3], "builtin_s": [1e-3, 5e-3],
-            "ratio_ring": [2.0, 0.8], "cpu_ratio_ring": [1.5, 0.9], "busbw_ring": [5.12e5, 2.62e8],
-            "busbw_builtin": [1.02e6, 2.1e8], "algos": ["ring"], "world_size": 2,
-            "backend": "gloo", "repeats": 3, "threads": 1, "loadavg": [1.5, 1.0, 0.5],
-            "cpus": 2}
+            "ratio_ring": [2.0, 0.8], "paired_ring": [1.8, 0.7], "cpu_ratio_ring": [1.5, 0.9],
+            "busbw_ring": [5.12e5, 2.62e8], "busbw_builtin": [1.02e6, 2.1e8],
+            "algos": ["ring"], "world_size": 2, "backend": "gloo", "repeats": 3, "threads": 1,
+            "loadavg": [1.5, 1.0, 0.5], "loadavg_start": [0.25, 0.5, 0.5], "cpus": 2,
+            "torch": "2"}
 
 
 def test_table_has_a_row_per_size_and_the_load() -> None:
     text = bench.table(fake_report())
     lines = text.splitlines()
     assert "ring ms" in lines[1] and "ring/builtin" in lines[1] and "busbw ring" in lines[1]
-    assert lines[2].split()[:6] == ["1", "KiB", "2.000", "1.000", "2.00", "1.50"]
+    assert "paired ring/builtin" in lines[1]
+    assert lines[2].split()[:7] == ["1", "KiB", "2.000", "1.000", "2.00", "1.80", "1.50"]
     assert "1.50, 1.00, 0.50" in lines[-1]
+    assert "before 0.25, after 1.50" in lines[-1]
+
+
+def test_paired_is_the_median_of_ratios_within_a_repeat() -> None:
+    rank0 = {"ring": [[2.0, 9.0, 3.0]], "builtin": [[1.0, 10.0, 1.0]]}
+    rank1 = {"ring": [[1.0, 1.0, 1.0]], "builtin": [[2.0, 1.0, 1.0]]}
+    # slowest rank per repeat: ring [2, 9, 3], builtin [2, 10, 1] -> ratios 1, 0.9, 3
+    assert bench.paired([rank0, rank1], "ring") == [1.0]
+
+
+def test_a_busy_machine_is_refused_unless_forced(monkeypatch) -> None:
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(bench.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    with pytest.raises(RuntimeError, match="0.60 per core"):
+        bench.check_idle()
+    bench.check_idle(force=True)
+    monkeypatch.setattr(bench.os, "getloadavg", lambda: (0.9, 1.0, 1.0))
+    bench.check_idle()
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def script(name: str) -> object:
+    """A benchmark script, imported as a module (it is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["allreduce_vs_torch", "ddp_vs_torch"])
+def test_the_scripts_do_not_write_results_on_a_busy_machine(name, monkeypatch, tmp_path,
+                                                            capsys) -> None:
+    module = script(name)
+    monkeypatch.setattr(bench.os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    results = tmp_path / "RESULTS.md"
+    assert module.main(["--quick", "--results", str(results)]) == 2  # before any launch
+    assert not results.exists()
+    assert "not recording these timings" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [
@@ -114,6 +160,30 @@ def test_bench_json_is_consistent(capsys) -> None:
         assert r[f"cpu_ratio_{name}"] == pytest.approx([a / b for a, b in cpu])
     assert r["busbw_builtin"] == pytest.approx([cost.busbw(s, t, 2) for s, t in
                                                 zip(r["sizes"], r["builtin_s"])])
+
+
+@pytest.mark.gloo
+def test_bench_quick_runs_end_to_end(capsys) -> None:
+    assert main(["bench", "allreduce", "--quick", "--algos", "ring,ring_fast", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["sizes"] == bench.QUICK_SIZES and r["repeats"] == bench.QUICK_REPEATS
+    assert len(r["paired_ring_fast"]) == len(r["sizes"]) and len(r["loadavg_start"]) == 3
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("name, shows", [
+    ("allreduce_vs_torch", "| size | ring/builtin | ring_fast/builtin |"),
+    ("ddp_vs_torch", "median over 1 run(s) of the run medians of neighbouring ratios"),
+])
+def test_the_benchmark_scripts_run_quick(name, shows, tmp_path) -> None:
+    results = tmp_path / "RESULTS.md"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), "--quick",
+                           "--results", str(results), "--force"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "1-minute load average before" in done.stdout
+    assert "1-minute load average after" in done.stdout
+    assert shows in done.stdout and shows in results.read_text()
 
 
 @pytest.mark.gloo

@@ -2,12 +2,14 @@
 
     mpgpu-edu bench allreduce --backend gloo --world-size 2
     mpgpu-edu bench allreduce --world-size 4 --sizes 1KiB,1MiB,64MiB --repeats 20 --json
-    mpgpu-edu bench allreduce --algos ring,naive,ring_reused
+    mpgpu-edu bench allreduce --algos ring,ring_reused,ring_fast_unsegmented,ring_fast
+    mpgpu-edu bench allreduce --quick      # tiny sizes, 2 repeats: does it run? (no timings)
 
 In the same worker processes (``launch(..., backend=...)``), times our ring and naive
 all-reduces (``mpgpu_edu.collectives``) and ``torch.distributed.all_reduce`` on fp32 tensors,
 interleaved, and prints one row per size: the median times, ours / built-in (below 1: ours
-is faster) in wall-clock time and in CPU time, and nccl-tests' bus bandwidth. How it is
+is faster) of the medians, within each repeat (``paired``, the median) and in CPU time,
+and nccl-tests' bus bandwidth, then the 1-minute load average before and after. How it is
 timed: ``mpgpu_edu.bench``. ``--json`` prints ``sizes`` (bytes), ``<algo>_s`` and
 ``builtin_s`` (seconds), ``ratio_<algo>``, ``<algo>_cpu_s``, ``cpu_ratio_<algo>``,
 ``busbw_<algo>`` (bytes/s), ``world_size``, ``backend`` and ``loadavg`` (the machine's 1, 5,
@@ -23,7 +25,9 @@ from mpgpu_edu.cli import UsageError, parse_size
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_SIZES = "1KiB,4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB"
-ALGOS = ("ring", "naive", "ring_reused")  # mpgpu_edu.bench.ALGOS, without importing torch
+# mpgpu_edu.bench.ALGOS and QUICK_SIZES, without importing torch
+ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented")
+QUICK_SIZES = "4,4100"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -45,10 +49,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=10, metavar="R",
                    help="timed repeats per size and operation (default 10)")
     p.add_argument("--algos", default="ring,naive", metavar="LIST",
-                   help="our algorithms to time (default ring,naive); also ring_reused: the "
-                        "ring keeping its scratch buffer between calls")
+                   help="our algorithms to time (default ring,naive); also ring_reused (the "
+                        "ring keeping its scratch buffer between calls), ring_fast and "
+                        "ring_fast_unsegmented (mpgpu_edu.collectives.ring_fast)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads per rank while timing (default 1, as torchrun sets)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"sizes {QUICK_SIZES} and 2 repeats: checks that the bench runs end "
+                        "to end; its numbers mean nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(func=run)
 
@@ -57,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     sizes, algos = check_args(args)  # before torch is imported: bad input fails at once
     from mpgpu_edu.bench import bench_allreduce, table
 
-    report = bench_allreduce(args.world_size, sizes, args.repeats, args.backend, algos,
+    repeats = min(args.repeats, 2) if args.quick else args.repeats
+    report = bench_allreduce(args.world_size, sizes, repeats, args.backend, algos,
                              args.threads)
     print(json.dumps(report, indent=2) if args.json else table(report))
     return 0
@@ -75,7 +84,8 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], list[str]]:
         raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
     if args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
-    return parse_sizes(args.sizes), parse_algos(args.algos)
+    sizes = QUICK_SIZES if args.quick else args.sizes
+    return parse_sizes(sizes), parse_algos(args.algos)
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -11,7 +11,10 @@ same update and stays identical. That is all of DDP; the rest is making the aver
                            all-reduce each bucket: few large messages instead of many small.
 - ``ddp_step_overlapped``  start a bucket's all-reduce on the comm stream the moment its last
                            gradient is ready, while backward still computes the earlier
-                           layers: communication hides behind compute.
+                           layers: communication hides behind compute. Engineered as
+                           torch's DDP is: gradients are views into the buckets
+                           (``GradBuckets``), torch's bucket rule (``make_buckets_torch``)
+                           and the engineered ring (``collectives.ring_fast``).
 - ``ddp_step_accumulated`` gradient accumulation: several micro-batches, one all-reduce
                            (the idea of ``DistributedDataParallel.no_sync``).
 
@@ -29,13 +32,15 @@ import torch
 from torch import nn
 
 from mpgpu_edu.collectives import all_reduce, broadcast
-from mpgpu_edu.comm.base import Communicator, nbytes_of
+from mpgpu_edu.collectives.ring_fast import RingAllReduce
+from mpgpu_edu.comm.base import Communicator, Work, nbytes_of
 from mpgpu_edu.data import Batch, loss_fn, shard
 from mpgpu_edu.memory.measure import (saved_activations, track_gradients, track_optimizer_state,
                                       track_parameters)
 from mpgpu_edu.reference import batch_for_step, make_optimizer, named_params
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb=25
+FIRST_BUCKET_BYTES = 2**20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 StepFn = Callable[..., torch.Tensor]
 
@@ -132,44 +137,128 @@ def ddp_step_bucketed(comm: Communicator, model: nn.Module, optimizer: torch.opt
     return loss
 
 
+def make_buckets_torch(params: Sequence[torch.Tensor], bucket_bytes: int,
+                       first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> list[list[torch.Tensor]]:
+    """torch DDP's bucket rule: parameters last first; a bucket is closed once it holds at
+    least its cap, ``min(first_bucket_bytes, bucket_bytes)`` for the first bucket and
+    ``bucket_bytes`` after it (and when the dtype or device changes: a bucket is one flat
+    buffer). The small first bucket starts communicating early; closing *after* the cap
+    leaves a smaller last bucket than ``make_buckets`` ("at most the cap") often does, and
+    the last bucket's all-reduce is the one backward cannot hide."""
+    if bucket_bytes < 1 or first_bucket_bytes < 1:
+        raise ValueError(f"bucket sizes must be positive, got {first_bucket_bytes} and "
+                         f"{bucket_bytes}")
+    buckets: list[list[torch.Tensor]] = []
+    size, cap = 0, min(first_bucket_bytes, bucket_bytes)
+    for p in reversed(list(params)):
+        if buckets and buckets[-1] and (size >= cap or (p.dtype, p.device) != (
+                buckets[-1][0].dtype, buckets[-1][0].device)):
+            buckets.append([])
+            size, cap = 0, bucket_bytes
+        if not buckets:
+            buckets.append([])
+        buckets[-1].append(p)
+        size += nbytes_of(p)
+    return buckets
+
+
+class GradBuckets:
+    """What DDP keeps from one step to the next (torch's ``Reducer`` with
+    ``gradient_as_bucket_view=True``): the buckets (``make_buckets_torch``), one flat buffer
+    per bucket, every parameter's ``.grad`` a view into its bucket's buffer, and the ring
+    (``RingAllReduce``) with its scratch buffers.
+
+    Backward accumulates straight into the buffers, so a bucket is all-reduced where it
+    lies: no copy into a flat buffer before, none back into ``.grad`` after."""
+
+    def __init__(self, comm: Communicator, params: Sequence[torch.Tensor],
+                 bucket_bytes: int) -> None:
+        self.params, self.bucket_bytes, self.comm_id = list(params), bucket_bytes, id(comm)
+        self.buckets = make_buckets_torch(self.params, bucket_bytes)
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.flats: list[torch.Tensor] = []
+        self.views: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for bucket in self.buckets:
+            flat = torch.zeros(sum(p.numel() for p in bucket), dtype=bucket[0].dtype,
+                               device=bucket[0].device)
+            views = flat.split([p.numel() for p in bucket])
+            self.views += [(p, view.view_as(p)) for p, view in zip(bucket, views)]
+            self.flats.append(flat)
+        self.ring = RingAllReduce()
+        for flat in self.flats:
+            self.ring.reserve(comm, flat)  # scratch now, not inside the first backward
+
+    def fits(self, comm: Communicator, params: Sequence[torch.Tensor],
+             bucket_bytes: int) -> bool:
+        """Made for this communicator, these parameters and this cap?"""
+        return (self.comm_id == id(comm) and bucket_bytes == self.bucket_bytes
+                and len(params) == len(self.params)
+                and all(a is b for a, b in zip(params, self.params)))
+
+    def attach(self) -> None:
+        """Make every ``.grad`` its view again (after ``zero_grad(set_to_none=True)`` or a
+        gradient set by hand, whose values are kept)."""
+        with torch.no_grad():
+            for p, view in self.views:
+                if p.grad is view:
+                    continue
+                if p.grad is None:
+                    view.zero_()
+                else:
+                    view.copy_(p.grad)
+                p.grad = view
+
+
+def grad_buckets(comm: Communicator, model: nn.Module, bucket_bytes: int) -> GradBuckets:
+    """The model's ``GradBuckets``, made at its first ``ddp_step_overlapped`` and kept on the
+    model (``model.ddp_grad_buckets``, as torch's ``DistributedDataParallel`` keeps its
+    reducer), made again if the communicator, the parameters or the cap changed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    kept = getattr(model, "ddp_grad_buckets", None)
+    if not isinstance(kept, GradBuckets) or not kept.fits(comm, params, bucket_bytes):
+        kept = GradBuckets(comm, params, bucket_bytes)
+        model.ddp_grad_buckets = kept
+    kept.attach()
+    return kept
+
+
 def ddp_step_overlapped(comm: Communicator, model: nn.Module, optimizer: torch.optim.Optimizer,
                         batch: Batch, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> torch.Tensor:
-    """``ddp_step_bucketed`` with communication overlapped with backward.
+    """``ddp_step_bucketed`` with communication overlapped with backward, engineered as
+    torch's DDP is.
 
     A hook on every parameter (``register_post_accumulate_grad_hook``) counts the gradients
-    of its bucket; when the last one is in, the bucket is flattened and its all-reduce starts
-    on the comm stream (``comm.run_async``) while backward goes on with earlier layers. After
-    backward we wait for all buckets. Buckets start in the same order on every rank, because
-    every rank runs the same backward.
+    of its bucket; when the last one is in, the bucket's all-reduce starts on the comm stream
+    (``comm.run_async``) while backward goes on with earlier layers. After backward only the
+    last bucket (the first layers', whose gradients come last) is still to wait for.
+    Buckets start in the same order on every rank, because every rank runs the same
+    backward. Three refinements over the lesson's version (``grad_buckets``):
+    gradients are views into the buckets (no flatten, no copy back), torch's bucket rule
+    (``make_buckets_torch``: a 1 MiB first bucket, buckets closed once past the cap), and
+    the engineered ring (``RingAllReduce``: kept scratch, pipelined segments).
     Cost: about max(backward, communication) instead of their sum; what stays exposed is
-    the last bucket's all-reduce (the first layers' gradients come last)."""
-    buckets = make_buckets(list(model.parameters()), bucket_bytes)
-    bucket_of = {id(p): i for i, bucket in enumerate(buckets) for p in bucket}
-    missing = [len(bucket) for bucket in buckets]
-    started: list[tuple[int, torch.Tensor, int, object]] = []
+    the last bucket's all-reduce."""
+    kept = grad_buckets(comm, model, bucket_bytes)
+    missing = [len(bucket) for bucket in kept.buckets]
+    works: list[Work] = []
 
     def on_grad_ready(p: torch.Tensor) -> None:
-        i = bucket_of[id(p)]
+        i = kept.bucket_of[id(p)]
         missing[i] -= 1
         if missing[i] == 0:
-            flat = flatten_grads(buckets[i])
-            token = comm.memory.alloc("comm_buffers", nbytes_of(flat), f"bucket {i}")
-            started.append((i, flat, token, comm.run_async(all_reduce, comm, flat, "mean")))
+            works.append(comm.run_async(kept.ring, comm, kept.flats[i], "mean"))
 
-    hooks = [p.register_post_accumulate_grad_hook(on_grad_ready)
-             for bucket in buckets for p in bucket]
+    hooks = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in kept.params]
     try:
         loss = local_forward_backward(comm, model, batch)
     finally:
         for hook in hooks:
             hook.remove()
-    if len(started) != len(buckets):
-        raise RuntimeError(f"only {len(started)} of {len(buckets)} buckets got all their "
+    if len(works) != len(kept.buckets):
+        raise RuntimeError(f"only {len(works)} of {len(kept.buckets)} buckets got all their "
                            "gradients: does every parameter take part in the loss?")
-    for i, flat, token, work in started:
+    for work in works:
         work.wait()
-        unflatten_grads(flat, buckets[i])
-        comm.memory.free(token)
     optimizer_step(comm, optimizer)
     return loss
 

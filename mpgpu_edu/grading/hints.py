@@ -42,8 +42,8 @@ class Hint:
 
     def _repr_html_(self) -> str:
         e = self.exercise
-        items = "".join(f"<li><b>{html.escape(name)}</b>: {html.escape(text)}</li>"
-                        for name, text in zip(LEVELS, self.shown))
+        items = "".join(f"<li><b>{html.escape(name)}</b>: <span style='white-space:pre-wrap'>"
+                        f"{html.escape(text)}</span></li>" for name, text in zip(LEVELS, self.shown))
         more = (f"<div><i>call mp.hint(\"{e.id}\") again for {LEVELS[self.level]}</i></div>"
                 if self.level < len(LEVELS) else "")
         return (f"<div><b>Exercise {e.id}, {html.escape(e.title)}</b>: hint {self.level} of "

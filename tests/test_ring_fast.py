@@ -1,0 +1,225 @@
+"""The engineered ring (``collectives.ring_fast``): the exact sum for every world size and
+size, bit for bit ``all_reduce_ring``'s result, the ring's bytes on every link, only
+point-to-point messages, kept scratch; and DDP's overlapped step uses it."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mpgpu_edu.collectives import all_reduce_ring
+from mpgpu_edu.collectives.ring_fast import RingAllReduce, all_reduce_ring_fast, segment_sizes
+from mpgpu_edu.comm import launch
+from mpgpu_edu.data import make_batches
+from mpgpu_edu.dp import ddp, train_ddp
+from strategy_fns import model_fn
+
+SEGMENTS = {"one per chunk": None, "4-byte segments": 4, "12-byte segments": 12}
+
+
+def exact_sum(comm, numel: int, op: str, segment_bytes: int | None) -> bool:  # noqa: ANN001
+    """Rank r holds r + 1 + arange: integers, so the sum in float64 is exact."""
+    n = comm.world_size
+    ring = RingAllReduce(segment_bytes)
+    for _ in range(2):  # the second call reuses the plan and its scratch
+        tensor = torch.arange(numel, dtype=torch.float64) + comm.rank + 1
+        ring(comm, tensor, op)
+    want = n * torch.arange(numel, dtype=torch.float64) + n * (n + 1) / 2
+    return torch.equal(tensor, want / n if op == "mean" else want)
+
+
+@pytest.mark.parametrize("segment_bytes", SEGMENTS.values(), ids=SEGMENTS.keys())
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_exact_sum_for_every_world_size_and_odd_sizes(n: int, segment_bytes) -> None:
+    for numel in sorted({0, 1, n - 1, n + 1, 2 * n + 1, 37}):
+        for op in ("sum", "mean"):
+            result = launch(exact_sum, n, numel, op, segment_bytes).results
+            assert result == [True] * n, f"{n} ranks, {numel} elements, op {op}"
+
+
+def same_as_ring(comm, numel: int, op: str, segment_bytes: int | None) -> bool:  # noqa: ANN001
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(comm.rank))
+    reference, fast = x.clone(), x.clone()
+    all_reduce_ring(comm, reference, op)
+    all_reduce_ring_fast(comm, fast, op, state=RingAllReduce(segment_bytes))
+    return torch.equal(reference, fast)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_bit_for_bit_the_reference_ring(n: int, op: str) -> None:
+    for segment_bytes in SEGMENTS.values():
+        assert launch(same_as_ring, n, 1001, op, segment_bytes).results == [True] * n
+
+
+def shaped(comm) -> list[torch.Tensor]:  # noqa: ANN001
+    """A 2-D non-contiguous tensor and a scalar, reduced in place."""
+    base = torch.arange(12.0).view(3, 4) * (comm.rank + 1)
+    transposed, scalar = base.t(), torch.tensor(float(comm.rank))
+    ring = RingAllReduce(segment_bytes=8)
+    ring(comm, transposed, "sum")
+    ring(comm, scalar, "mean")
+    return [base, scalar]
+
+
+def test_shapes_non_contiguous_and_scalar() -> None:
+    for base, scalar in launch(shaped, 3).results:
+        torch.testing.assert_close(base, torch.arange(12.0).view(3, 4) * 6)
+        assert scalar.item() == 1.0
+
+
+def test_segments_split_each_chunk_as_tensor_split_does() -> None:
+    flat = torch.arange(11)
+    want = [len(s) for chunk in torch.tensor_split(flat, 3) for s in torch.tensor_split(chunk, 2)]
+    assert segment_sizes(11, 3, 2) == want
+
+
+def stats_of(step: object, n: int, numel: int) -> list[dict]:
+    return [s.to_dict() for s in launch(step, n, numel).stats]
+
+
+def ring_step(comm, numel: int) -> None:  # noqa: ANN001
+    all_reduce_ring(comm, torch.ones(numel), "sum")
+
+
+def fast_step(comm, numel: int) -> None:  # noqa: ANN001
+    RingAllReduce(segment_bytes=64)(comm, torch.ones(numel), "sum")
+
+
+@pytest.mark.parametrize("n, numel", [(2, 1000), (3, 1001), (4, 3), (5, 4099)])
+def test_the_same_bytes_on_every_link_as_the_ring(n: int, numel: int) -> None:
+    ring, fast = stats_of(ring_step, n, numel), stats_of(fast_step, n, numel)
+    for rank in range(n):
+        assert fast[rank]["sent_to"] == ring[rank]["sent_to"]  # right neighbour only
+        assert fast[rank]["received_from"] == ring[rank]["received_from"]
+        assert set(fast[rank]["sent_to"]) == {(rank + 1) % n}
+    if numel > 64 * n:  # several segments per chunk: more messages, not more bytes
+        assert fast[0]["messages_sent"] > ring[0]["messages_sent"]
+
+
+def scratch_is_kept(comm) -> bool:  # noqa: ANN001
+    ring = RingAllReduce(segment_bytes=16)
+    ring(comm, torch.ones(100), "sum")
+    buffers = [b.data_ptr() for plan in ring.plans.values() for b in plan.buffers]
+    ring(comm, torch.ones(100), "sum")
+    ring(comm, torch.ones(50), "sum")  # another size: its own plan
+    again = [b.data_ptr() for b in ring.plans[(100, torch.float32, torch.device("cpu"),
+                                                comm.world_size, comm.rank)].buffers]
+    return len(ring.plans) == 2 and again == buffers
+
+
+def test_scratch_is_made_once_per_size_and_recorded() -> None:
+    run = launch(scratch_is_kept, 3)
+    assert run.results == [True] * 3
+    scratch = [m for m in run.trace.memory if m.label == "ring scratch"]
+    assert len(scratch) == 2 * 3 and all(m.delta > 0 for m in scratch)  # 2 sizes, 3 ranks
+
+
+def no_collectives(comm, numel: int, segment_bytes: int | None) -> list[bool]:  # noqa: ANN001
+    """On gloo: the exact sum with every torch.distributed collective disabled."""
+    def blocked(*_: object, **__: object) -> None:
+        raise AssertionError("a torch.distributed collective was called")
+
+    names = ["all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+             "all_gather_into_tensor", "broadcast", "reduce", "all_to_all"]
+    saved = {name: getattr(dist, name) for name in names}
+    for name in names:
+        setattr(dist, name, blocked)
+    try:
+        return [exact_sum(comm, numel, op, segment_bytes) for op in ("sum", "mean")]
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("n", [2, 3])
+def test_exact_sum_on_gloo_with_only_point_to_point(n: int) -> None:
+    for numel in (1, n + 1, 1001):
+        for segment_bytes in (None, 64):
+            run = launch(no_collectives, n, numel, segment_bytes, backend="gloo", timeout=120)
+            assert run.results == [[True, True]] * n, (numel, segment_bytes)
+
+
+# ---- DDP's overlapped step runs on it ---------------------------------------------------------
+def counting_rings(comm, step_fn) -> dict:  # noqa: ANN001
+    """Train with the reference ring disabled and every RingAllReduce call counted."""
+    calls = []
+    original = RingAllReduce.__call__
+
+    def counted(self, comm_, tensor, op="sum") -> None:  # noqa: ANN001
+        calls.append(tensor.numel())
+        original(self, comm_, tensor, op)
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("ddp_step_overlapped used the reference all_reduce")
+
+    saved_all_reduce, RingAllReduce.__call__ = ddp.all_reduce, counted
+    try:
+        ddp.all_reduce = refused
+        model = model_fn()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batch = make_batches(1, 8)[0]
+        step_fn(comm, model, opt, batch)
+        buckets = model.ddp_grad_buckets
+        views = all(p.grad.data_ptr() == v.data_ptr() for p, v in buckets.views)
+        return {"calls": calls, "sizes": [f.numel() for f in buckets.flats], "views": views}
+    finally:
+        RingAllReduce.__call__, ddp.all_reduce = original, saved_all_reduce
+
+
+STEP = functools.partial(ddp.ddp_step_overlapped, bucket_bytes=300)
+
+
+def test_ddp_overlapped_all_reduces_each_bucket_with_the_fast_ring(monkeypatch) -> None:
+    # The simulator's ranks are threads of this process: patch once, here, for all of them.
+    calls = []
+    original = RingAllReduce.__call__
+
+    def counted(self, comm, tensor, op="sum") -> None:  # noqa: ANN001
+        calls.append(tensor.numel())
+        original(self, comm, tensor, op)
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("ddp_step_overlapped used the reference all_reduce")
+
+    def one_step(comm) -> list[int]:  # noqa: ANN001
+        model = model_fn()
+        STEP(comm, model, torch.optim.SGD(model.parameters(), lr=0.1), make_batches(1, 8)[0])
+        assert all(p.grad.data_ptr() == v.data_ptr() for p, v in model.ddp_grad_buckets.views)
+        return [flat.numel() for flat in model.ddp_grad_buckets.flats]
+
+    monkeypatch.setattr(RingAllReduce, "__call__", counted)
+    monkeypatch.setattr(ddp, "all_reduce", refused)
+    sizes = launch(one_step, 3).results[0]
+    assert len(sizes) > 1 and sorted(calls) == sorted(sizes * 3)
+
+
+@pytest.mark.gloo
+def test_ddp_overlapped_uses_the_fast_ring_on_gloo() -> None:
+    run = launch(counting_rings, 2, STEP, backend="gloo", timeout=120)
+    for result in run.results:  # a process per rank: each counts its own calls
+        assert result["views"]
+        assert sorted(result["calls"]) == sorted(result["sizes"]) and len(result["sizes"]) > 1
+
+
+def test_torch_bucket_rule_closes_past_the_cap_with_a_small_first_bucket() -> None:
+    params = list(model_fn().parameters())  # w1 (512 B) b1 (64) w2 (1024) b2 (64) w3 (128) b3 (8)
+    buckets = ddp.make_buckets_torch(params, 600, first_bucket_bytes=100)
+    assert [p for bucket in buckets for p in bucket] == params[::-1]
+    assert [len(b) for b in buckets] == [2, 2, 2]  # b3+w3 136 >= 100; b2+w2 1088; b1+w1 576
+    assert [len(b) for b in ddp.make_buckets_torch(params, 10_000)] == [6]
+
+
+def test_training_with_gradient_views_matches_one_device() -> None:
+    from mpgpu_edu.reference import train_single
+
+    batches = make_batches(3, 10)
+    ref_params, ref_losses = train_single(model_fn, batches, "adam", lr=0.05)
+    for result in launch(train_ddp, 3, STEP, model_fn, batches, "adam", 0.05).results:
+        for name, ref in ref_params.items():
+            torch.testing.assert_close(result["params"][name], ref, rtol=1e-5, atol=1e-6)
+        assert result["losses"] == pytest.approx(ref_losses, rel=1e-5)
