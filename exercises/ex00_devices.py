@@ -48,7 +48,7 @@ def visible_devices(value: str | None, n_physical: int) -> list[int]:
     >>> visible_devices("0,2,-1,1", 4)
     [0, 2]
     """
-    # Exercise 0.1 (about 15 lines). Hint: read the leading digits; stop at the first bad entry.
+    # Exercise 0.1 (about 15 lines). mp.hint("0.1") when stuck.
     raise NotImplementedError("Exercise 0.1: visible_devices (notebooks/00_welcome.ipynb)")
 
 
@@ -64,5 +64,5 @@ def data_parallel_device_ids(visible: list[int], physical_gpus: list[int]) -> li
     >>> data_parallel_device_ids([1, 2], [1, 2])
     [0, 1]
     """
-    # Exercise 0.2 (about 6 lines). Hint: device_ids are positions in visible: visible.index(gpu).
+    # Exercise 0.2 (about 6 lines). mp.hint("0.2") when stuck.
     raise NotImplementedError("Exercise 0.2: data_parallel_device_ids (notebooks/00_welcome.ipynb)")

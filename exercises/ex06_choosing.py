@@ -1,4 +1,5 @@
-"""Lesson 06 exercises: choosing a strategy that fits, and a message pattern that cannot hang.
+"""Lesson 06 exercises: choosing a strategy that fits, message patterns that cannot hang, and a
+straggler found from its logs.
 
 The function just below is solved for you: read it first.
 """
@@ -35,7 +36,7 @@ def choose_strategy(n_params: int, cluster: Cluster, optimizer: str = "adam",
     ``"zero3"`` (more memory saved, more communication). Return ``"none"`` when nothing
     fits: then the model needs pipeline or tensor parallelism, or more devices.
     """
-    # Exercise 6.1 (about 8 lines). Hint: estimate_memory(...).fits(cluster.capacity_bytes(0)).
+    # Exercise 6.1 (about 8 lines). mp.hint("6.1") when stuck.
     raise NotImplementedError("Exercise 6.1: choose_strategy (notebooks/06_choosing_and_debugging.ipynb)")
 
 
@@ -49,5 +50,40 @@ def exchange_with_partner(comm: Communicator, tensor: torch.Tensor,
     the other to receive. Break the symmetry: in each pair one rank sends first, the other
     receives first, and both must agree on which without talking.
     """
-    # Exercise 6.2 (about 10 lines). Hint: the lower rank of a pair sends first.
+    # Exercise 6.2 (about 10 lines). mp.hint("6.2") when stuck.
     raise NotImplementedError("Exercise 6.2: exchange_with_partner (notebooks/06_choosing_and_debugging.ipynb)")
+
+
+def smooth_ring(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """The fixed ``l06.smooth_ring_broken``: the same result, without the deadlock.
+
+    The array is every rank's ``block`` (1-D float, any length >= 1, lengths may differ
+    between ranks) in rank order, and it is a ring: after the last element of rank N-1 comes
+    the first element of rank 0. One step replaces every element by the mean of itself and
+    its two neighbours in the ring. Return this rank's block after ``steps`` steps (a new
+    tensor), equal to smoothing the whole array on one device.
+
+    Built from ``comm.send/recv/isend/irecv`` only (no collectives). Per step each rank sends
+    one element to each neighbouring rank and nothing else; with 2 ranks both neighbours are
+    the same rank, with 1 rank the ring closes on itself (no message: a rank cannot send to
+    itself). Must not deadlock on any world size, and a step costs a few message times
+    whatever the world size (no rank waits for a chain of others).
+    """
+    # Exercise 6.3 (about 18 lines). mp.hint("6.3") when stuck.
+    raise NotImplementedError("Exercise 6.3: smooth_ring (notebooks/06_choosing_and_debugging.ipynb)")
+
+
+def find_straggler(logs: list[list[str]]) -> tuple[int, float]:
+    """The straggler of a run of ``l06.straggler_steps``, found from its per-rank logs alone.
+
+    ``logs[r]`` is rank r's log as ``launch`` returns it: lines ``"[   12.3456 ms] text"``,
+    time stamps in milliseconds from the start. For each step every rank logs
+    ``"step S: compute start"``, then ``"step S: compute done, waiting in all-reduce"``, then
+    ``"step S: all-reduce done"``; other lines may appear and say nothing about timing.
+
+    Return ``(rank, seconds)``: the rank whose compute, summed over all steps, took longest,
+    and by how many seconds its total exceeds the median of every rank's total (the time it
+    cost each step's all-reduce, summed). Ties: the lowest rank.
+    """
+    # Exercise 6.4 (about 15 lines). mp.hint("6.4") when stuck.
+    raise NotImplementedError("Exercise 6.4: find_straggler (notebooks/06_choosing_and_debugging.ipynb)")

@@ -1,4 +1,5 @@
-"""Lesson 06 exercises: choosing a strategy that fits, and a message pattern that cannot hang.
+"""Lesson 06 exercises: choosing a strategy that fits, message patterns that cannot hang, and a
+straggler found from its logs.
 
 The function just below is solved for you: read it first.
 """
@@ -68,4 +69,73 @@ def exchange_with_partner(comm: Communicator, tensor: torch.Tensor,
         comm.recv(received, partner)
         comm.send(tensor, partner)
     return received
+    ### END SOLUTION
+
+
+def smooth_ring(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """The fixed ``l06.smooth_ring_broken``: the same result, without the deadlock.
+
+    The array is every rank's ``block`` (1-D float, any length >= 1, lengths may differ
+    between ranks) in rank order, and it is a ring: after the last element of rank N-1 comes
+    the first element of rank 0. One step replaces every element by the mean of itself and
+    its two neighbours in the ring. Return this rank's block after ``steps`` steps (a new
+    tensor), equal to smoothing the whole array on one device.
+
+    Built from ``comm.send/recv/isend/irecv`` only (no collectives). Per step each rank sends
+    one element to each neighbouring rank and nothing else; with 2 ranks both neighbours are
+    the same rank, with 1 rank the ring closes on itself (no message: a rank cannot send to
+    itself). Must not deadlock on any world size, and a step costs a few message times
+    whatever the world size (no rank waits for a chain of others).
+    """
+    ### BEGIN SOLUTION 6.3
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    to_left, to_right = 1, 2  # tags: with 2 ranks, left and right are the same peer
+    x = block.clone()
+    for _ in range(steps):
+        if n == 1:
+            from_left, from_right = x[-1:].clone(), x[:1].clone()
+        else:
+            from_left, from_right = torch.empty_like(x[:1]), torch.empty_like(x[:1])
+            sends = [comm.isend(x[:1].clone(), left, tag=to_left),
+                     comm.isend(x[-1:].clone(), right, tag=to_right)]
+            comm.recv(from_left, left, tag=to_right)
+            comm.recv(from_right, right, tag=to_left)
+            for work in sends:
+                work.wait()
+        padded = torch.cat([from_left, x, from_right])
+        x = (padded[:-2] + padded[1:-1] + padded[2:]) / 3
+    return x
+    ### END SOLUTION
+
+
+def find_straggler(logs: list[list[str]]) -> tuple[int, float]:
+    """The straggler of a run of ``l06.straggler_steps``, found from its per-rank logs alone.
+
+    ``logs[r]`` is rank r's log as ``launch`` returns it: lines ``"[   12.3456 ms] text"``,
+    time stamps in milliseconds from the start. For each step every rank logs
+    ``"step S: compute start"``, then ``"step S: compute done, waiting in all-reduce"``, then
+    ``"step S: all-reduce done"``; other lines may appear and say nothing about timing.
+
+    Return ``(rank, seconds)``: the rank whose compute, summed over all steps, took longest,
+    and by how many seconds its total exceeds the median of every rank's total (the time it
+    cost each step's all-reduce, summed). Ties: the lowest rank.
+    """
+    ### BEGIN SOLUTION 6.4
+    import statistics
+
+    totals = []
+    for lines in logs:
+        started: dict[str, float] = {}
+        total = 0.0
+        for line in lines:
+            stamp = float(line[1:line.index("ms]")]) / 1e3
+            step, _, text = line[line.index("ms]") + 4:].partition(": ")
+            if text == "compute start":
+                started[step] = stamp
+            elif text.startswith("compute done"):
+                total += stamp - started[step]
+        totals.append(total)
+    slow = max(range(len(totals)), key=totals.__getitem__)
+    return slow, totals[slow] - statistics.median(totals)
     ### END SOLUTION

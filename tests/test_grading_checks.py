@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mpgpu_edu.collectives import all_gather, all_reduce, all_reduce_ring
+from mpgpu_edu.collectives import all_gather, all_reduce, all_reduce_ring, reduce_scatter
 from mpgpu_edu.grading._outcome import classify
 from mpgpu_edu.grading.checks import cases_for
 from mpgpu_edu.pipeline import Step
@@ -99,7 +99,8 @@ def ring_one_direction_at_a_time(comm: Any, tensor: torch.Tensor) -> None:
 def test_a_naive_all_reduce_is_not_a_ring() -> None:
     results = verdicts("1.3", ring_through_rank_0)
     assert failing(results) == {"traffic: 2(N-1)/N of the tensor, to the right neighbour",
-                                "time: every link busy at once"}
+                                "time: every link busy at once",
+                                "hidden: random sizes and world sizes 1-7"}
     assert "on a ring it sends to its right neighbour" in results[
         "traffic: 2(N-1)/N of the tensor, to the right neighbour"][1]
 
@@ -183,6 +184,18 @@ def test_hooks_must_be_removed() -> None:
     assert failing(results) == {"hooks are removed afterwards"}, results
 
 
+def test_ddp_wrapper_is_judged_on_its_buckets_and_its_timeline() -> None:
+    from tests.mutants import lesson_03 as wrong
+
+    forward = verdicts("3.5", wrong.ddp_forward_buckets)
+    case = "buckets: reverse order, one all-reduce each, no broadcast after the start"
+    assert failing(forward) == {case}, forward
+    assert "[18, 45, 8, 48]" in forward[case][1] and "[23, 40, 8, 48]" in forward[case][1]
+    waiting = verdicts("3.5", wrong.ddp_waits_in_hook)
+    assert failing(waiting) == {"timeline: all-reduces launched during backward, overlapping it"}
+    assert "never run at the same time" in "".join(m for _, m in waiting.values())
+
+
 # ---- lessons 04-06: memory, FLOPs and state per rank -------------------------------------
 
 def test_gpipe_is_not_1f1b() -> None:
@@ -218,7 +231,41 @@ def test_column_parallel_must_split_the_work() -> None:
 
     results = verdicts("5.1", everything_everywhere)
     assert "each rank computes 1/N of the FLOPs" in failing(results)
-    assert results["the full output on every rank"][0] == "passed"
+    assert results["the full output on every rank, with and without a bias"][0] == "passed"
+
+
+def test_zero1_with_a_gradient_sum_fails_on_adams_moments() -> None:
+    sol = solution("ex05_tensor_and_hybrid")
+
+    def summed(comm: Any, params: torch.Tensor, grad: torch.Tensor, state: dict,
+               lr: float = 1e-3) -> None:
+        shard = torch.tensor_split(params, comm.world_size)[comm.rank]
+        sol.adam_update(shard, reduce_scatter(comm, grad), state, lr)
+        params.copy_(torch.cat(all_gather(comm, shard.clone())))
+
+    results = verdicts("5.2", summed)
+    assert results["matches torch.optim.Adam on the mean gradient"][0] == "passed"  # hidden
+    status, message = results["Adam's moments are the mean gradient's, shard by shard"]
+    assert status == "failed" and "exp_avg" in message
+
+
+def test_megatron_with_a_second_all_reduce_fails_on_traffic_only() -> None:
+    sol = solution("ex05_tensor_and_hybrid")
+
+    def reduces_twice(comm: Any, x: torch.Tensor, w1: torch.Tensor, b1: Any, w2: torch.Tensor,
+                      b2: Any) -> torch.Tensor:
+        out = sol.megatron_mlp(comm, x, w1, b1, w2, b2)
+        again = out.detach().clone()
+        all_reduce(comm, again, op="mean")
+        return out + (again - out.detach())
+
+    results = verdicts("5.4", reduces_twice)
+    assert failing(results) == {
+        "traffic: one all-reduce of the output forward, one of x's gradient backward",
+        "hidden features not a multiple of N (7 or 3 on 4 ranks), no biases",
+        "hidden: other sizes, world sizes 1-5 and (B, T, d) inputs"}, results
+    assert "2 all-reduces' worth" in results[
+        "traffic: one all-reduce of the output forward, one of x's gradient backward"][1]
 
 
 def test_a_parity_rule_deadlocks_on_odd_pairs() -> None:
@@ -238,6 +285,15 @@ def test_a_parity_rule_deadlocks_on_odd_pairs() -> None:
     status, message = results["any pairing, e.g. ranks 1 and 3"]
     assert status == "failed" and "Deadlock" in message
     assert results["two ranks swap"][0] == "passed"
+
+
+def test_the_longest_waiter_is_named_as_such() -> None:
+    from tests.mutants.lesson_06 import straggler_longest_waiter
+
+    results = verdicts("6.4", straggler_longest_waiter)
+    status, message = results["not the rank that waits longest"]
+    assert status == "failed" and "waited longest" in message
+    assert results["4 ranks, rank 3 three times slower"][0] == "failed"
 
 
 # ---- property cases: hidden, reproducible, with the failing example ------------------------
@@ -287,3 +343,44 @@ def test_steps_of_the_executor_must_send_to_the_next_stage_only() -> None:
 
     results = verdicts("4.4", broadcast_activations)
     assert failing(results) == {"traffic: one activation per microbatch, to the next stage"}
+
+
+def test_a_forward_step_must_let_the_gradient_flow_back() -> None:
+    def cuts_the_graph(comm: Any, stage: Any, step: Step, n_stages: int, x: Any,
+                       in_shape: tuple[int, ...]) -> torch.Tensor:
+        if step.stage > 0:
+            x = torch.empty(in_shape)
+            comm.recv(x, step.stage - 1, tag=step.microbatch)  # no requires_grad_()
+        with comm.compute("forward", step.token):
+            y = stage(x)
+        if step.stage < n_stages - 1:
+            comm.send(y.detach(), step.stage + 1, tag=step.microbatch)
+        return y
+
+    results = verdicts("4.4", cuts_the_graph)
+    name = "backward reaches the received activation (its gradient goes back)"
+    assert failing(results) == {name}
+    assert "never reaches the activation received from stage 0" in results[name][1]
+
+
+def test_the_package_executor_passes_the_executor_check() -> None:
+    from mpgpu_edu.lessons.l04 import reference_executor
+
+    results = verdicts("4.5", reference_executor)
+    assert not failing(results), results
+
+
+def test_an_executor_that_ignores_the_schedule_holds_too_much() -> None:
+    from mpgpu_edu.lessons.l04 import reference_executor
+    from mpgpu_edu.pipeline import gpipe
+
+    def always_gpipe(comm: Any, schedule: Any, *args: Any) -> Any:
+        return reference_executor(comm, gpipe(schedule.n_stages, schedule.n_microbatches),
+                                  *args)
+
+    results = verdicts("4.5", always_gpipe)
+    memory = "memory: microbatches in flight per stage match the schedule's (1F1B <= P)"
+    assert memory in failing(results)
+    assert results["GPipe: loss, gradients and parameters after a step equal one device's"][0] \
+        == "passed"
+    assert "the schedule has 4 there" in results[memory][1]

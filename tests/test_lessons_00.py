@@ -63,3 +63,18 @@ def test_epoch_seconds_is_compute_split_n_ways() -> None:
     assert times[1] == pytest.approx(cluster.compute_seconds(flops, "bf16"))
     assert times[8] == pytest.approx(cluster.compute_seconds(flops / 8, "bf16"))
     assert times[1] / times[8] == pytest.approx(8, rel=1e-6)
+
+
+def test_idle_summary_is_in_the_figure_title() -> None:
+    result = l00.run_input_pipeline(0.2, 0.1, loaders=1, steps=4, batch_bytes=10)
+    fig = l00.plot_input_pipeline(result, title="mine")
+    title = fig.axes[0].get_title(loc="left")
+    assert title.startswith("mine: ") and l00.idle_summary(result) in title
+    assert f"{l00.gpu_idle_after_first_batch(result):.0%} after the first batch" in title
+
+
+def test_a_faster_gpu_does_not_speed_up_an_input_bound_step() -> None:
+    slow = l00.run_input_pipeline(0.4, 0.1, loaders=1, steps=6, batch_bytes=10)
+    fast = l00.run_input_pipeline(0.4, 0.05, loaders=1, steps=6, batch_bytes=10)
+    assert l00.step_seconds_in_steady_state(slow) == pytest.approx(0.4, rel=0.01)
+    assert l00.step_seconds_in_steady_state(fast) == pytest.approx(0.4, rel=0.01)

@@ -17,6 +17,7 @@ from mpgpu_edu.lessons import l04, l05, l06
 from mpgpu_edu.memory import spec_params
 from mpgpu_edu.pipeline import (gpipe, naive, one_f_one_b, partition_balanced, partition_by_list,
                                 partition_by_sizes)
+from mpgpu_edu.tensor import megatron_mlp
 
 # ---- lesson 04 --------------------------------------------------------------------------------
 
@@ -75,6 +76,47 @@ def test_timed_trace_pays_the_link() -> None:
     assert 8 * 0.006 < nvlink.makespan < pcie.makespan
 
 
+def _solution_executor():  # noqa: ANN202 - the solution's execute_schedule
+    import importlib.util
+    from pathlib import Path
+
+    file = Path(__file__).resolve().parents[1] / "solutions" / "ex04_pipeline.py"
+    spec = importlib.util.spec_from_file_location("solution_ex04_for_demo", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.execute_schedule
+
+
+@pytest.mark.parametrize("executor", ["reference", "solution"])
+def test_an_executor_of_exercise_4_5_drives_the_memory_demo(executor: str) -> None:
+    run = l04.reference_executor if executor == "reference" else _solution_executor()
+    gp = l04.run_executor_step(run, gpipe(4, 8))
+    ofob = l04.run_executor_step(run, one_f_one_b(4, 8))
+    assert [l04.microbatches_held(gp.trace, d) for d in range(4)] == [8, 8, 8, 8]
+    assert [l04.microbatches_held(ofob.trace, d) for d in range(4)] == [4, 3, 2, 1]
+    assert gp.trace.makespan == pytest.approx(ofob.trace.makespan, rel=0.01)
+    assert ofob.trace.peak_memory(0) < gp.trace.peak_memory(0)
+    assert gp.results[-1] == pytest.approx(l04.run_step(gpipe(4, 8)).results[-1]["losses"][0])
+    runs = {"GPipe": gp, "1F1B": ofob}
+    for fig in (l04.plot_memory_runs(runs, "your pipeline executor"),
+                l04.plot_timeline_runs(runs, "your pipeline executor")):
+        assert "your pipeline executor" in fig._suptitle.get_text()
+
+
+def test_tracked_stage_frees_a_microbatch_when_its_backward_begins() -> None:
+    def program(comm):  # noqa: ANN001, ANN202
+        stage = l04.TrackedStage(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), comm)
+        y0, y1 = stage(torch.randn(3, 4)), stage(torch.randn(3, 4))
+        y0.sum().backward()
+        return stage.calls
+
+    result = launch(program, 1)
+    assert result.results == [2]
+    assert l04.microbatches_held(result.trace, 0) == 2
+    deltas = [m.delta for m in result.trace.memory if m.category == "activations"]
+    assert len(deltas) == 3 and deltas[0] > 0 and deltas[2] == -deltas[0]
+
+
 # ---- lesson 05 --------------------------------------------------------------------------------
 
 
@@ -103,6 +145,17 @@ def test_megatron_mlp_sends_a_third_of_the_naive_split() -> None:
     one_all_reduce = ring_allreduce_bytes_sent(4, 64 * 32 * 2)  # bf16 activations
     assert megatron.bytes_sent_per_rank == [2 * one_all_reduce] * 4
     assert naive_split.bytes_sent_per_rank == [6 * one_all_reduce] * 4
+
+
+@pytest.mark.parametrize("world_size", [4, 3])
+def test_megatron_pass_runs_one_all_reduce_each_way(world_size: int) -> None:
+    result = launch(l05.megatron_pass, world_size, megatron_mlp, 64, 32)
+    activation = 64 * 32 * 2  # bf16
+    assert l05.all_reduces([r["forward_bytes"] for r in result.results], activation) == 1
+    assert l05.all_reduces([r["backward_bytes"] for r in result.results], activation) == 1
+    assert {e.kind for e in result.trace.events} >= {"forward", "backward", "send"}
+    lines = l05.link_lines(result).splitlines()
+    assert len(lines) == world_size and lines[0].startswith("dev 0 -> dev 1:")
 
 
 def test_traffic_by_group_splits_every_byte() -> None:
@@ -165,6 +218,39 @@ def test_straggler_makes_everyone_wait_and_logs_it() -> None:
     assert result.results == [3.0] * 3
     assert all(len(lines) == 3 for lines in result.logs)
     assert result.trace.idle_fraction(0) == pytest.approx(2 / 3, abs=0.01)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_smooth_ring_broken_deadlocks_and_the_reference_matches_one_device(
+        world_size: int) -> None:
+    with pytest.raises(DeadlockError):
+        launch(l06.smooth_ring_broken, world_size, torch.arange(3.0), 1)
+    blocks = [torch.arange(float(k + 1)) for k in range(world_size)]
+    got = l06.run_smoothing(l06.smooth_ring_reference, blocks, 3)
+    assert torch.allclose(got, torch.cat(l06.smooth_on_one_device(blocks, 3)), atol=1e-6)
+    assert l06.run_smoothing(l06.smooth_ring_reference, [torch.arange(4.0)], 2).shape == (4,)
+
+
+def test_the_wait_for_picture_of_a_ring_has_an_arrow_per_rank() -> None:
+    with pytest.raises(DeadlockError) as caught:
+        launch(l06.smooth_ring_broken, 5, torch.arange(3.0), 1)
+    fig = l06.plot_wait_for(caught.value)
+    assert len(fig.axes[0].patches) == 5 and "cycle" in fig.axes[0].get_title(loc="left")
+
+
+def test_straggler_steps_logs_name_the_slow_rank_not_the_longest_waiter() -> None:
+    result = l06.run_straggler(5, slow_rank=1, steps=3)
+    phases = l06.phase_seconds(result.logs)
+    assert max(range(5), key=lambda r: phases[r]["compute"]) == 1
+    assert l06.longest_waiter(result.logs) != 1
+    rank, seconds = l06.find_straggler_reference(result.logs)
+    assert rank == 1 and seconds == pytest.approx(3 * 2 * 0.02, rel=0.1)
+    assert result.trace.busy(0, "comm") > 0.01 * result.trace.makespan  # comm rows visible
+
+
+def test_fewest_devices_for_llama_7b_on_rtx_4090s() -> None:
+    assert l06.fewest_devices("llama-7b", "zero3", "RTX4090-24GB") == 5
+    assert l06.fewest_devices("llama-7b", "dp", "RTX4090-24GB", most=16) is None
 
 
 def test_bad_shard_names_its_rank() -> None:

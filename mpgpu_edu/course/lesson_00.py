@@ -2,19 +2,47 @@
 
 from __future__ import annotations
 
-from mpgpu_edu.course._types import Lesson, ex
+from mpgpu_edu.course._types import WARM_UP, Lesson, Prediction, ex
 
 EXERCISES = (
     ex('0.1', 'visible_devices', 'CUDA_VISIBLE_DEVICES: logical -> physical', 5,
-       ('read the leading digits; stop at the first bad entry.',
-        'read the leading digits; stop at the first bad entry.',
-        'read the leading digits; stop at the first bad entry.')),
+       ('CUDA reads the list once, left to right, and keeps what it reads until something '
+        'stops it: the list is a prefix of the entries, not a filter over them.',
+        'Handle the unset case first. Then walk the comma-separated entries in order: take '
+        'each entry\'s leading digits; an entry without any, or naming a GPU that does not '
+        'exist, ends the walk; a GPU already taken makes the result empty.',
+        'for entry in value.split(","): digits = the leading run of entry.strip() where '
+        'char.isdigit(); if not digits or int(digits) >= n_physical: break; '
+        'if int(digits) in devices: return []; devices.append(int(digits))'),
+       WARM_UP),
     ex('0.2', 'data_parallel_device_ids', 'The device_ids question', 3,
-       ('device_ids are positions in visible: visible.index(gpu).',
-        'device_ids are positions in visible: visible.index(gpu).',
-        'device_ids are positions in visible: visible.index(gpu).')),
+       ('device_ids count in the process\'s own numbering (cuda:0, cuda:1, ...), which is the '
+        'order of the visible list, not nvidia-smi\'s numbers.',
+        'For each requested physical GPU, find where it sits in visible; a GPU that is not '
+        'there cannot be used: raise.',
+        'ids = []; for gpu in physical_gpus: if gpu not in visible: raise ValueError(...); '
+        'ids.append(visible.index(gpu))'),
+       WARM_UP),
 )
 
-PREDICTIONS = ()
+PREDICTIONS = (
+    Prediction(
+        key="00.visible-order",
+        question="A process starts with CUDA_VISIBLE_DEVICES=2,3 on a 4-GPU machine. Which "
+                 "physical GPU is cuda:1 in that process?",
+        choices=("GPU 1", "GPU 2", "GPU 3", "none: cuda:1 does not exist"),
+        answer=2,
+        why="CUDA numbers the listed GPUs cuda:0, cuda:1, ... in the order listed: cuda:0 is "
+            "GPU 2 and cuda:1 is GPU 3. nvidia-smi keeps calling it GPU 3."),
+    Prediction(
+        key="00.faster-gpu",
+        question="One loader worker needs 512 ms to prepare a batch; the GPU trains on it in "
+                 "far less. Swap in a GPU twice as fast: what happens to the time per step?",
+        choices=("it halves", "it barely changes", "it doubles"),
+        answer=1,
+        why="The step waits for its batch: the loader sets the pace, and a faster GPU only "
+            "waits longer. Fix the input pipeline first (more workers), then buy speed."),
+)
 
-LESSON = Lesson(0, 'welcome: devices', 'ex00_devices', 'notebooks/00_welcome.ipynb', EXERCISES, PREDICTIONS)
+LESSON = Lesson(0, 'welcome: devices', 'ex00_devices', 'notebooks/00_welcome.ipynb', EXERCISES,
+                PREDICTIONS)

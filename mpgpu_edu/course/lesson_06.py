@@ -2,19 +2,79 @@
 
 from __future__ import annotations
 
-from mpgpu_edu.course._types import Lesson, ex
+from mpgpu_edu.course._types import CAPSTONE, WARM_UP, Lesson, Prediction, ex
 
 EXERCISES = (
     ex('6.1', 'choose_strategy', 'Choosing a strategy that fits', 5,
-       ('estimate_memory(...).fits(cluster.capacity_bytes(0)).',
-        'estimate_memory(...).fits(cluster.capacity_bytes(0)).',
-        'estimate_memory(...).fits(cluster.capacity_bytes(0)).')),
+       ('Every device is its own budget: what matters is the memory ONE device needs under a '
+        'strategy (parameters, gradients, optimizer state and activations), against ONE '
+        'device\'s capacity.',
+        'List the candidates from simplest to most sharded (one device: only "single"), ask '
+        'the memory estimator about each in turn, return the first that fits, and "none" '
+        'when the loop ends.',
+        'for strategy in candidates: if estimate_memory(n_params, optimizer, precision, '
+        'strategy, n, activations_bytes).fits(cluster.capacity_bytes(0)): return strategy'),
+       WARM_UP),
     ex('6.2', 'exchange_with_partner', 'Debugging: a swap that cannot deadlock', 5,
-       ('the lower rank of a pair sends first.',
-        'the lower rank of a pair sends first.',
-        'the lower rank of a pair sends first.')),
+       ('A blocking send waits for its receiver: if both ranks of a pair start with send, '
+        'each waits for the other. One of the two must receive first.',
+        'Both ranks must pick roles from facts they both know, without a message: their two '
+        'rank numbers. A rank alone keeps a copy of its own tensor.',
+        'if partner == comm.rank: return tensor.clone(); if comm.rank < partner: send, then '
+        'recv; else: recv, then send'),
+       WARM_UP),
+    ex('6.3', 'smooth_ring', 'Debugging: a halo exchange that cannot deadlock', 10,
+       ('Every rank of the broken program waits in a blocking send to its left neighbour, '
+        'which waits for ITS left neighbour: a cycle around the whole ring. Nothing that '
+        'every rank does identically with blocking sends can break it; let a send be in '
+        'flight while the rank receives.',
+        'Per step: post both edge sends without waiting (isend), receive the two halos, wait '
+        'for the sends, then smooth the padded block. Give the two directions different tags, '
+        'because with 2 ranks the left and right neighbour are the same rank; with 1 rank '
+        'the halos are your own edges, and no message is sent.',
+        'x = block.clone(); per step: sends = [comm.isend(x[:1].clone(), left, tag=1), '
+        'comm.isend(x[-1:].clone(), right, tag=2)]; comm.recv(from_left, left, tag=2); '
+        'comm.recv(from_right, right, tag=1); wait the sends; padded = torch.cat([from_left, '
+        'x, from_right]); x = (padded[:-2] + padded[1:-1] + padded[2:]) / 3'),
+       CAPSTONE),
+    ex('6.4', 'find_straggler', 'Debugging: the straggler, from per-rank logs', 10,
+       ('Waiting is a symptom, computing is the cause: the rank that holds everyone up '
+        'computes the longest and waits the least. Its victims wait the longest.',
+        'Parse every line\'s time stamp; per rank and step, compute time = time of "compute '
+        'done" minus time of "compute start"; sum over the steps; take the rank with the most, '
+        'and compare its total with the median rank\'s total.',
+        'stamp = float(line[1:line.index("ms]")]) / 1e3; totals[rank] += done[step] - '
+        'start[step]; slow = max(range(n), key=totals.__getitem__); '
+        'return slow, totals[slow] - statistics.median(totals)'),
+       CAPSTONE),
 )
 
-PREDICTIONS = ()
+PREDICTIONS = (
+    Prediction(
+        key="06.fits-7b",
+        question="Eight RTX 4090s (24 GiB each, 192 GiB together) and LLaMA-7B with mixed-"
+                 "precision Adam and plain data parallelism. Does it fit, before any "
+                 "activation?",
+        choices=("yes: 192 GiB is more than enough",
+                 "no: every card must hold all of the model's training state",
+                 "only with a batch of 1"),
+        answer=1,
+        why="Data parallelism keeps a full replica per card: 16 bytes per parameter, about "
+            "100 GiB on each 24 GiB card. Memory does not add up across cards unless you "
+            "shard (ZeRO, pipeline, tensor parallelism)."),
+    Prediction(
+        key="06.straggler",
+        question="Five ranks train in lockstep (compute, then an all-reduce) and one of them "
+                 "is slow. Which rank's log shows the longest wait in the all-reduce?",
+        choices=("the slow rank: it is the one holding things up",
+                 "a fast rank: it waits for the slow one",
+                 "all ranks wait the same"),
+        answer=1,
+        why="A collective runs at the pace of its slowest rank: the fast ranks arrive early "
+            "and wait, the slow one arrives last and hardly waits at all. The longest waiter "
+            "is a victim; look for the rank that computes the longest."),
+)
 
-LESSON = Lesson(6, 'choosing and debugging', 'ex06_choosing', 'notebooks/06_choosing_and_debugging.ipynb', EXERCISES, PREDICTIONS)
+LESSON = Lesson(6, 'choosing and debugging', 'ex06_choosing',
+                'notebooks/06_choosing_and_debugging.ipynb', EXERCISES, PREDICTIONS,
+                drives_demos=("6.3", "6.4"))

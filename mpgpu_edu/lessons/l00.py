@@ -108,13 +108,29 @@ def gpu_idle_after_first_batch(result: LaunchResult) -> float:
     return 1.0 - busy / window if window > 0 else 0.0
 
 
+def idle_summary(result: LaunchResult) -> str:
+    """The GPU's idle share of the whole run and after its first batch, in one phrase."""
+    return (f"GPU idle {gpu_idle_fraction(result):.0%} of the run, "
+            f"{gpu_idle_after_first_batch(result):.0%} after the first batch")
+
+
+def step_seconds_in_steady_state(result: LaunchResult) -> float:
+    """Time per training step once the pipeline runs: from the GPU's first step's start to
+    the end, divided by the steps after the first."""
+    trace = result.trace
+    steps = trace.on(trace.n_devices - 1, "compute")
+    if len(steps) < 2:
+        return trace.makespan
+    return (steps[-1].end - steps[0].end) / (len(steps) - 1)
+
+
 def plot_input_pipeline(result: LaunchResult, title: str | None = None) -> Figure:
     """The compute rows of an ``input_pipeline`` run: loaders' ``data`` bars above, the GPU's
-    training steps and its idle share below."""
+    training steps and its idle share below. The title (``title`` goes before it) states the
+    two numbers ``idle_summary`` prints, so figure and printout always agree."""
     loaders = result.trace.n_devices - 1
-    if title is None:
-        title = (f"{loaders} loader worker{'s' if loaders != 1 else ''} feeding one GPU: "
-                 f"GPU idle {gpu_idle_fraction(result):.0%}")
+    workers = f"{loaders} loader worker{'s' if loaders != 1 else ''} feeding one GPU"
+    title = f"{title or workers}: {idle_summary(result)}"
     return plot_timeline(result.trace, streams=("compute",),
                          device_names=pipeline_names(loaders), title=title)
 

@@ -20,8 +20,11 @@ shared PCIe bridge is slower still, lesson 01), and nothing overlapped with comp
 
 The programs that go wrong, all SPMD and importable (gloo workers import them by name):
 ``both_send_first`` (deadlocks), ``straggler`` (logs; one slow rank), ``bad_shard`` (one rank
-raises), ``forgot_to_send`` (a rank waits forever). Worker processes import this module to
-run them, so matplotlib (seconds to import) is imported only inside the functions that draw.
+raises), ``forgot_to_send`` (a rank waits forever). For the debugging capstones:
+``smooth_ring_broken`` (a halo exchange around a ring that deadlocks on every world size) and
+``straggler_steps`` (several steps, one slow rank, per-rank logs to read). Worker processes
+import this module to run them, so matplotlib (seconds to import) is imported only inside the
+functions that draw.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import html
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,13 +42,14 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.collectives.cost import (message_time, ring_allreduce_bytes_sent,
                                         ring_allreduce_time)
-from mpgpu_edu.comm import Communicator
+from mpgpu_edu.comm import Communicator, LaunchResult
 from mpgpu_edu.memory import activation_bytes, estimate_memory, get_preset, spec_params
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 BF16 = 2
+SENT_COLOR = "#505050"  # bytes on the wire: no memory category uses this grey
 
 # What the numbers cannot say: when each strategy is the right tool (the seed's four criteria).
 QUALITIES: dict[str, dict[str, str]] = {
@@ -62,7 +67,9 @@ QUALITIES: dict[str, dict[str, str]] = {
         "development cost": "medium: balance the stages, pick a schedule"},
     "tensor parallel": {
         "splits": "every layer's matrices",
-        "model size": "up to N devices' memory, activations split too",
+        "model size": "up to N devices' memory; activations inside each block split N ways, "
+                      "those at its input and output (LayerNorm, dropout) replicated unless "
+                      "sequence parallel",
         "data size": "any batch size",
         "hardware": "NVLink / NVSwitch: all-reduces inside every layer; one machine",
         "development cost": "high: rewrite every layer (Megatron's f and g)"},
@@ -272,9 +279,9 @@ def comparison_text(rows: list[Row]) -> str:
 
 def plot_comparison(rows: list[Row], title: str = "") -> Figure:
     """Left: memory per device by category against the capacity. Right: bytes each device
-    sends per step (log scale), with their time on the wire."""
+    sends per step (log scale, dark grey bars), with their time on the wire."""
     from mpgpu_edu.viz.memory import plot_memory_bars
-    from mpgpu_edu.viz.palette import FONT_SIZE, new_figure, series_color, style
+    from mpgpu_edu.viz.palette import FONT_SIZE, new_figure, style
 
     fig = new_figure(12, 4.2)
     left, right = fig.subplots(1, 2, width_ratios=[1.25, 1])
@@ -282,7 +289,9 @@ def plot_comparison(rows: list[Row], title: str = "") -> Figure:
     plot_memory_bars({label: row.per_device for label, row in zip(labels, rows)},
                      rows[0].capacity, ax=left, title="memory per device")
     ys = range(len(rows))
-    right.barh(ys, [row.comm_bytes for row in rows], color=[series_color(i) for i in ys])
+    # one colour, one meaning: the left panel's colours are memory categories, so the bytes
+    # sent are a single neutral colour (the strategy is the row's label)
+    right.barh(ys, [row.comm_bytes for row in rows], color=SENT_COLOR)
     right.set_xscale("log", base=2)
     for y, row in zip(ys, rows):
         right.annotate(f" {_bytes(row.comm_bytes)}, {_seconds(row.comm_seconds)}",
@@ -301,6 +310,19 @@ def plot_comparison(rows: list[Row], title: str = "") -> Figure:
     if title:
         fig.suptitle(title, x=0.01, ha="left", fontsize=FONT_SIZE + 1)
     return fig
+
+
+def fewest_devices(model: str, strategy: str, gpu: str, most: int = 64) -> int | None:
+    """The fewest devices of kind ``gpu`` (a key of ``hardware.GPUS``) on which ``strategy``
+    holds ``model``'s parameters, gradients and mixed-precision Adam state, before
+    activations; None if even ``most`` are not enough."""
+    from mpgpu_edu.hardware import GPUS
+
+    for n in range(1, most + 1):
+        if estimate_memory(spec_params(model), "adam", "mixed", strategy,
+                           n).fits(GPUS[gpu].memory_bytes):
+            return n
+    return None
 
 
 def memory_table(models: list[str], devices: int, gpus: list[str],
@@ -364,15 +386,16 @@ def plot_wait_for(error: Exception | str) -> Figure:
         ax.text(x, y, name, ha="center", va="center", fontsize=FONT_SIZE + 1,
                 bbox={"boxstyle": "round", "facecolor": "#EAF4FB",
                       "edgecolor": OKABE_ITO["blue"]})
-    bend = -0.3  # ranks go clockwise: a negative bend bulges outwards
     for a, op, b in waits:
         (x0, y0), (x1, y1) = where[a], where[b]
+        bend = _outward_bend(x0, y0, x1, y1)
         ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=16,
                                      color=WARNING_COLOR, linewidth=1.6, shrinkA=26, shrinkB=26,
                                      connectionstyle=f"arc3,rad={bend}"))
         dx, dy = x1 - x0, y1 - y0  # the arc bulges towards (dy, -dx); its label goes further
         length = math.hypot(dx, dy) or 1.0
-        out = math.copysign(abs(bend) * 0.5 + 0.28 / length, bend)
+        sideways = 0.3 * abs(dy) / length  # a label beside a steep arrow needs more room
+        out = math.copysign(abs(bend) * 0.5 + (0.28 + sideways) / length, bend)
         ax.text((x0 + x1) / 2 + out * dy, (y0 + y1) / 2 - out * dx,
                 f"rank {a} is blocked in\n{op} rank {b}", ha="center", va="center",
                 fontsize=FONT_SIZE - 1, color=WARNING_COLOR)
@@ -383,6 +406,15 @@ def plot_wait_for(error: Exception | str) -> Figure:
     ax.set_title("who waits for whom: " + ("a rank waits for one that has finished" if stuck
                                            else "a cycle, so nobody can move first"), loc="left")
     return ax.figure
+
+
+def _outward_bend(x0: float, y0: float, x1: float, y1: float, size: float = 0.3) -> float:
+    """The arc's bend (matplotlib's ``arc3`` rad) that bulges away from the ellipse's centre,
+    so that arrows and their labels stay outside the ring of ranks; -size on a tie."""
+    dx, dy = x1 - x0, y1 - y0
+    mid_x, mid_y = (x0 + x1) / 2, (y0 + y1) / 2
+    outward = math.hypot(mid_x + dy, mid_y - dx) > math.hypot(mid_x - dy, mid_y + dx) + 1e-9
+    return size if outward else -size
 
 
 def straggler(comm: Communicator, slow_rank: int, step_seconds: float = 0.02) -> float:
@@ -421,3 +453,176 @@ def forgot_to_send(comm: Communicator) -> None:
     elif comm.rank == 2:  # the bug: meant comm.rank == 1
         comm.send(torch.ones(4), 0)
     comm.log("done")
+
+
+# ---- the debugging capstones: a halo exchange that deadlocks, and a straggler -----------------
+
+def smooth_ring_broken(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Smooth a ring-shaped array, ``steps`` times, spread over the ranks: the array is every
+    rank's ``block`` in rank order, and its ends touch (after the last element of rank N-1
+    comes the first of rank 0). One step replaces every element by the mean of itself and its
+    two neighbours, so a rank needs one element from each neighbouring rank (its *halo*).
+
+    The bug: each rank first sends its edges with blocking sends, then receives. Every rank
+    waits in its first send for its left neighbour to receive, and that neighbour waits in
+    its own send: a cycle around the whole ring."""
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    x = block.clone()
+    for step in range(steps):
+        comm.log(f"step {step}: sending my edges to ranks {left} and {right}")
+        comm.send(x[:1].clone(), left)
+        comm.send(x[-1:].clone(), right)
+        from_left, from_right = torch.empty(1), torch.empty(1)
+        comm.recv(from_left, left)
+        comm.recv(from_right, right)
+        comm.log(f"step {step}: got both halos")
+        padded = torch.cat([from_left, x, from_right])
+        x = (padded[:-2] + padded[1:-1] + padded[2:]) / 3
+    return x
+
+
+def smooth_ring_reference(comm: Communicator, block: torch.Tensor,
+                          steps: int) -> torch.Tensor:
+    """The package's halo exchange that cannot deadlock (what a demo runs until yours passes):
+    both edges in flight at once, directions told apart by tag."""
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    x = block.clone()
+    for _ in range(steps):
+        if n == 1:
+            from_left, from_right = x[-1:].clone(), x[:1].clone()
+        else:
+            from_left, from_right = torch.empty_like(x[:1]), torch.empty_like(x[:1])
+            sends = [comm.isend(x[:1].clone(), left, tag=1),
+                     comm.isend(x[-1:].clone(), right, tag=2)]
+            comm.recv(from_left, left, tag=2)
+            comm.recv(from_right, right, tag=1)
+            for work in sends:
+                work.wait()
+        padded = torch.cat([from_left, x, from_right])
+        x = (padded[:-2] + padded[1:-1] + padded[2:]) / 3
+    return x
+
+
+def smooth_on_one_device(blocks: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
+    """The oracle: the same smoothing on the whole array at once, split back into blocks."""
+    x = torch.cat(blocks).double()
+    for _ in range(steps):
+        x = (torch.roll(x, 1) + x + torch.roll(x, -1)) / 3
+    return [part.float() for part in torch.split(x, [len(b) for b in blocks])]
+
+
+def spike_blocks(world_size: int, length: int) -> list[torch.Tensor]:
+    """A ring of ``world_size * length`` zeros with one spike of 1 in the middle of rank 0's
+    block, cut into equal blocks: smoothing spreads the spike over the ranks."""
+    blocks = [torch.zeros(length) for _ in range(world_size)]
+    blocks[0][length // 2] = 1.0
+    return blocks
+
+
+def run_smoothing(fn: Callable[..., torch.Tensor], blocks: list[torch.Tensor],
+                  steps: int) -> torch.Tensor:
+    """The whole smoothed array after ``steps`` steps of ``fn`` on ``len(blocks)`` ranks."""
+    from mpgpu_edu.comm import launch
+
+    cluster = Cluster.uniform(len(blocks), alpha_s=1e-5, beta_Bps=1e9)
+    result = launch(lambda comm: fn(comm, blocks[comm.rank].clone(), steps), cluster)
+    return torch.cat(result.results)
+
+
+def plot_smoothing(arrays: dict[int, torch.Tensor], block: int, title: str = "") -> Figure:
+    """The ring array after each number of steps (one line each), with dotted lines where
+    one rank's block ends and the next one's begins."""
+    from mpgpu_edu.viz.palette import FONT_SIZE, new_figure, series_color, style
+
+    ax = new_figure(9, 3.2).add_subplot()
+    for i, (steps, values) in enumerate(arrays.items()):
+        ax.plot(range(len(values)), values.tolist(), color=series_color(i), marker=".",
+                label=f"after {steps} step{'s' if steps != 1 else ''}")
+    size = len(next(iter(arrays.values())))
+    for edge in range(block, size, block):
+        ax.axvline(edge - 0.5, color="black", linestyle=":", linewidth=0.8)
+    ax.set_xlabel(f"element of the ring (dotted: where one rank's block of {block} ends)")
+    ax.set_ylabel("value")
+    ax.legend(fontsize=FONT_SIZE - 1, frameon=False)
+    ax.set_title(title, loc="left")
+    style(ax)
+    return ax.figure
+
+
+def straggler_steps(comm: Communicator, slow_rank: int, steps: int = 3,
+                    step_seconds: float = 0.02, slowdown: tuple[float, ...] = (3.0,),
+                    grad_numel: int = 1 << 20) -> None:
+    """``steps`` training steps on every rank: compute, then a ring all-reduce of
+    ``grad_numel`` fp32 gradients (a meta tensor: timed, never allocated). A rank's compute
+    takes ``step_seconds`` give or take 10% (ranks are never exactly alike);
+    ``slow_rank``'s is ``slowdown[step % len(slowdown)]`` times longer (a slower card, a data
+    loader that falls behind). Every rank logs when its compute starts and ends and when the
+    all-reduce is done; rank 0 also logs the step's end."""
+    grads = torch.empty(grad_numel, dtype=torch.float32, device="meta")
+    for step in range(steps):
+        seconds = step_seconds * (1 + 0.1 * ((3 * comm.rank + 5 * step) % 7) / 6)
+        if comm.rank == slow_rank:
+            seconds *= slowdown[step % len(slowdown)]
+        comm.log(f"step {step}: compute start")
+        with comm.compute("forward", f"step {step}", seconds=seconds):
+            pass
+        comm.log(f"step {step}: compute done, waiting in all-reduce")
+        all_reduce(comm, grads, op="mean", algo="ring")
+        comm.log(f"step {step}: all-reduce done")
+        if comm.rank == 0:
+            comm.log(f"step {step}: gradients averaged over {comm.world_size} ranks")
+
+
+def straggler_cluster(world_size: int) -> Cluster:
+    """The cluster the straggler runs on: every device its own port, 10 us, 1 GB/s."""
+    return Cluster.uniform(world_size, alpha_s=1e-5, beta_Bps=1e9)
+
+
+def run_straggler(world_size: int, slow_rank: int, steps: int = 3,
+                  slowdown: tuple[float, ...] = (3.0,)) -> LaunchResult:
+    """``straggler_steps`` on ``straggler_cluster(world_size)``."""
+    from mpgpu_edu.comm import launch
+
+    return launch(straggler_steps, straggler_cluster(world_size), slow_rank, steps,
+                  slowdown=slowdown)
+
+
+_STAMP = re.compile(r"^\[\s*([0-9.]+) ms\] step (\d+): compute (start|done)")
+
+
+def phase_seconds(logs: list[list[str]]) -> list[dict[str, float]]:
+    """Per rank, from its log alone: total ``compute`` (compute start to compute done) and
+    total ``wait`` (compute done to all-reduce done) over every step, in seconds."""
+    out = []
+    for lines in logs:
+        stamps: dict[tuple[int, str], float] = {}
+        done_at: dict[int, float] = {}
+        for line in lines:
+            match = _STAMP.match(line)
+            if match:
+                stamps[(int(match[2]), match[3])] = float(match[1]) / 1e3
+            elif "all-reduce done" in line:
+                done_at[int(line.split("step ")[1].split(":")[0])] = float(
+                    line[1:line.index("ms]")]) / 1e3
+        steps = sorted({step for step, _ in stamps})
+        compute = sum(stamps[(s, "done")] - stamps[(s, "start")] for s in steps)
+        wait = sum(done_at[s] - stamps[(s, "done")] for s in steps if s in done_at)
+        out.append({"compute": compute, "wait": wait})
+    return out
+
+
+def find_straggler_reference(logs: list[list[str]]) -> tuple[int, float]:
+    """The package's answer to exercise 6.4 (what a demo runs until yours passes)."""
+    import statistics
+
+    totals = [phases["compute"] for phases in phase_seconds(logs)]
+    slow = max(range(len(totals)), key=totals.__getitem__)
+    return slow, totals[slow] - statistics.median(totals)
+
+
+def longest_waiter(logs: list[list[str]]) -> int:
+    """The rank that waited longest in the all-reduces: a victim, not the culprit."""
+    waits = [phases["wait"] for phases in phase_seconds(logs)]
+    return max(range(len(waits)), key=waits.__getitem__)

@@ -2,4 +2,260 @@
 
 from __future__ import annotations
 
-MUTANTS: dict[str, list[str]] = {}
+import statistics
+from typing import Any
+
+import torch
+
+from mpgpu_edu.memory import estimate_memory
+from mpgpu_edu.lessons.l06 import phase_seconds
+
+
+# ---- 6.1 ------------------------------------------------------------------------------------
+
+def choose_ignoring_optimizer_state(n_params: int, cluster: Any, optimizer: str = "adam",
+                                    precision: str = "mixed",
+                                    activations_bytes: int = 0) -> str:
+    """Counts parameters, gradients and activations, but forgets the optimizer state."""
+    n = cluster.world_size
+    for strategy in (["single"] if n == 1 else ["dp", "zero1", "zero2", "zero3"]):
+        per_device = estimate_memory(n_params, optimizer, precision, strategy, n,
+                                     activations_bytes).per_device
+        if sum(per_device.values()) - per_device["optimizer"] <= cluster.capacity_bytes(0):
+            return strategy
+    return "none"
+
+
+def choose_pooling_memory(n_params: int, cluster: Any, optimizer: str = "adam",
+                          precision: str = "mixed", activations_bytes: int = 0) -> str:
+    """Adds up every card's memory (8 x 24 GiB = 192 GiB) as if it were one budget."""
+    n = cluster.world_size
+    for strategy in (["single"] if n == 1 else ["dp", "zero1", "zero2", "zero3"]):
+        if estimate_memory(n_params, optimizer, precision, strategy, n,
+                           activations_bytes).fits(n * cluster.capacity_bytes(0)):
+            return strategy
+    return "none"
+
+
+def choose_ignoring_activations(n_params: int, cluster: Any, optimizer: str = "adam",
+                                precision: str = "mixed", activations_bytes: int = 0) -> str:
+    """Leaves the activations out of the estimate."""
+    n = cluster.world_size
+    for strategy in (["single"] if n == 1 else ["dp", "zero1", "zero2", "zero3"]):
+        if estimate_memory(n_params, optimizer, precision, strategy,
+                           n).fits(cluster.capacity_bytes(0)):
+            return strategy
+    return "none"
+
+
+# ---- 6.2 ------------------------------------------------------------------------------------
+
+def swap_both_send_first(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Both ranks of a pair send first, then receive: each waits for the other (deadlock)."""
+    if partner == comm.rank:
+        return tensor.clone()
+    received = torch.empty_like(tensor)
+    comm.send(tensor, partner)
+    comm.recv(received, partner)
+    return received
+
+
+def swap_by_parity(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Even ranks send first: deadlocks when two even (or two odd) ranks are partners."""
+    if partner == comm.rank:
+        return tensor.clone()
+    received = torch.empty_like(tensor)
+    if comm.rank % 2 == 0:
+        comm.send(tensor, partner)
+        comm.recv(received, partner)
+    else:
+        comm.recv(received, partner)
+        comm.send(tensor, partner)
+    return received
+
+
+# ---- 6.3 ------------------------------------------------------------------------------------
+
+def _smooth(x: torch.Tensor, from_left: torch.Tensor, from_right: torch.Tensor) -> torch.Tensor:
+    padded = torch.cat([from_left, x, from_right])
+    return (padded[:-2] + padded[1:-1] + padded[2:]) / 3
+
+
+def smooth_blocking_sends(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """The broken program itself: blocking sends first on every rank (deadlocks)."""
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    x = block.clone()
+    for _ in range(steps):
+        comm.send(x[:1].clone(), left)
+        comm.send(x[-1:].clone(), right)
+        from_left, from_right = torch.empty(1), torch.empty(1)
+        comm.recv(from_left, left)
+        comm.recv(from_right, right)
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
+def smooth_by_parity(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Even ranks send first, odd ranks receive first: fine on even rings, deadlocks on odd
+    ones (ranks N-1 and 0 are both even)."""
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    x = block.clone()
+    if n == 1:
+        for _ in range(steps):
+            x = _smooth(x, x[-1:], x[:1])
+        return x
+    for _ in range(steps):
+        from_left, from_right = torch.empty(1), torch.empty(1)
+        if rank % 2 == 0:
+            comm.send(x[:1].clone(), left, tag=1)
+            comm.send(x[-1:].clone(), right, tag=2)
+            comm.recv(from_left, left, tag=2)
+            comm.recv(from_right, right, tag=1)
+        else:
+            comm.recv(from_left, left, tag=2)
+            comm.recv(from_right, right, tag=1)
+            comm.send(x[:1].clone(), left, tag=1)
+            comm.send(x[-1:].clone(), right, tag=2)
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
+def smooth_without_tags(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """isend both edges, but with one tag: with 2 ranks the two halos arrive swapped."""
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    x = block.clone()
+    for _ in range(steps):
+        if n == 1:
+            x = _smooth(x, x[-1:], x[:1])
+            continue
+        from_left, from_right = torch.empty(1), torch.empty(1)
+        sends = [comm.isend(x[:1].clone(), left), comm.isend(x[-1:].clone(), right)]
+        comm.recv(from_left, left)
+        comm.recv(from_right, right)
+        for work in sends:
+            work.wait()
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
+def smooth_halos_swapped(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Pads the block with the halos on the wrong sides (left's edge on the right)."""
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    x = block.clone()
+    for _ in range(steps):
+        if n == 1:
+            x = _smooth(x, x[-1:], x[:1])
+            continue
+        from_left, from_right = torch.empty(1), torch.empty(1)
+        sends = [comm.isend(x[:1].clone(), left, tag=1), comm.isend(x[-1:].clone(), right, tag=2)]
+        comm.recv(from_left, left, tag=2)
+        comm.recv(from_right, right, tag=1)
+        for work in sends:
+            work.wait()
+        x = _smooth(x, from_right, from_left)
+    return x
+
+
+def smooth_chain(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Rank 0 receives first, every other rank sends first: no deadlock, but every step
+    waits for a chain of messages around the whole ring."""
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    x = block.clone()
+    for _ in range(steps):
+        if n == 1:
+            x = _smooth(x, x[-1:], x[:1])
+            continue
+        from_left, from_right = torch.empty(1), torch.empty(1)
+        if rank == 0:  # each direction: a chain of blocking sends that rank 0 unblocks
+            comm.recv(from_left, left, tag=2)
+            comm.send(x[-1:].clone(), right, tag=2)
+            comm.recv(from_right, right, tag=1)
+            comm.send(x[:1].clone(), left, tag=1)
+        else:
+            comm.send(x[-1:].clone(), right, tag=2)
+            comm.recv(from_left, left, tag=2)
+            comm.send(x[:1].clone(), left, tag=1)
+            comm.recv(from_right, right, tag=1)
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
+def smooth_through_rank_0(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Gathers every block on rank 0, smooths there and sends the blocks back: right values,
+    but whole blocks travel instead of one element per neighbour."""
+    n, rank = comm.world_size, comm.rank
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    if rank == 0:
+        lengths[0][0] = len(block)
+        for r in range(1, n):
+            comm.recv(lengths[r], r, tag=5)
+        parts = [block.clone()] + [torch.empty(int(lengths[r])) for r in range(1, n)]
+        for r in range(1, n):
+            comm.recv(parts[r], r, tag=6)
+        x = torch.cat(parts)
+        for _ in range(steps):
+            x = (torch.roll(x, 1) + x + torch.roll(x, -1)) / 3
+        pieces = torch.split(x, [len(p) for p in parts])
+        for r in range(1, n):
+            comm.send(pieces[r].clone(), r, tag=7)
+        return pieces[0].clone()
+    comm.send(torch.tensor([len(block)]), 0, tag=5)
+    comm.send(block.clone(), 0, tag=6)
+    out = torch.empty_like(block)
+    comm.recv(out, 0, tag=7)
+    return out
+
+
+# ---- 6.4 ------------------------------------------------------------------------------------
+
+def straggler_longest_waiter(logs: list[list[str]]) -> tuple[int, float]:
+    """Names the rank that waited longest in the all-reduces: a victim of the straggler."""
+    phases = phase_seconds(logs)
+    waits = [p["wait"] for p in phases]
+    rank = max(range(len(waits)), key=waits.__getitem__)
+    totals = [p["compute"] for p in phases]
+    return rank, totals[rank] - statistics.median(totals)
+
+
+def straggler_first_step_only(logs: list[list[str]]) -> tuple[int, float]:
+    """Reads step 0 only: the right rank, but its delay over the whole run is wrong."""
+    firsts = phase_seconds([[line for line in lines if "step 0:" in line] for lines in logs])
+    totals = [p["compute"] for p in firsts]
+    rank = max(range(len(totals)), key=totals.__getitem__)
+    return rank, totals[rank] - statistics.median(totals)
+
+
+def straggler_against_the_mean(logs: list[list[str]]) -> tuple[int, float]:
+    """Compares with the mean of all ranks (which the straggler itself pulls up), not the
+    median rank."""
+    totals = [p["compute"] for p in phase_seconds(logs)]
+    rank = max(range(len(totals)), key=totals.__getitem__)
+    return rank, totals[rank] - statistics.mean(totals)
+
+
+def straggler_last_to_start_step(logs: list[list[str]]) -> tuple[int, float]:
+    """Counts time from the start of the run to each rank's last "compute done": every rank
+    ends near the same time, so the delay is lost."""
+    totals = []
+    for lines in logs:
+        done = [float(line[1:line.index("ms]")]) / 1e3 for line in lines
+                if "compute done" in line]
+        totals.append(done[-1])
+    rank = max(range(len(totals)), key=totals.__getitem__)
+    return rank, totals[rank] - statistics.median(totals)
+
+
+MUTANTS: dict[str, list[str]] = {
+    "6.1": ["choose_ignoring_optimizer_state", "choose_pooling_memory",
+            "choose_ignoring_activations"],
+    "6.2": ["swap_both_send_first", "swap_by_parity"],
+    "6.3": ["smooth_blocking_sends", "smooth_by_parity", "smooth_without_tags",
+            "smooth_halos_swapped", "smooth_chain", "smooth_through_rank_0"],
+    "6.4": ["straggler_longest_waiter", "straggler_first_step_only",
+            "straggler_against_the_mean", "straggler_last_to_start_step"],
+}

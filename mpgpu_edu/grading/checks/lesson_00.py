@@ -1,98 +1,123 @@
 """Checks of lesson 00: CUDA_VISIBLE_DEVICES and nn.DataParallel's device_ids.
 
-Reference: ``mpgpu_edu.cluster.parse_visible`` and ``device_ids_to_physical``.
+Reference: ``mpgpu_edu.cluster.parse_visible`` and ``device_ids_to_physical``. Every case
+runs the learner's function on a list of examples (*compute*) and compares each answer with
+the reference (*judge*).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
 from mpgpu_edu.cluster import device_ids_to_physical, parse_visible
-from mpgpu_edu.grading.checks import Case, CheckFailure
-from mpgpu_edu.grading.checks._support import expect, property_check
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks._plain import type_name
+from mpgpu_edu.grading.checks._support import (compute_examples, examples, expect,
+                                               judge_examples)
 
 Impl = Callable[..., Any]
 
 
-def _agrees(impl: Impl, value: str | None, n_physical: int) -> None:
+# ---- 0.1 visible_devices --------------------------------------------------------------------
+
+def _judge_visible(got: Any, value: str | None, n_physical: int) -> None:
     want = parse_visible(value, n_physical)
-    got = impl(value, n_physical)
-    expect(isinstance(got, list), f"visible_devices({value!r}, {n_physical}) should return a "
-                                  f"list, got {type(got).__name__}")
-    expect(got == want, f"visible_devices({value!r}, {n_physical}) returned {got}, "
-                        f"expected {want}")
+    call = f"visible_devices({value!r}, {n_physical})"
+    expect(isinstance(got, list), f"{call} should return a list, got {type_name(got)}")
+    expect(got == want, f"{call} returned {got}, expected {want}")
 
 
-def _cases(pairs: list[tuple[str | None, int]]) -> Callable[[Impl], None]:
-    def run(impl: Impl) -> None:
-        for value, n in pairs:
-            _agrees(impl, value, n)
-    return run
+def _visible_case(name: str, points: int, pairs: list[tuple[str | None, int]],
+                  hidden: bool = False) -> Case:
+    cases = [{"value": value, "n_physical": n} for value, n in pairs]
+    return Case(name, points,
+                lambda impl: compute_examples(lambda value, n_physical: impl(value, n_physical),
+                                              cases),
+                lambda records: judge_examples(records, _judge_visible), hidden=hidden)
 
 
-def _visible_property(impl: Impl) -> None:
-    from hypothesis import strategies as st
-
-    entry = st.one_of(st.integers(0, 9).map(str), st.integers(0, 9).map(lambda i: f" {i} "),
-                      st.sampled_from(["-1", "", "x", "gpu", "1gpu", "3a", "12", "GPU-1"]))
-
-    def body(entries: list[str], n_physical: int) -> None:
-        _agrees(impl, ",".join(entries), n_physical)
-
-    property_check(body, max_examples=60, entries=st.lists(entry, min_size=1, max_size=6),
-                   n_physical=st.integers(1, 8))
+_ENTRIES = [str(i) for i in range(10)] + [f" {i} " for i in range(10)] + [
+    "-1", "", "x", "gpu", "1gpu", "3a", "12", "GPU-1"]
 
 
-def _device_ids_examples(impl: Impl) -> None:
-    for visible, physical, want in [([1, 2], [1, 2], [0, 1]), ([2, 3], [3], [1]),
-                                    ([3, 1, 2], [1, 2, 3], [1, 2, 0]),
-                                    ([0, 1, 2, 3], [2, 0], [2, 0])]:
-        got = impl(list(visible), list(physical))
-        expect(got == want, f"data_parallel_device_ids({visible}, {physical}) returned {got}, "
-                            f"expected {want}: device_ids are positions in the visible list")
+def _random_visible() -> list[tuple[str, int]]:
+    pairs = []
+    for e in examples(60, seed=1, entries=(1, 6), n=(1, 8), seed_=(0, 10_000)):
+        rng = random.Random(e["seed_"])
+        pairs.append((",".join(rng.choice(_ENTRIES) for _ in range(e["entries"])), e["n"]))
+    return pairs
 
 
-def _device_ids_invisible(impl: Impl) -> None:
-    for visible, physical in [([1, 2], [0]), ([2, 3], [2, 4]), ([], [0])]:
-        try:
-            got = impl(list(visible), list(physical))
-        except ValueError:
-            continue
-        raise CheckFailure(f"data_parallel_device_ids({visible}, {physical}) returned {got}; "
-                           "a GPU that is not visible should raise ValueError")
+# ---- 0.2 data_parallel_device_ids -----------------------------------------------------------
+
+def _call_ids(impl: Impl, visible: list[int], physical: list[int]) -> dict[str, Any]:
+    """The learner's ids, or the name of the exception it raised (ValueError is expected for
+    a GPU that is not visible)."""
+    try:
+        return {"ids": impl(list(visible), list(physical)), "raised": None}
+    except ValueError as exc:
+        return {"ids": None, "raised": type(exc).__name__}
 
 
-def _device_ids_property(impl: Impl) -> None:
-    from hypothesis import strategies as st
+def _judge_ids(out: dict[str, Any], visible: list[int], physical: list[int]) -> None:
+    call = f"data_parallel_device_ids({visible}, {physical})"
+    if any(gpu not in visible for gpu in physical):
+        expect(out["raised"] is not None, f"{call} returned {out['ids']}; a GPU that is not "
+                                          "visible should raise ValueError")
+        return
+    expect(out["raised"] is None, f"{call} raised ValueError, but every GPU asked for is "
+                                  f"visible")
+    ids = out["ids"]
+    expect(isinstance(ids, list) and all(type(i) is int for i in ids),
+           f"{call} should return a list of ints, got {type_name(ids)}: {ids}")
+    try:
+        runs_on = device_ids_to_physical(ids, visible)
+    except ValueError:
+        runs_on = None
+    expect(runs_on == physical,
+           f"{call} returned {ids}: DataParallel would run on "
+           f"{'no valid GPUs' if runs_on is None else f'physical GPUs {runs_on}'}, not on "
+           f"{physical}; device_ids count in the process's own numbering")
 
-    def body(visible: list[int], picks: list[int]) -> None:
-        physical = [visible[i % len(visible)] for i in picks]
-        physical = list(dict.fromkeys(physical))
-        ids = impl(list(visible), list(physical))
-        expect(device_ids_to_physical(ids, visible) == physical,
-               f"device_ids {ids} map to physical GPUs "
-               f"{device_ids_to_physical(ids, visible)}, not {physical}")
 
-    property_check(body, visible=st.lists(st.integers(0, 15), min_size=1, max_size=8,
-                                          unique=True),
-                   picks=st.lists(st.integers(0, 7), min_size=1, max_size=4))
+def _ids_case(name: str, points: int, cases: list[dict[str, Any]],
+              hidden: bool = False) -> Case:
+    return Case(name, points,
+                lambda impl: compute_examples(lambda **e: _call_ids(impl, **e), cases),
+                lambda records: judge_examples(records, _judge_ids), hidden=hidden)
+
+
+def _random_ids() -> list[dict[str, Any]]:
+    out = []
+    for e in examples(40, seed=2, n_visible=(1, 8), n_picks=(1, 4), seed_=(0, 10_000)):
+        rng = random.Random(e["seed_"])
+        visible = rng.sample(range(16), e["n_visible"])
+        physical = list(dict.fromkeys(rng.choice(visible) for _ in range(e["n_picks"])))
+        out.append({"visible": visible, "physical": physical})
+    return out
 
 
 CASES: dict[str, list[Case]] = {
     "0.1": [
-        Case("unset and plain lists", 1,
-             _cases([(None, 4), ("2,3", 4), ("3,1", 4), ("0", 1), (None, 0)])),
-        Case("blanks and leading digits", 1, _cases([(" 1 , 2 ", 4), ("1gpu,0", 4)])),
-        Case("empty: no device", 1, _cases([("", 4), ("  ", 2)])),
-        Case("invalid entry ends the list, duplicates empty it", 1,
-             _cases([("0,2,-1,1", 4), ("1,7,2", 4), ("0,x,1", 2), ("1,1", 4),
-                     ("0,1,0", 4), ("4", 4)])),
-        Case("hidden: random values", 1, _visible_property, hidden=True),
+        _visible_case("unset and plain lists", 1,
+                      [(None, 4), ("2,3", 4), ("3,1", 4), ("0", 1), (None, 0)]),
+        _visible_case("blanks and leading digits", 1, [(" 1 , 2 ", 4), ("1gpu,0", 4)]),
+        _visible_case("empty: no device", 1, [("", 4), ("  ", 2)]),
+        _visible_case("invalid entry ends the list, duplicates empty it", 1,
+                      [("0,2,-1,1", 4), ("1,7,2", 4), ("0,x,1", 2), ("1,1", 4),
+                       ("0,1,0", 4), ("4", 4)]),
+        _visible_case("hidden: random values", 1, _random_visible(), hidden=True),
     ],
     "0.2": [
-        Case("logical ids, not physical ones", 1, _device_ids_examples),
-        Case("a GPU that is not visible raises ValueError", 1, _device_ids_invisible),
-        Case("hidden: random visible lists", 1, _device_ids_property, hidden=True),
+        _ids_case("logical ids, not physical ones", 1,
+                  [{"visible": v, "physical": p} for v, p in
+                   [([1, 2], [1, 2]), ([2, 3], [3]), ([3, 1, 2], [1, 2, 3]),
+                    ([0, 1, 2, 3], [2, 0])]]),
+        _ids_case("a GPU that is not visible raises ValueError", 1,
+                  [{"visible": v, "physical": p} for v, p in
+                   [([1, 2], [0]), ([2, 3], [2, 4]), ([], [0])]]),
+        _ids_case("hidden: random visible lists", 1, _random_ids(), hidden=True),
     ],
 }
