@@ -8,10 +8,12 @@ The function just below is solved for you: read it first.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
-from mpgpu_edu.collectives import all_reduce
+from mpgpu_edu.collectives import all_reduce, broadcast
 from mpgpu_edu.comm import Communicator
 
 
@@ -26,6 +28,14 @@ def local_batch(comm: Communicator, batch: torch.Tensor) -> torch.Tensor:
     return torch.tensor_split(batch, comm.world_size)[comm.rank]
 
 
+class DDPReplica(Protocol):
+    """What ``wrap_ddp`` returns (any class with these two methods will do)."""
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor: ...
+
+    def finish(self) -> None: ...
+
+
 # ---- exercises ------------------------------------------------------------------------------
 
 def average_gradients(comm: Communicator, model: nn.Module) -> None:
@@ -35,7 +45,7 @@ def average_gradients(comm: Communicator, model: nn.Module) -> None:
     Every parameter of ``model`` has a gradient. Cost: one all-reduce per parameter, about
     2(N - 1)/N of the model's bytes sent by every rank with the ring.
     """
-    # Exercise 3.1 (about 2 lines). Hint: all_reduce(comm, p.grad, op='mean') for each parameter.
+    # Exercise 3.1 (about 2 lines). mp.hint("3.1") when stuck.
     raise NotImplementedError("Exercise 3.1: average_gradients (notebooks/03_data_parallel.ipynb)")
 
 
@@ -52,7 +62,7 @@ def make_buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
     >>> make_buckets([4, 4, 4, 8], bucket_bytes=8)
     [[3], [2, 1], [0]]
     """
-    # Exercise 3.2 (about 12 lines). Hint: walk reversed(range(len(sizes))); close a full bucket.
+    # Exercise 3.2 (about 12 lines). mp.hint("3.2") when stuck.
     raise NotImplementedError("Exercise 3.2: make_buckets (notebooks/03_data_parallel.ipynb)")
 
 
@@ -66,7 +76,7 @@ def backward_with_overlap(comm: Communicator, model: nn.Module, loss: torch.Tens
     Cost: the all-reduces of the last layers hide behind the backward of the first ones;
     only what is left after backward ends adds to the step time.
     """
-    # Exercise 3.3 (about 11 lines). Hint: p.register_post_accumulate_grad_hook + comm.run_async.
+    # Exercise 3.3 (about 11 lines). mp.hint("3.3") when stuck.
     raise NotImplementedError("Exercise 3.3: backward_with_overlap (notebooks/03_data_parallel.ipynb)")
 
 
@@ -80,5 +90,37 @@ def adam_memory(model: nn.Module, precision: str = "fp32") -> dict[str, int]:
     only: no gradient, no optimizer state. Raise ``ValueError`` for another precision.
     Works for models on the meta device (use ``numel()``, never the data).
     """
-    # Exercise 3.4 (about 7 lines). Hint: sum p.numel(); frozen: no gradient, no optimizer state.
+    # Exercise 3.4 (about 7 lines). mp.hint("3.4") when stuck.
     raise NotImplementedError("Exercise 3.4: adam_memory (notebooks/03_data_parallel.ipynb)")
+
+
+def wrap_ddp(comm: Communicator, module: nn.Module, bucket_cap_bytes: int) -> DDPReplica:
+    """Make ``module`` this rank's DDP replica and return the wrapper, an object of a class
+    of your own (write it inside this function) with two methods:
+
+    - ``wrapper(*inputs)`` runs ``module(*inputs)``;
+    - ``wrapper.finish()``, called after each ``loss.backward()`` and before the optimizer
+      step, returns once every parameter's ``.grad`` holds the mean of that gradient over
+      all ranks.
+
+    Contract, as ``torch.nn.parallel.DistributedDataParallel`` keeps it:
+
+    - when ``wrap_ddp`` returns, every rank's parameters are rank 0's (one broadcast, at
+      construction only);
+    - buckets: the parameters, taken in *reverse* ``module.parameters()`` order, are cut
+      into consecutive buckets; a bucket takes parameters until the next one would take its
+      gradients over ``bucket_cap_bytes`` (a larger parameter gets a bucket of its own), as
+      ``make_buckets`` does;
+    - the moment backward has produced the last gradient of a bucket, that bucket's
+      gradients, as one flat tensor, start their all-reduce (mean, the package's
+      ``all_reduce``) on the communication stream, and backward goes on meanwhile: one
+      all-reduce per bucket per step, buckets started in order;
+    - every backward of every step works the same way: ``finish`` leaves the wrapper ready
+      for the next one. Every parameter has ``requires_grad`` and takes part in the loss.
+
+    Cost: the broadcast once; per step one all-reduce per bucket, 2(N - 1)/N of the
+    gradients' bytes sent by every rank, hidden under backward except what the last bucket
+    (the first layers) leaves exposed. Li et al., VLDB 2020.
+    """
+    # Exercise 3.5 (about 36 lines). mp.hint("3.5") when stuck.
+    raise NotImplementedError("Exercise 3.5: wrap_ddp (notebooks/03_data_parallel.ipynb)")

@@ -8,10 +8,12 @@ The function just below is solved for you: read it first.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
-from mpgpu_edu.collectives import all_reduce
+from mpgpu_edu.collectives import all_reduce, broadcast
 from mpgpu_edu.comm import Communicator
 
 
@@ -24,6 +26,14 @@ def local_batch(comm: Communicator, batch: torch.Tensor) -> torch.Tensor:
     The gradient of a mean loss over the whole batch is the mean of the slices' gradients
     when the slices are equal, which is why averaging gradients reproduces one device."""
     return torch.tensor_split(batch, comm.world_size)[comm.rank]
+
+
+class DDPReplica(Protocol):
+    """What ``wrap_ddp`` returns (any class with these two methods will do)."""
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor: ...
+
+    def finish(self) -> None: ...
 
 
 # ---- exercises ------------------------------------------------------------------------------
@@ -115,4 +125,79 @@ def adam_memory(model: nn.Module, precision: str = "fp32") -> dict[str, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"parameters": weight * total, "gradients": weight * trainable,
             "optimizer": state * trainable}
+    ### END SOLUTION
+
+
+def wrap_ddp(comm: Communicator, module: nn.Module, bucket_cap_bytes: int) -> DDPReplica:
+    """Make ``module`` this rank's DDP replica and return the wrapper, an object of a class
+    of your own (write it inside this function) with two methods:
+
+    - ``wrapper(*inputs)`` runs ``module(*inputs)``;
+    - ``wrapper.finish()``, called after each ``loss.backward()`` and before the optimizer
+      step, returns once every parameter's ``.grad`` holds the mean of that gradient over
+      all ranks.
+
+    Contract, as ``torch.nn.parallel.DistributedDataParallel`` keeps it:
+
+    - when ``wrap_ddp`` returns, every rank's parameters are rank 0's (one broadcast, at
+      construction only);
+    - buckets: the parameters, taken in *reverse* ``module.parameters()`` order, are cut
+      into consecutive buckets; a bucket takes parameters until the next one would take its
+      gradients over ``bucket_cap_bytes`` (a larger parameter gets a bucket of its own), as
+      ``make_buckets`` does;
+    - the moment backward has produced the last gradient of a bucket, that bucket's
+      gradients, as one flat tensor, start their all-reduce (mean, the package's
+      ``all_reduce``) on the communication stream, and backward goes on meanwhile: one
+      all-reduce per bucket per step, buckets started in order;
+    - every backward of every step works the same way: ``finish`` leaves the wrapper ready
+      for the next one. Every parameter has ``requires_grad`` and takes part in the loss.
+
+    Cost: the broadcast once; per step one all-reduce per bucket, 2(N - 1)/N of the
+    gradients' bytes sent by every rank, hidden under backward except what the last bucket
+    (the first layers) leaves exposed. Li et al., VLDB 2020.
+    """
+    ### BEGIN SOLUTION 3.5
+    params = list(module.parameters())
+
+    def scatter(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+        for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+            tensor.copy_(part.view_as(tensor))
+
+    with torch.no_grad():
+        flat = torch.cat([p.reshape(-1) for p in params])
+        broadcast(comm, flat, root=0)
+        scatter(flat, params)
+    sizes = [p.numel() * p.element_size() for p in params]
+    buckets = [[params[i] for i in bucket] for bucket in make_buckets(sizes, bucket_cap_bytes)]
+
+    class MyDDP:
+        def __init__(self) -> None:
+            self.module = module
+            self.bucket_of = {id(p): i for i, bucket in enumerate(buckets) for p in bucket}
+            self.missing = [len(bucket) for bucket in buckets]
+            self.started: list[tuple[int, torch.Tensor, object]] = []
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+        def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+            return self.module(*inputs)
+
+        def _on_grad_ready(self, param: torch.Tensor) -> None:
+            i = self.bucket_of[id(param)]
+            self.missing[i] -= 1
+            if self.missing[i] == 0:
+                grads = torch.cat([p.grad.reshape(-1) for p in buckets[i]])
+                work = comm.run_async(all_reduce, comm, grads, "mean")
+                self.started.append((i, grads, work))
+
+        def finish(self) -> None:
+            if len(self.started) != len(buckets):
+                raise RuntimeError(f"{len(self.started)} of {len(buckets)} buckets started")
+            for i, grads, work in self.started:
+                work.wait()
+                scatter(grads, [p.grad for p in buckets[i]])
+            self.started.clear()
+            self.missing = [len(bucket) for bucket in buckets]
+
+    return MyDDP()
     ### END SOLUTION

@@ -384,3 +384,25 @@ def test_an_executor_that_ignores_the_schedule_holds_too_much() -> None:
     assert results["GPipe: loss, gradients and parameters after a step equal one device's"][0] \
         == "passed"
     assert "the schedule has 4 there" in results[memory][1]
+
+
+# ---- lesson 02: the server loop takes gradients as they arrive; shards follow tensor_split ----
+
+def test_a_server_loop_in_rank_order_fails_only_the_arrival_order() -> None:
+    from tests.mutants.lesson_02 import loop_in_rank_order
+
+    results = verdicts("2.3", loop_in_rank_order)
+    assert failing(results) == {"takes the gradients in the order they arrive"}
+    message = results["takes the gradients in the order they arrive"][1]
+    assert "from workers [0, 1, 2]" in message and "arrival order: [1, 2, 0]" in message
+
+
+def test_sharded_step_with_other_shard_sizes_fails_on_traffic() -> None:
+    from tests.mutants.lesson_02 import sharded_last_takes_the_rest
+
+    results = verdicts("2.4", sharded_last_takes_the_rest)
+    assert results["one step, N = 4, 12 parameters"][0] == "passed"  # 12 = 4 x 3: same shards
+    assert "rank 0 should send each rank k" in results[
+        "shards that differ in size: N = 3, 10 parameters"][1]
+    assert verdicts("2.4", solution("ex02_parameter_server").ps_sharded_step) == {
+        name: ("passed", "") for name in results}

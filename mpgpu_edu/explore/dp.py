@@ -9,12 +9,16 @@ step. Speedup is against the same step on one device; efficiency is speedup / de
 
     fig, info = dp_view(devices=4, model="light", bucket_mb=25, overlap=False)
     info["step_s"], info["efficiency"]
+
+With ``wrap`` (a DDP wrapper: exercise 3.5's ``wrap_ddp``, or what ``mp.yours`` chose), the
+overlapped steps are the wrapper's, timed from the first forward on (``l03.step_only``).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -55,14 +59,21 @@ def _workload(model: str) -> Workload:
 
 
 def simulate_step(devices: int, model: str, cluster: str | Cluster, bucket_mb: float,
-                  overlap: bool) -> Trace:
-    """The trace of one DDP step on the first ``devices`` devices of ``cluster``."""
+                  overlap: bool, wrap: Any = None) -> Trace:
+    """The trace of one DDP step on the first ``devices`` devices of ``cluster``; with
+    ``wrap`` and ``overlap``, one step of that DDP wrapper's replica instead."""
     machine = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
     if not 1 <= devices <= machine.n_physical:
         raise ValueError(f"{machine.name} has {machine.n_physical} devices: use 1.."
                          f"{machine.n_physical}, not {devices}")
     step, _ = step_function(bucket_mb, overlap)
     machine = machine.with_visible(",".join(str(d) for d in range(devices)))
+    if wrap is not None and overlap:
+        from mpgpu_edu.lessons.l03 import step_only, wrapped_step_on_meta
+
+        nbytes = max(1, int(bucket_mb * 2**20))
+        return step_only(launch(wrapped_step_on_meta, machine, _workload(model), wrap,
+                                nbytes).trace)
     return launch(one_step_on_meta, machine, _workload(model), step).trace
 
 
@@ -72,19 +83,24 @@ def _one_device_s(model: str, cluster: str, bucket_mb: float, overlap: bool) -> 
 
 
 def dp_view(devices: int = 4, model: str = "heavy", cluster: str | Cluster = "4xRTX4090-pcie",
-            bucket_mb: float = 25, overlap: bool = True) -> tuple[Figure, dict]:
+            bucket_mb: float = 25, overlap: bool = True,
+            wrap: Any = None) -> tuple[Figure, dict]:
     """The timeline of one DDP step (``model``: "light" or "heavy") on ``devices`` devices
     of ``cluster`` (a preset name or a Cluster), with ``bucket_mb`` MiB buckets (0: none) and
     the all-reduce overlapped with backward or not.
 
     Returns ``(figure, info)``; ``info`` holds ``step_s``, ``one_device_s``, ``speedup``,
-    ``efficiency``, ``idle_fraction`` per device and ``bytes_sent`` per device."""
-    trace = simulate_step(devices, model, cluster, bucket_mb, overlap)
+    ``efficiency``, ``idle_fraction`` per device and ``bytes_sent`` per device. ``wrap``: a
+    DDP wrapper whose overlapped step is shown (its ``label``, if any, in the title)."""
+    trace = simulate_step(devices, model, cluster, bucket_mb, overlap, wrap)
     name = cluster if isinstance(cluster, str) else cluster.name
     one = (_one_device_s(model, cluster, bucket_mb, overlap) if isinstance(cluster, str)
            else simulate_step(1, model, cluster, bucket_mb, overlap).makespan)
     speedup = one / trace.makespan
     _, mode = step_function(bucket_mb, overlap)
+    who = ""
+    if wrap is not None and overlap:
+        who = f"{getattr(wrap, 'label', 'your DDP wrapper')}\n"
     info = {"devices": devices, "model": model, "cluster": name, "mode": mode,
             "step_s": trace.makespan, "one_device_s": one, "speedup": speedup,
             "efficiency": speedup / devices,
@@ -92,7 +108,7 @@ def dp_view(devices: int = 4, model: str = "heavy", cluster: str | Cluster = "4x
             "bytes_sent": trace.bytes_sent()}
     slower = " (slower than 1 device!)" if speedup < 1 else ""
     fig = plot_timeline(trace, title=(
-        f"DDP, {mode}: {model} model on {devices} devices of {name}\nstep "
+        f"{who}DDP, {mode}: {model} model on {devices} devices of {name}\nstep "
         f"{format_seconds(trace.makespan)}, 1 device {format_seconds(one)}: speedup "
         f"{speedup:.2f}x{slower}, efficiency {percent(speedup / devices)}"))
     return fig, info
@@ -106,10 +122,11 @@ def describe(info: dict) -> str:
             f"&nbsp; <b>sent per device</b> up to {sent}")
 
 
-def dp_explorer(devices: int = 4, model: str = "light",
-                cluster: str = "4xRTX4090-pcie") -> Explorer:
+def dp_explorer(devices: int = 4, model: str = "light", cluster: str = "4xRTX4090-pcie",
+                wrap: Any = None) -> Explorer:
     """Devices, model, cluster, bucket size and overlap as controls; the step's timeline,
-    its time and its scaling efficiency redraw on every change."""
+    its time and its scaling efficiency redraw on every change. ``wrap``: a DDP wrapper
+    whose step the overlapped settings run."""
     controls = {
         "devices": slider("devices", devices, 1, Cluster.preset(cluster).n_physical),
         "model": dropdown("model", list(MODELS), model),
@@ -124,4 +141,5 @@ def dp_explorer(devices: int = 4, model: str = "light",
         controls["devices"].max = Cluster.preset(change["new"]).n_physical
 
     controls["cluster"].observe(fit_devices, names="value")
-    return Explorer(dp_view, controls, describe)
+    fixed = {"wrap": wrap} if wrap is not None else None
+    return Explorer(dp_view, controls, describe, fixed=fixed)

@@ -12,33 +12,51 @@ refinements hide.
 - ``run_training``: real DDP training with every tensor in the memory ledger.
 - ``run_scaling_study``: ``dp.scaling.scaling_study``, the step time on 1 .. 8 devices.
 - ``plot_loss_curves``: lesson 02's loss figure.
+
+With a DDP wrapper (exercise 3.5's ``wrap_ddp``, or what ``mp.yours`` chose in its place):
+
+- ``train_wrapped``: the SPMD program: a replica wrapped once, then training steps;
+- ``wrapped_step_on_meta`` / ``run_wrapped_step``: one step of the wrapper on meta tensors;
+- ``step_only``: a timeline from the step's first forward on (the start-up broadcast cut);
+- ``run_wrapped_demo``: the wrapper against one device on the demo model;
+- ``run_scaling_study(..., wrap=...)``: the scaling study with the wrapper's steps;
+- ``wrap_ddp`` / ``DDPWrapper``: the package's wrapper, the reference of exercise 3.5.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+from torch import nn
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
-from mpgpu_edu.data import (DEMO_BATCH, DEMO_SIZES, Workload, make_batch, make_batches,
-                            make_mlp, shard)
+from mpgpu_edu.data import (DEMO_BATCH, DEMO_LR, DEMO_SIZES, Workload, heavy, light,
+                            make_batch, make_batches, make_mlp, shard)
+from mpgpu_edu.dp import DEMO_BUCKET_BYTES
 from mpgpu_edu.dp import run_demo as dp_run_demo
 from mpgpu_edu.dp.dataparallel import dataparallel_step
-from mpgpu_edu.dp.ddp import (StepFn, ddp_step_overlapped, forward_backward, optimizer_step,
-                              train_ddp)
+from mpgpu_edu.dp.ddp import (StepFn, broadcast_parameters, ddp_step_overlapped,
+                              flatten_grads, forward_backward, make_buckets, optimizer_step,
+                              train_ddp, unflatten_grads)
 from mpgpu_edu.dp.scaling import PRESETS, WORLD_SIZES, scaling_study
 from mpgpu_edu.lessons.l01 import first_devices
 from mpgpu_edu.lessons.l02 import one_torch_thread, plot_loss_curves
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
-from mpgpu_edu.reference import make_optimizer
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.reference import (batch_for_step, compare_to_reference, make_optimizer,
+                                 named_params, train_single)
+from mpgpu_edu.trace import Event, Trace
 
 __all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "recipe_step", "run_demo",
-           "run_recipe", "run_scaling_study", "run_step", "run_training", "step_on_meta"]
+           "run_recipe", "run_scaling_study", "run_step", "run_training", "run_wrapped_demo",
+           "run_wrapped_step", "step_on_meta", "step_only", "train_wrapped", "wrap_ddp",
+           "wrapped_step_on_meta", "DDPWrapper"]
+
+Wrap = Callable[[Communicator, nn.Module, int], Any]  # exercise 3.5's wrap_ddp
 
 RECIPE_LR = 0.05
 
@@ -169,8 +187,132 @@ def run_training(cluster: Cluster | str, sizes: Sequence[int], batch: int, steps
 
 def run_scaling_study(workloads: Sequence[Workload] | None = None,
                       presets: Sequence[str] = PRESETS,
-                      world_sizes: Sequence[int] = WORLD_SIZES) -> dict[str, dict[int, float]]:
+                      world_sizes: Sequence[int] = WORLD_SIZES, wrap: Wrap | None = None,
+                      bucket_bytes: int = 25 * 2**20) -> dict[str, dict[int, float]]:
     """``dp.scaling.scaling_study`` (one overlapped DDP step per point, meta tensors):
-    ``{"light model, 8xRTX4090-pcie": {1: seconds, 2: ...}, ...}`` for ``plot_scaling``."""
+    ``{"light model, 8xRTX4090-pcie": {1: seconds, 2: ...}, ...}`` for ``plot_scaling``.
+    With ``wrap`` (a DDP wrapper), every point is instead one step of ``wrap``'s replica,
+    timed from its first forward (``run_wrapped_step``, ``step_only``)."""
+    if wrap is None:
+        with one_torch_thread():
+            return scaling_study(workloads, presets, world_sizes)
+    workloads = list(workloads) if workloads is not None else [light(), heavy()]
+    return {f"{w.name} model, {preset}": {
+        n: step_only(run_wrapped_step(w, preset, wrap, bucket_bytes, n).trace).makespan
+        for n in world_sizes} for w in workloads for preset in presets}
+
+
+# ---- a DDP wrapper at work ---------------------------------------------------------------------
+
+def train_wrapped(comm: Communicator, wrap: Wrap, model_fn: Callable[[], nn.Module],
+                  batches: Sequence[Any], optimizer: str = "sgd", lr: float = DEMO_LR,
+                  bucket_bytes: int = DEMO_BUCKET_BYTES) -> dict:
+    """Every rank: build a replica and wrap it once (``wrap`` broadcasts rank 0's
+    parameters), then per batch: forward and backward on this rank's shard, its loss scaled
+    by its share of the samples, ``finish()``, the optimizer step.
+
+    Returns ``{"params": {name: tensor}, "losses": [whole-batch loss of every step]}``."""
+    model = model_fn().to(comm.device)
+    replica = wrap(comm, model, bucket_bytes)
+    opt = make_optimizer(optimizer, model.parameters(), lr)
+    losses = []
+    for step in range(len(batches)):
+        (x, y), share = shard(batch_for_step(batches, step), comm.rank, comm.world_size)
+        losses.append(forward_backward(comm, replica, x, y, share * comm.world_size) * share)
+        replica.finish()
+        optimizer_step(comm, opt)
+    total = torch.stack(losses)
+    all_reduce(comm, total, "sum")
+    return {"params": named_params(model), "losses": total.tolist()}
+
+
+def run_wrapped_demo(wrap: Wrap, world_size: int, steps: int, optimizer: str) -> dict:
+    """``train_wrapped`` on the demo model against one device (``train_single``): the report
+    of ``compare_to_reference``."""
+    model_fn = functools.partial(make_mlp, DEMO_SIZES)
+    batches = make_batches(steps, DEMO_BATCH, DEMO_SIZES[0], DEMO_SIZES[-1])
     with one_torch_thread():
-        return scaling_study(workloads, presets, world_sizes)
+        run = launch(train_wrapped, world_size, wrap, model_fn, batches, optimizer, DEMO_LR)
+    result = run.results[0]
+    return compare_to_reference("ddp", "sim", world_size, optimizer, result["params"],
+                                result["losses"],
+                                train_single(model_fn, batches, optimizer, DEMO_LR))
+
+
+def wrapped_step_on_meta(comm: Communicator, workload: Workload, wrap: Wrap,
+                         bucket_bytes: int, optimizer: str = "sgd") -> None:
+    """Every rank: a meta replica of the workload's model, wrapped; a barrier, so that every
+    rank starts the step together; then one training step on a meta batch."""
+    model = workload.model("meta")
+    replica = wrap(comm, model, bucket_bytes)
+    opt = make_optimizer(optimizer, model.parameters(), 0.01)
+    comm.barrier()
+    (x, y), share = shard(workload.make_batch("meta"), comm.rank, comm.world_size)
+    forward_backward(comm, replica, x, y, share * comm.world_size)
+    replica.finish()
+    optimizer_step(comm, opt)
+
+
+def run_wrapped_step(workload: Workload, cluster: Cluster | str, wrap: Wrap,
+                     bucket_bytes: int, world_size: int | None = None) -> LaunchResult:
+    """``wrapped_step_on_meta`` on the first ``world_size`` devices of ``cluster``."""
+    with one_torch_thread():
+        return launch(wrapped_step_on_meta, first_devices(cluster, world_size), workload,
+                      wrap, bucket_bytes)
+
+
+def step_only(trace: Trace) -> Trace:
+    """The part of ``trace`` from the first forward on, shifted to start at 0: a wrapped
+    step without the broadcast that built the replicas."""
+    start = min((e.start for e in trace.events if e.kind == "forward"), default=0.0)
+    events = [Event(e.device, e.stream, e.kind, max(e.start, start) - start, e.end - start,
+                    e.label, e.nbytes, e.flops, e.peer)
+              for e in trace.events if e.end > start]
+    return Trace(trace.n_devices, events, [], trace.source, dict(trace.meta))
+
+
+# ---- the package's DDP wrapper: the reference of exercise 3.5 ------------------------------
+
+class DDPWrapper:
+    """DDP as a wrapper around a replica, from ``dp.ddp``'s pieces: rank 0's parameters
+    broadcast once (``broadcast_parameters``), buckets in reverse parameter order
+    (``make_buckets``), and a hook per parameter that starts its bucket's all-reduce (mean)
+    on the comm stream the moment the bucket's last gradient is in. ``finish()`` waits for
+    every bucket and copies the means back into ``.grad``; call it after each backward.
+    Cost: as ``dp.ddp_step_overlapped``, plus the broadcast once."""
+
+    def __init__(self, comm: Communicator, module: nn.Module, bucket_cap_bytes: int) -> None:
+        self.comm, self.module = comm, module
+        broadcast_parameters(comm, module)
+        self.buckets = make_buckets(list(module.parameters()), bucket_cap_bytes)
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.missing = [len(bucket) for bucket in self.buckets]
+        self.started: list[tuple[int, torch.Tensor, Any]] = []
+        self.hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                      for p in module.parameters()]
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.module(*inputs)
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        i = self.bucket_of[id(param)]
+        self.missing[i] -= 1
+        if self.missing[i] == 0:
+            flat = flatten_grads(self.buckets[i])
+            self.started.append((i, flat, self.comm.run_async(all_reduce, self.comm, flat,
+                                                              "mean")))
+
+    def finish(self) -> None:
+        if len(self.started) != len(self.buckets):
+            raise RuntimeError(f"only {len(self.started)} of {len(self.buckets)} buckets got "
+                               "all their gradients: does every parameter take part?")
+        for i, flat, work in self.started:
+            work.wait()
+            unflatten_grads(flat, self.buckets[i])
+        self.started.clear()
+        self.missing = [len(bucket) for bucket in self.buckets]
+
+
+def wrap_ddp(comm: Communicator, module: nn.Module, bucket_cap_bytes: int) -> DDPWrapper:
+    """The reference of exercise 3.5: ``DDPWrapper(comm, module, bucket_cap_bytes)``."""
+    return DDPWrapper(comm, module, bucket_cap_bytes)

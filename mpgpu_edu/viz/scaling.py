@@ -15,8 +15,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, PercentFormatter
 
 from mpgpu_edu.viz.palette import (
-    ALGORITHM_COLORS, FONT_SIZE, SERIES_MARKERS, WARNING_COLOR, format_bytes, format_seconds,
-    new_figure, series_color, style,
+    ALGORITHM_COLORS, FONT_SIZE, SERIES_COLORS, SERIES_MARKERS, WARNING_COLOR, format_bytes,
+    format_seconds, new_figure, series_color, style,
 )
 
 SLOWER = "slower than 1 device"
@@ -41,6 +41,30 @@ def _mark_slower(ax: Axes, points: list[tuple[int, float]]) -> None:
                 arrowprops={"arrowstyle": "->", "color": WARNING_COLOR}, gid="slower-label")
 
 
+# Curve colours: never a red (red circles mean "slower than 1 device").
+CURVE_COLORS = tuple(c for c in SERIES_COLORS if c not in (SERIES_COLORS[1], SERIES_COLORS[4]))
+# Dashed and dotted are taken by the "ideal" and "1 device" lines.
+LINE_STYLES: tuple = ("-", "-.", (0, (6, 1, 1, 1, 1, 1)), (0, (8, 2)))
+
+
+def series_styles(labels: list[str]) -> dict[str, dict]:
+    """Colour, line style and marker of each curve, one meaning each. Labels of the form
+    "<what>, <where>" ("light model, 8xH100-nvswitch") get one colour per *what* and one line
+    style and marker per *where*; other labels get a colour each."""
+    parts = [label.split(", ", 1) for label in labels]
+    if len(labels) > 1 and all(len(p) == 2 for p in parts):
+        whats = list(dict.fromkeys(p[0] for p in parts))
+        wheres = list(dict.fromkeys(p[1] for p in parts))
+        if len(whats) < len(labels) or len(wheres) < len(labels):
+            return {label: {"color": CURVE_COLORS[whats.index(w) % len(CURVE_COLORS)],
+                            "linestyle": LINE_STYLES[wheres.index(h) % len(LINE_STYLES)],
+                            "marker": SERIES_MARKERS[wheres.index(h) % len(SERIES_MARKERS)]}
+                    for label, (w, h) in zip(labels, parts)}
+    return {label: {"color": CURVE_COLORS[i % len(CURVE_COLORS)], "linestyle": "-",
+                    "marker": SERIES_MARKERS[i % len(SERIES_MARKERS)]}
+            for i, label in enumerate(labels)}
+
+
 def plot_scaling(results: Mapping[str, Mapping[int, float]], *, metric: str = "speedup",
                  title: str | None = None, ax: Axes | None = None) -> Figure:
     """Speedup (``metric="speedup"``) or efficiency (``"efficiency"``) against the number of
@@ -54,12 +78,12 @@ def plot_scaling(results: Mapping[str, Mapping[int, float]], *, metric: str = "s
     if ax is None:
         ax = new_figure(8, 4.5).add_subplot()
     sizes = sorted({n for series in results.values() for n in series})
-    for i, (label, step_times) in enumerate(results.items()):
+    looks = series_styles(list(results))
+    for label, step_times in results.items():
         speedup = speedups(step_times)
         ns = list(speedup)
         ys = [speedup[n] if metric == "speedup" else speedup[n] / n for n in ns]
-        ax.plot(ns, ys, marker=SERIES_MARKERS[i % len(SERIES_MARKERS)], color=series_color(i),
-                linewidth=1.8, label=label)
+        ax.plot(ns, ys, linewidth=1.8, label=label, **looks[label])
         _mark_slower(ax, [(n, y) for n, y in zip(ns, ys) if speedup[n] < 1])
     _dress(ax, metric, sizes)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
