@@ -38,13 +38,13 @@ def ring_shift(comm: Communicator, tensor: torch.Tensor) -> torch.Tensor:
 
 def p2p_time(cluster: Cluster, src: int, dst: int, nbytes: int) -> float:
     """Seconds one message of ``nbytes`` bytes takes from logical device ``src`` to logical
-    device ``dst`` of ``cluster`` when nothing else uses the link: alpha + nbytes / beta,
+    device ``dst`` of ``cluster`` when nothing else uses the link, in the alpha-beta model
     with the latency and bandwidth of the route between the two devices.
 
     >>> p2p_time(Cluster.uniform(2, alpha_s=1e-5, beta_Bps=1e9), 0, 1, 10**6)
     0.00101
     """
-    # Exercise 1.1 (about 2 lines). Hint: cluster.route(src, dst) has alpha_s and beta_Bps.
+    # Exercise 1.1 (about 2 lines). mp.hint("1.1") when stuck.
     raise NotImplementedError("Exercise 1.1: p2p_time (notebooks/01_communication.ipynb)")
 
 
@@ -52,40 +52,36 @@ def naive_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     """All-reduce (sum) through rank 0, in place: afterwards every rank's ``tensor`` holds
     the sum of all ranks' tensors.
 
-    Idea: every other rank sends its tensor to rank 0, which adds them into its own; then
-    rank 0 sends the sum to every other rank.
+    Traffic: every other rank sends its whole tensor to rank 0 once and receives the sum
+    from rank 0 once; rank 0 talks to everybody.
     Cost: 2(N - 1)(alpha + S / beta); rank 0 receives (N - 1) S bytes and sends (N - 1) S.
     """
-    # Exercise 1.2 (about 10 lines). Hint: rank 0 receives and adds each tensor, then sends back.
+    # Exercise 1.2 (about 10 lines). mp.hint("1.2") when stuck.
     raise NotImplementedError("Exercise 1.2: naive_all_reduce (notebooks/01_communication.ipynb)")
 
 
 def ring_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     """Ring all-reduce (sum), in place: afterwards every rank's ``tensor`` holds the sum of
-    all ranks' tensors. ``tensor`` is contiguous; any number of elements works.
+    all ranks' tensors. ``tensor`` is contiguous, of any number of elements (also fewer
+    than N, or not divisible by N).
 
-    Idea: split the tensor into N chunks (``torch.tensor_split``). Reduce-scatter: in
-    N - 1 steps every rank sends one chunk to the right and adds the chunk coming from the
-    left; then each rank holds the full sum of one chunk. All-gather: in N - 1 more steps
-    the full sums travel round the ring.
-    Cost: 2(N - 1) alpha + 2(N - 1)/N S / beta; every rank sends 2(N - 1)/N S bytes, to its
-    right neighbour only.
+    Traffic: every rank sends to its right neighbour ``(rank + 1) % N`` only, 2(N - 1)
+    messages of about S / N bytes each, all ranks sending at the same time.
+    Cost: 2(N - 1) alpha + 2(N - 1)/N S / beta; every rank sends 2(N - 1)/N S bytes.
     """
-    # Exercise 1.3 (about 14 lines). Hint: torch.tensor_split makes the chunks; isend before recv.
+    # Exercise 1.3 (about 14 lines). mp.hint("1.3") when stuck.
     raise NotImplementedError("Exercise 1.3: ring_all_reduce (notebooks/01_communication.ipynb)")
 
 
 def ring_reduce_scatter(comm: Communicator, tensor: torch.Tensor) -> torch.Tensor:
     """Reduce-scatter (sum) on a ring: return chunk ``rank`` of
     ``torch.tensor_split(total.reshape(-1), N)``, where ``total`` is the sum of every
-    rank's ``tensor``. Do not change ``tensor`` itself.
+    rank's ``tensor`` (a new tensor). Do not change ``tensor`` itself.
 
-    Idea: work on a flat copy split into N chunks; in step k (k = 0 .. N - 2) rank r sends
-    chunk ``(r - 1 - k) % N`` to the right and adds the chunk it receives from the left into
-    its chunk ``(r - 2 - k) % N``. After N - 1 steps chunk r has all N contributions.
+    Traffic: every rank sends to its right neighbour only, N - 1 messages of one chunk.
     Cost: (N - 1)(alpha + S / (N beta)); every rank sends (N - 1)/N of S.
     """
-    # Exercise 1.4 (about 10 lines). Hint: step k: send chunk (r-1-k) % N, add into (r-2-k) % N.
+    # Exercise 1.4 (about 10 lines). mp.hint("1.4") when stuck.
     raise NotImplementedError("Exercise 1.4: ring_reduce_scatter (notebooks/01_communication.ipynb)")
 
 
@@ -93,9 +89,36 @@ def ring_all_gather(comm: Communicator, tensor: torch.Tensor) -> list[torch.Tens
     """All-gather on a ring: return ``[tensor of rank 0, ..., tensor of rank N-1]`` (new
     tensors; every rank passes a tensor of the same shape and dtype).
 
-    Idea: N slots, mine at position ``rank``; in step k (k = 0 .. N - 2) rank r sends slot
-    ``(r - k) % N`` to the right and receives slot ``(r - 1 - k) % N`` from the left.
+    Traffic: every rank sends to its right neighbour only, N - 1 messages of s bytes.
     Cost: (N - 1)(alpha + s / beta) for tensors of s bytes; each rank sends (N - 1) s.
     """
-    # Exercise 1.5 (about 8 lines). Hint: step k: send slot (r-k) % N, recv slot (r-1-k) % N.
+    # Exercise 1.5 (about 8 lines). mp.hint("1.5") when stuck.
     raise NotImplementedError("Exercise 1.5: ring_all_gather (notebooks/01_communication.ipynb)")
+
+
+# ---- the second all-reduce: choose one of 1.6 and 1.7 ----------------------------------------
+
+def tree_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
+    """All-reduce (sum) along a binary tree, in place: afterwards every rank's ``tensor``
+    holds the sum of all ranks' tensors. Any N.
+
+    The tree: rank r's parent is ``(r - 1) // 2`` and its children are ``2r + 1`` and
+    ``2r + 2`` (those below N); rank 0 is the root. Traffic: a rank talks to its parent
+    and its children only, and every edge carries the whole tensor once each way.
+    Cost: about 4 log2(N) (alpha + S / beta): few rounds, but every round moves all of S.
+    """
+    # Exercise 1.6 (about 12 lines). mp.hint("1.6") when stuck.
+    raise NotImplementedError("Exercise 1.6: tree_all_reduce (notebooks/01_communication.ipynb)")
+
+
+def composed_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
+    """All-reduce (sum), in place, composed of your ``ring_reduce_scatter`` and
+    ``ring_all_gather`` (exercises 1.4 and 1.5): afterwards every rank's ``tensor`` holds
+    the sum of all ranks' tensors. Any shape and any number of elements.
+
+    Traffic: every rank sends to its right neighbour only, 2(N - 1) messages of
+    ceil(numel / N) elements each.
+    Cost: 2(N - 1) alpha + 2(N - 1)/N S / beta, the ring's.
+    """
+    # Exercise 1.7 (about 7 lines). mp.hint("1.7") when stuck.
+    raise NotImplementedError("Exercise 1.7: composed_all_reduce (notebooks/01_communication.ipynb)")

@@ -38,7 +38,7 @@ def ring_shift(comm: Communicator, tensor: torch.Tensor) -> torch.Tensor:
 
 def p2p_time(cluster: Cluster, src: int, dst: int, nbytes: int) -> float:
     """Seconds one message of ``nbytes`` bytes takes from logical device ``src`` to logical
-    device ``dst`` of ``cluster`` when nothing else uses the link: alpha + nbytes / beta,
+    device ``dst`` of ``cluster`` when nothing else uses the link, in the alpha-beta model
     with the latency and bandwidth of the route between the two devices.
 
     >>> p2p_time(Cluster.uniform(2, alpha_s=1e-5, beta_Bps=1e9), 0, 1, 10**6)
@@ -54,8 +54,8 @@ def naive_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     """All-reduce (sum) through rank 0, in place: afterwards every rank's ``tensor`` holds
     the sum of all ranks' tensors.
 
-    Idea: every other rank sends its tensor to rank 0, which adds them into its own; then
-    rank 0 sends the sum to every other rank.
+    Traffic: every other rank sends its whole tensor to rank 0 once and receives the sum
+    from rank 0 once; rank 0 talks to everybody.
     Cost: 2(N - 1)(alpha + S / beta); rank 0 receives (N - 1) S bytes and sends (N - 1) S.
     """
     ### BEGIN SOLUTION 1.2
@@ -74,29 +74,27 @@ def naive_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
 
 def ring_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     """Ring all-reduce (sum), in place: afterwards every rank's ``tensor`` holds the sum of
-    all ranks' tensors. ``tensor`` is contiguous; any number of elements works.
+    all ranks' tensors. ``tensor`` is contiguous, of any number of elements (also fewer
+    than N, or not divisible by N).
 
-    Idea: split the tensor into N chunks (``torch.tensor_split``). Reduce-scatter: in
-    N - 1 steps every rank sends one chunk to the right and adds the chunk coming from the
-    left; then each rank holds the full sum of one chunk. All-gather: in N - 1 more steps
-    the full sums travel round the ring.
-    Cost: 2(N - 1) alpha + 2(N - 1)/N S / beta; every rank sends 2(N - 1)/N S bytes, to its
-    right neighbour only.
+    Traffic: every rank sends to its right neighbour ``(rank + 1) % N`` only, 2(N - 1)
+    messages of about S / N bytes each, all ranks sending at the same time.
+    Cost: 2(N - 1) alpha + 2(N - 1)/N S / beta; every rank sends 2(N - 1)/N S bytes.
     """
     ### BEGIN SOLUTION 1.3
     n, rank = comm.world_size, comm.rank
     right, left = (rank + 1) % n, (rank - 1) % n
     chunks = list(torch.tensor_split(tensor.view(-1), n))
     buffer = torch.empty_like(chunks[0])
-    for k in range(n - 1):  # reduce-scatter
-        incoming = chunks[(rank - 1 - k) % n]
-        work = comm.isend(chunks[(rank - k) % n], right)
+    for k in range(n - 1):  # reduce-scatter: afterwards chunk `rank` holds the full sum
+        incoming = chunks[(rank - 2 - k) % n]
+        work = comm.isend(chunks[(rank - 1 - k) % n], right)
         comm.recv(buffer[: incoming.numel()], left)
         work.wait()
         incoming.add_(buffer[: incoming.numel()])
-    for k in range(n - 1):  # all-gather: rank r now owns chunk (r + 1) % n
-        work = comm.isend(chunks[(rank + 1 - k) % n], right)
-        comm.recv(chunks[(rank - k) % n], left)
+    for k in range(n - 1):  # all-gather: the full sums travel round
+        work = comm.isend(chunks[(rank - k) % n], right)
+        comm.recv(chunks[(rank - 1 - k) % n], left)
         work.wait()
     ### END SOLUTION
 
@@ -104,11 +102,9 @@ def ring_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
 def ring_reduce_scatter(comm: Communicator, tensor: torch.Tensor) -> torch.Tensor:
     """Reduce-scatter (sum) on a ring: return chunk ``rank`` of
     ``torch.tensor_split(total.reshape(-1), N)``, where ``total`` is the sum of every
-    rank's ``tensor``. Do not change ``tensor`` itself.
+    rank's ``tensor`` (a new tensor). Do not change ``tensor`` itself.
 
-    Idea: work on a flat copy split into N chunks; in step k (k = 0 .. N - 2) rank r sends
-    chunk ``(r - 1 - k) % N`` to the right and adds the chunk it receives from the left into
-    its chunk ``(r - 2 - k) % N``. After N - 1 steps chunk r has all N contributions.
+    Traffic: every rank sends to its right neighbour only, N - 1 messages of one chunk.
     Cost: (N - 1)(alpha + S / (N beta)); every rank sends (N - 1)/N of S.
     """
     ### BEGIN SOLUTION 1.4
@@ -129,8 +125,7 @@ def ring_all_gather(comm: Communicator, tensor: torch.Tensor) -> list[torch.Tens
     """All-gather on a ring: return ``[tensor of rank 0, ..., tensor of rank N-1]`` (new
     tensors; every rank passes a tensor of the same shape and dtype).
 
-    Idea: N slots, mine at position ``rank``; in step k (k = 0 .. N - 2) rank r sends slot
-    ``(r - k) % N`` to the right and receives slot ``(r - 1 - k) % N`` from the left.
+    Traffic: every rank sends to its right neighbour only, N - 1 messages of s bytes.
     Cost: (N - 1)(alpha + s / beta) for tensors of s bytes; each rank sends (N - 1) s.
     """
     ### BEGIN SOLUTION 1.5
@@ -142,4 +137,51 @@ def ring_all_gather(comm: Communicator, tensor: torch.Tensor) -> list[torch.Tens
         comm.recv(slots[(rank - 1 - k) % n], (rank - 1) % n)
         work.wait()
     return slots
+    ### END SOLUTION
+
+
+# ---- the second all-reduce: choose one of 1.6 and 1.7 ----------------------------------------
+
+def tree_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
+    """All-reduce (sum) along a binary tree, in place: afterwards every rank's ``tensor``
+    holds the sum of all ranks' tensors. Any N.
+
+    The tree: rank r's parent is ``(r - 1) // 2`` and its children are ``2r + 1`` and
+    ``2r + 2`` (those below N); rank 0 is the root. Traffic: a rank talks to its parent
+    and its children only, and every edge carries the whole tensor once each way.
+    Cost: about 4 log2(N) (alpha + S / beta): few rounds, but every round moves all of S.
+    """
+    ### BEGIN SOLUTION 1.6
+    rank, n = comm.rank, comm.world_size
+    children = [c for c in (2 * rank + 1, 2 * rank + 2) if c < n]
+    buffer = torch.empty_like(tensor)
+    for child in children:  # up: my subtree's sum
+        comm.recv(buffer, child)
+        tensor.add_(buffer)
+    if rank > 0:
+        parent = (rank - 1) // 2
+        comm.send(tensor, parent)
+        comm.recv(tensor, parent)  # down: the total
+    for child in children:
+        comm.send(tensor, child)
+    ### END SOLUTION
+
+
+def composed_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
+    """All-reduce (sum), in place, composed of your ``ring_reduce_scatter`` and
+    ``ring_all_gather`` (exercises 1.4 and 1.5): afterwards every rank's ``tensor`` holds
+    the sum of all ranks' tensors. Any shape and any number of elements.
+
+    Traffic: every rank sends to its right neighbour only, 2(N - 1) messages of
+    ceil(numel / N) elements each.
+    Cost: 2(N - 1) alpha + 2(N - 1)/N S / beta, the ring's.
+    """
+    ### BEGIN SOLUTION 1.7
+    n = comm.world_size
+    flat = tensor.reshape(-1)
+    padded = torch.zeros(-(-flat.numel() // n) * n, dtype=tensor.dtype, device=tensor.device)
+    padded[: flat.numel()] = flat  # all-gather needs chunks of one size: pad to N x chunk
+    mine = ring_reduce_scatter(comm, padded)
+    full = torch.cat(ring_all_gather(comm, mine))
+    tensor.copy_(full[: flat.numel()].view_as(tensor))
     ### END SOLUTION

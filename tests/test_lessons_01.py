@@ -1,16 +1,34 @@
-"""Lesson 01's demos: message cost, the collectives on small tensors, all-reduce timing."""
+"""Lesson 01's demos: message cost, the collectives on small tensors, all-reduce timing,
+with the algorithm (the learner's function) as a parameter."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
 
 import pytest
 from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import Cluster
-from mpgpu_edu.collectives import cost
+from mpgpu_edu.collectives import all_reduce_naive, all_reduce_ring, cost
 from mpgpu_edu.comm import launch
+from mpgpu_edu.course import prediction
 from mpgpu_edu.data import Workload
 from mpgpu_edu.hardware import LINKS
 from mpgpu_edu.lessons import l01
+from mpgpu_edu.viz.ring import ring_state, ring_steps, ring_steps_of
+
+
+def _solution() -> Any:
+    path = Path(__file__).resolve().parents[1] / "solutions" / "ex01_communication.py"
+    spec = importlib.util.spec_from_file_location("l01_test_solution", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SOLUTION = _solution()
 
 
 def test_message_seconds_is_alpha_plus_n_over_beta() -> None:
@@ -67,7 +85,7 @@ def test_run_all_reduce_matches_closed_forms_on_a_switch() -> None:
         assert seconds == pytest.approx(closed, rel=1e-9)
 
 
-def test_a_shared_pcie_bridge_erases_the_rings_advantage() -> None:
+def test_on_the_one_bridge_preset_the_ring_is_no_faster_but_with_own_uplinks_it_is() -> None:
     bridge = Cluster.preset("4xRTX4090-pcie")
     link = LINKS["pcie4-x16"]
     own = Cluster.uniform(4, alpha_s=link.alpha_s, beta_Bps=link.beta_Bps)
@@ -101,3 +119,74 @@ def test_light_model_gets_slower_on_pcie_and_heavy_scales_on_nvswitch() -> None:
     assert pcie[2] > pcie[1]
     switch = l01.step_seconds(heavy, "8xA100-nvlink", [1, 4])
     assert 3 < switch[1] / switch[4] <= 4
+
+
+# ---- the learner's functions drive the demos ------------------------------------------------
+
+def test_run_all_reduce_takes_a_function_and_times_it_like_the_package() -> None:
+    for fn, name in ((SOLUTION.ring_all_reduce, "ring"), (SOLUTION.naive_all_reduce, "naive")):
+        mine = l01.run_all_reduce(fn, "8xA100-nvlink", 2**24).trace.makespan
+        package = l01.run_all_reduce(name, "8xA100-nvlink", 2**24).trace.makespan
+        assert mine == pytest.approx(package, rel=1e-6)
+    times = l01.allreduce_times("4xA100-nvlink", {"yours": SOLUTION.composed_all_reduce},
+                                [2**20])
+    assert list(times) == ["yours"] and times["yours"][2**20] > 0
+    with pytest.raises(ValueError, match="unknown all-reduce"):
+        l01.run_all_reduce("butterfly", 4, 1024)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_the_stepper_records_the_steps_a_ring_really_takes(n: int) -> None:
+    assert ring_steps_of(SOLUTION.ring_all_reduce, n) == ring_steps(n, shift=0)
+    assert ring_steps_of(all_reduce_ring, n) == ring_steps(n)
+    scattered = ring_state(n, n - 1, ring_steps(n, shift=0))
+    for r in range(n):  # exercise 1.4's order: rank r ends the reduce-scatter with chunk r
+        assert [c for c, holders in enumerate(scattered[r]) if len(holders) == n] == [r]
+
+
+def test_the_stepper_refuses_what_is_not_a_ring() -> None:
+    with pytest.raises(ValueError, match="not a ring"):
+        ring_steps_of(all_reduce_naive, 3)
+
+
+def test_the_stepper_view_draws_the_given_ring_with_its_label() -> None:
+    from mpgpu_edu.explore.ring import ring_view
+
+    fig, info = ring_view(4, 1, all_reduce=SOLUTION.ring_all_reduce, label="your ring")
+    assert info["sends"] == ring_steps(4, shift=0)[1].sends
+    assert fig.axes[0].get_title(loc="left").startswith("your ring\nstep 2 of 6")
+
+
+def test_comm_timelines_label_every_bar_on_one_time_axis() -> None:
+    link = LINKS["pcie4-x16"]
+    own = Cluster.uniform(4, alpha_s=link.alpha_s, beta_Bps=link.beta_Bps)
+    shared = l01.run_all_reduce(SOLUTION.ring_all_reduce, "4xRTX4090-pcie", 2**26).trace
+    fast = l01.run_all_reduce(SOLUTION.ring_all_reduce, own, 2**26).trace
+    fig = l01.plot_comm_timelines({"own": fast, "shared": shared}, until=fast.makespan)
+    fig.canvas.draw()
+    top, bottom = fig.axes[0], fig.axes[1]
+    assert top.get_xlim() == bottom.get_xlim() and top.get_xlabel() == ""
+    shown = [e for e in shared.events if e.start < fast.makespan]
+    labels = [t for t in bottom.texts if t.get_gid() == "bar-label"]
+    assert len(labels) == len(shown), "every bar on the shared bridge carries its peer"
+    assert "first" in bottom.get_title(loc="left")
+
+
+def test_scaling_figure_colour_is_the_machine_and_style_the_workload() -> None:
+    step = {("light", "PCIe"): {1: 1.0, 2: 2.0}, ("heavy", "PCIe"): {1: 1.0, 2: 0.6},
+            ("light", "NVSwitch"): {1: 1.0, 2: 0.9}, ("heavy", "NVSwitch"): {1: 1.0, 2: 0.5}}
+    lines = {line.get_label(): line for line in
+             l01.plot_step_speedups(step, "t").axes[0].get_lines()}
+    colour = {k: lines[f"{w}, {m}"].get_color() for k, (w, m) in enumerate(step)}
+    style = {k: lines[f"{w}, {m}"].get_linestyle() for k, (w, m) in enumerate(step)}
+    assert colour[0] == colour[1] != colour[2] == colour[3]
+    assert style[0] == style[2] != style[1] == style[3]
+
+
+def test_the_predictions_answers_are_what_the_simulator_measures() -> None:
+    big = 256 * 2**20
+    naive = l01.run_all_reduce(SOLUTION.naive_all_reduce, "8xA100-nvlink", big).trace.makespan
+    ring = l01.run_all_reduce(SOLUTION.ring_all_reduce, "8xA100-nvlink", big).trace.makespan
+    assert l01.speedup_choice(naive, ring) == prediction("01.ring-vs-naive").answer
+    four = l01.run_all_reduce(all_reduce_ring, "8xA100-nvlink", big, 4).trace.makespan
+    assert l01.growth_choice(four, ring) == prediction("01.ring-doubling").answer

@@ -2,26 +2,36 @@
 
     fig, info = ring_view(world_size=4, step=2)
     info["phase"], info["sends"]      # "reduce-scatter", (2, 3, 0, 1)
+
+Given ``all_reduce`` (a ring all-reduce function, e.g. what ``mp.yours("1.3", ...)`` chose),
+the stepper draws the steps that function really takes (``ring_steps_of``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from mpgpu_edu.explore.live import Explorer, slider
-from mpgpu_edu.viz.ring import plot_ring_step, ring_state, ring_steps
+from mpgpu_edu.viz.ring import plot_ring_step, ring_state, ring_steps, ring_steps_of
 
 
-def ring_view(world_size: int = 4, step: int = 0, nbytes: int | None = None) -> tuple[Figure, dict]:
+def ring_view(world_size: int = 4, step: int = 0, nbytes: int | None = None,
+              all_reduce: Callable[..., Any] | None = None,
+              label: str | None = None) -> tuple[Figure, dict]:
     """The ring of ``world_size`` ranks before step ``step`` (0 .. 2(N-1); the last shows the
-    result). Returns ``(figure, info)``; ``info`` holds ``total_steps``, ``phase``
-    ("reduce-scatter", "all-gather" or "done"), ``sends`` (the chunk each rank sends) and
-    ``complete`` (how many full sums each rank holds)."""
-    steps = ring_steps(world_size)
-    fig = plot_ring_step(world_size, step, nbytes=nbytes)
+    result), as ``all_reduce`` takes it (default: the package's order). Returns
+    ``(figure, info)``; ``info`` holds ``total_steps``, ``phase`` ("reduce-scatter",
+    "all-gather" or "done"), ``sends`` (the chunk each rank sends) and ``complete`` (how
+    many full sums each rank holds)."""
+    steps = ring_steps(world_size) if all_reduce is None else ring_steps_of(all_reduce,
+                                                                            world_size)
+    fig = plot_ring_step(world_size, step, nbytes=nbytes, steps=steps, label=label)
     current = steps[step] if step < len(steps) else None
-    state = ring_state(world_size, step)
+    state = ring_state(world_size, step, steps)
     info = {"world_size": world_size, "step": step, "total_steps": len(steps),
             "phase": current.phase if current else "done",
             "sends": current.sends if current else (),
@@ -36,9 +46,11 @@ def describe(info: dict) -> str:
             f"&nbsp; full sums held per rank: {info['complete']}")
 
 
-def ring_stepper(world_size: int = 4, nbytes: int | None = None) -> Explorer:
+def ring_stepper(world_size: int = 4, nbytes: int | None = None,
+                 all_reduce: Callable[..., Any] | None = None) -> Explorer:
     """A slider over the 2(N-1) steps of ring all-reduce on ``world_size`` ranks (and one for
-    the number of ranks); the play button walks through the steps."""
+    the number of ranks); the play button walks through the steps. ``all_reduce``: the ring
+    to draw (a ``Chosen`` from ``mp.yours`` puts its label in the title)."""
     total = 2 * (world_size - 1)
     controls = {"world_size": slider("ranks", world_size, 1, 8),
                 "step": slider("step", 0, 0, total)}
@@ -50,4 +62,6 @@ def ring_stepper(world_size: int = 4, nbytes: int | None = None) -> Explorer:
         controls["step"].max = 2 * (change["new"] - 1)
 
     controls["world_size"].observe(fit_steps, names="value")
-    return Explorer(ring_view, controls, describe, fixed={"nbytes": nbytes}, extra=[play])
+    fixed = {"nbytes": nbytes, "all_reduce": all_reduce,
+             "label": getattr(all_reduce, "label", None)}
+    return Explorer(ring_view, controls, describe, fixed=fixed, extra=[play])

@@ -5,36 +5,46 @@ costs on real topologies.
 - ``send_one``: the smallest SPMD program, one message from rank 0 to rank 1.
 - ``run_collective`` / ``describe_collective``: one collective on small integer tensors, every
   rank's tensor before and after.
-- ``run_all_reduce``, ``allreduce_times``: the package's reference all-reduces timed on the
-  simulator with meta tensors (a shape, no data: a 1 GiB message costs no memory).
+- ``run_all_reduce``, ``allreduce_times``: an all-reduce, given as a function
+  ``fn(comm, tensor)`` (the learner's, from ``mp.yours``) or as the name of one of the
+  package's, timed on the simulator with meta tensors (a shape, no data: a 1 GiB message
+  costs no memory).
+- ``ring_figure``: the ring before a step, in exercise 1.4's order (rank r ends with chunk r).
 - ``plot_bytes_per_rank``: who sends how much, per algorithm.
 - ``step_seconds``: compute plus gradient all-reduce per step on N devices (pitfall 1).
+- ``speedup_choice``, ``growth_choice``: which answer of a prediction a measured ratio bears
+  out.
 
 Everything runs on the simulator; large messages are meta tensors (a shape, no data).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Union
 
 import torch
 from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import Cluster
-from mpgpu_edu.collectives import (all_gather, all_reduce, broadcast, gather, reduce,
-                                   reduce_scatter, scatter)
+from mpgpu_edu.collectives import (ALGORITHMS, all_gather, all_reduce, broadcast, gather,
+                                   reduce, reduce_scatter, scatter)
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.data import Workload
 from mpgpu_edu.hardware import LINKS
+from mpgpu_edu.trace import Trace
 from mpgpu_edu.viz.devicemap import link_name
-from mpgpu_edu.viz.palette import (FONT_SIZE, KIND_COLORS, bytes_axis, format_bytes, new_figure,
-                                   style)
-from mpgpu_edu.viz.scaling import plot_allreduce_vs_size
+from mpgpu_edu.viz.palette import (FONT_SIZE, KIND_COLORS, OKABE_ITO, WARNING_COLOR, bytes_axis,
+                                   format_bytes, format_seconds, new_figure, style,
+                                   time_axis)
+from mpgpu_edu.viz.ring import plot_ring_step, ring_steps
+from mpgpu_edu.viz.scaling import plot_allreduce_vs_size, speedups
+from mpgpu_edu.viz.timeline import plot_timeline
 
 COLLECTIVES = ("broadcast", "reduce", "gather", "scatter", "all_gather", "reduce_scatter",
                "all_reduce")
 FP32_BYTES = 4
+AllReduce = Union[str, Callable[..., Any]]  # a function fn(comm, tensor), or a package name
 
 
 # ---- one message -----------------------------------------------------------------------------
@@ -121,9 +131,20 @@ def describe_collective(result: LaunchResult) -> str:
 
 # ---- all-reduce on the simulator ------------------------------------------------------------
 
-def all_reduce_meta(comm: Communicator, algo: str, numel: int) -> None:
-    """One all-reduce (``algo``: naive, tree or ring) of ``numel`` fp32 meta elements."""
-    all_reduce(comm, torch.empty(numel, dtype=torch.float32, device="meta"), algo=algo)
+def algorithm(algo: AllReduce) -> Callable[..., Any]:
+    """``algo`` itself, or the package's all-reduce so named (naive, tree or ring)."""
+    if isinstance(algo, str):
+        if algo not in ALGORITHMS:
+            raise ValueError(f"unknown all-reduce {algo!r}: choose one of "
+                             + ", ".join(ALGORITHMS))
+        return ALGORITHMS[algo]
+    return algo
+
+
+def all_reduce_meta(comm: Communicator, algo: AllReduce, numel: int) -> None:
+    """One all-reduce of ``numel`` fp32 meta elements with ``algo`` (a function
+    ``fn(comm, tensor)`` or a package name): the program every demo below runs."""
+    algorithm(algo)(comm, torch.empty(numel, dtype=torch.float32, device="meta"))
 
 
 def first_devices(cluster: Cluster | str, world_size: int | None) -> Cluster:
@@ -135,20 +156,30 @@ def first_devices(cluster: Cluster | str, world_size: int | None) -> Cluster:
     return cluster.with_visible(",".join(str(i) for i in range(world_size)))
 
 
-def run_all_reduce(algo: str, cluster: Cluster | str, nbytes: int,
+def run_all_reduce(algo: AllReduce, cluster: Cluster | str | int, nbytes: int,
                    world_size: int | None = None) -> LaunchResult:
-    """The package's ``algo`` all-reduce of an ``nbytes`` fp32 tensor, simulated on the first
+    """The all-reduce ``algo`` of an ``nbytes`` fp32 tensor, simulated on the first
     ``world_size`` devices of ``cluster``."""
-    return launch(all_reduce_meta, first_devices(cluster, world_size), algo,
-                  -(-nbytes // FP32_BYTES))
+    algorithm(algo)  # an unknown name fails here, not inside every rank
+    where = cluster if isinstance(cluster, int) else first_devices(cluster, world_size)
+    return launch(all_reduce_meta, where, algo, -(-nbytes // FP32_BYTES))
 
 
-def allreduce_times(cluster: Cluster | str, algos: Iterable[str], sizes: Iterable[int],
-                    world_size: int | None = None) -> dict[str, dict[int, float]]:
-    """``{algo: {nbytes: seconds}}``, simulated: the input of ``plot_allreduce_vs_size``."""
+def allreduce_times(cluster: Cluster | str, algos: Mapping[str, AllReduce] | Iterable[str],
+                    sizes: Iterable[int], world_size: int | None = None
+                    ) -> dict[str, dict[int, float]]:
+    """``{label: {nbytes: seconds}}``, simulated, for ``{label: algo}`` (or names of the
+    package's all-reduces): the input of ``plot_allreduce_vs_size``."""
     sizes = list(sizes)
-    return {algo: {n: run_all_reduce(algo, cluster, n, world_size).trace.makespan
-                   for n in sizes} for algo in algos}
+    algos = dict(algos) if isinstance(algos, Mapping) else {name: name for name in algos}
+    return {label: {n: run_all_reduce(algo, cluster, n, world_size).trace.makespan
+                    for n in sizes} for label, algo in algos.items()}
+
+
+def ring_figure(world_size: int, step: int, nbytes: int | None = None) -> Figure:
+    """The ring before step ``step``, in exercise 1.4's order: the reduce-scatter leaves
+    rank r the full sum of chunk r."""
+    return plot_ring_step(world_size, step, nbytes=nbytes, steps=ring_steps(world_size, 0))
 
 
 def plot_bytes_per_rank(results: Mapping[str, LaunchResult]) -> Figure:
@@ -174,10 +205,44 @@ def plot_bytes_per_rank(results: Mapping[str, LaunchResult]) -> Figure:
     return fig
 
 
+def plot_comm_timelines(traces: Mapping[str, Trace], title: str | None = None,
+                        until: float | None = None) -> Figure:
+    """The comm rows of several runs (``{label: trace}``) on one time axis, every message's
+    bar labelled with its peer ("to 1", "from 0"); each panel's title gives its label and
+    makespan. ``until`` (seconds) shows only the messages that start before it, so that
+    short bars stay wide enough for their labels."""
+    heights = [0.55 * t.n_devices + 1.1 for t in traces.values()]
+    fig = new_figure(12, sum(heights) + (0.9 if title else 0.4))
+    axes = fig.subplots(len(traces), 1, height_ratios=heights, squeeze=False)[:, 0]
+    shown = {label: _before(trace, until) for label, trace in traces.items()}
+    right = max(t.makespan for t in shown.values())
+    for ax, (label, trace) in zip(axes, traces.items()):
+        part = shown[label]
+        sends = [e for e in trace.events if e.kind == "send"]
+        shown_sends = [e for e in part.events if e.kind == "send"]
+        first = "" if len(shown_sends) == len(sends) else (
+            f" (shown: its first {len(shown_sends)} of {len(sends)} messages)")
+        plot_timeline(part, ax=ax, streams=("comm",),
+                      title=f"{label}: makespan {format_seconds(trace.makespan)}{first}")
+        time_axis(ax, right)  # one unit and one scale for every panel
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
+    if title:
+        fig.suptitle(title, x=0.01, ha="left", fontsize=FONT_SIZE + 2)
+    return fig
+
+
+def _before(trace: Trace, until: float | None) -> Trace:
+    if until is None:
+        return trace
+    return Trace(trace.n_devices, [e for e in trace.events if e.start < until],
+                 source=trace.source)
+
+
 # ---- pitfall 1: communication against compute ------------------------------------------------
 
 def step_seconds(workload: Workload, cluster: Cluster | str, sizes: Iterable[int],
-                 algo: str = "ring", dtype: str = "fp32") -> dict[int, float]:
+                 algo: AllReduce = "ring", dtype: str = "fp32") -> dict[int, float]:
     """``{N: seconds}`` of one data-parallel training step on the first N devices: the
     workload's FLOPs split N ways (``cluster.compute_seconds``), then one all-reduce of its
     fp32 gradients (simulated), one after the other, with no overlap."""
@@ -190,3 +255,59 @@ def step_seconds(workload: Workload, cluster: Cluster | str, sizes: Iterable[int
         out[n] = compute + comm
     return out
 
+
+
+# ---- predictions: which answer a measurement bears out ------------------------------------
+
+def speedup_choice(naive_s: float, ring_s: float) -> int:
+    """Prediction 01.ring-vs-naive: (a) about the same, (b) ring ~2x, (c) ring ~N x = 8x,
+    (d) naive faster."""
+    ratio = naive_s / ring_s
+    if ratio < 1 / 1.3:
+        return 3
+    return 0 if ratio < 1.3 else 1 if ratio < 4 else 2
+
+
+def growth_choice(before_s: float, after_s: float) -> int:
+    """Prediction 01.ring-doubling: the time grows (a) x0.5, (b) ~x1.2, (c) x2, (d) x4."""
+    ratio = after_s / before_s
+    return 0 if ratio < 0.75 else 1 if ratio < 1.5 else 2 if ratio < 3 else 3
+
+
+# ---- the scaling figure: colour = machine, line style = workload ---------------------------
+
+MACHINE_COLORS = (OKABE_ITO["blue"], OKABE_ITO["bluish_green"], OKABE_ITO["orange"])
+WORKLOAD_STYLES = (("-", "o"), ("--", "s"), (":", "^"))
+
+
+def plot_step_speedups(results: Mapping[tuple[str, str], Mapping[int, float]],
+                       title: str) -> Figure:
+    """Speedup of one training step against devices, for ``{(workload, machine): {N: s}}``:
+    one colour per machine, one line style per workload; points slower than one device
+    circled in red; the ideal dashed black."""
+    fig = new_figure(8, 4.5)
+    ax = fig.add_subplot()
+    machines = list(dict.fromkeys(m for _, m in results))
+    workloads = list(dict.fromkeys(w for w, _ in results))
+    for (workload, machine), times in results.items():
+        gains = speedups(times)
+        line, marker = WORKLOAD_STYLES[workloads.index(workload) % len(WORKLOAD_STYLES)]
+        ax.plot(list(gains), list(gains.values()), linestyle=line, marker=marker, linewidth=1.8,
+                color=MACHINE_COLORS[machines.index(machine) % len(MACHINE_COLORS)],
+                label=f"{workload}, {machine}")
+        slower = [(n, g) for n, g in gains.items() if g < 1]
+        ax.scatter([n for n, _ in slower], [g for _, g in slower], s=160, facecolors="none",
+                   edgecolors=WARNING_COLOR, linewidths=1.8, zorder=4)
+    sizes = sorted({n for times in results.values() for n in times})
+    ax.plot(sizes, sizes, linestyle=(0, (4, 3)), color="black", linewidth=1, label="ideal")
+    ax.scatter([], [], s=160, facecolors="none", edgecolors=WARNING_COLOR, linewidths=1.8,
+               label="slower than 1 device")
+    ax.axhline(1.0, color="#777777", linestyle=":", linewidth=1)
+    ax.set_xticks(sizes)
+    ax.set_xlabel("devices (world size)")
+    ax.set_ylabel("speedup over 1 device (x)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+              fontsize=FONT_SIZE - 1)
+    ax.set_title(title, loc="left", fontsize=FONT_SIZE + 1)
+    style(ax, grid="both")
+    return fig

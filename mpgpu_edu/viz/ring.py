@@ -5,21 +5,27 @@ one chunk (S/N bytes) to its neighbour ``(r + 1) % N`` and receives one from ``(
 so every link is busy and no rank sends more than any other.
 
 - reduce-scatter, N - 1 steps: the received chunk is *added* to the rank's own; afterwards
-  rank r holds the full sum of chunk ``(r + 1) % N``.
+  rank r holds the full sum of one chunk: ``(r + 1) % N`` in the package's order, r in
+  exercise 1.4's (``ring_steps(N, shift=0)``).
 - all-gather, N - 1 steps: the received full sum *replaces* the rank's partial one;
   afterwards every rank holds every full sum.
 
 Each rank sends 2(N - 1) chunks: 2(N - 1)/N x S bytes, almost 2S however large N grows
 (Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms", 2009).
 
-``ring_steps`` and ``ring_state`` are plain data; ``plot_ring_step`` draws one step.
+``ring_steps`` and ``ring_state`` are plain data; ``ring_steps_of`` records the steps of any
+ring all-reduce function (a learner's); ``plot_ring_step`` draws one step.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -51,24 +57,79 @@ class RingStep:
         return "add" if self.phase == "reduce-scatter" else "copy"
 
 
-def ring_steps(world_size: int) -> list[RingStep]:
-    """The 2(N - 1) steps of ring all-reduce on N = ``world_size`` ranks."""
+def ring_steps(world_size: int, shift: int = 1) -> list[RingStep]:
+    """The 2(N - 1) steps of ring all-reduce on N = ``world_size`` ranks. With ``shift`` 1
+    (the package's ``all_reduce_ring``) the reduce-scatter leaves rank r the full sum of chunk
+    ``(r + 1) % N``; with ``shift`` 0 (exercise 1.4's order, and ``reduce_scatter``'s
+    result) chunk r."""
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, not {world_size}")
     n, steps = world_size, []
     for k in range(n - 1):
-        steps.append(RingStep(k, "reduce-scatter", tuple((r - k) % n for r in range(n)),
-                              tuple((r - k - 1) % n for r in range(n))))
+        steps.append(RingStep(k, "reduce-scatter",
+                              tuple((r - k - 1 + shift) % n for r in range(n)),
+                              tuple((r - k - 2 + shift) % n for r in range(n))))
     for k in range(n - 1):
-        steps.append(RingStep(n - 1 + k, "all-gather", tuple((r + 1 - k) % n for r in range(n)),
-                              tuple((r - k) % n for r in range(n))))
+        steps.append(RingStep(n - 1 + k, "all-gather",
+                              tuple((r - k + shift) % n for r in range(n)),
+                              tuple((r - k - 1 + shift) % n for r in range(n))))
     return steps
 
 
-def ring_state(world_size: int, step: int) -> list[list[set[int]]]:
-    """After ``step`` steps (0 .. 2(N - 1)): ``state[r][c]`` is the set of ranks whose
-    contributions rank r's copy of chunk c holds. At step 0 it is ``{r}`` everywhere."""
-    steps = ring_steps(world_size)
+class _Recorder:
+    """A rank's communicator that notes which chunk every message it sends carries."""
+
+    def __init__(self, comm: Any, log: list[int]) -> None:
+        self._comm, self._log = comm, log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comm, name)
+
+    def _note(self, tensor: torch.Tensor) -> None:
+        values = tensor.detach().reshape(-1).double()
+        ok = values.numel() == 2 and values[0].item() != 0
+        self._log.append(round(values[1].item() / values[0].item()) - 2 if ok else -1)
+
+    def send(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self._note(tensor)
+        return self._comm.send(tensor, *args, **kwargs)
+
+    def isend(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self._note(tensor)
+        return self._comm.isend(tensor, *args, **kwargs)
+
+
+def ring_steps_of(all_reduce: Callable[..., Any], world_size: int) -> list[RingStep]:
+    """The steps a ring all-reduce function (``fn(comm, tensor)``) really takes, recorded
+    from one run on the simulator: chunk c of rank r's tensor starts as ``[2^r, (c + 2) 2^r]``,
+    so every message says which chunk it carries. Raises ``ValueError`` when the run is not
+    a ring of 2(N - 1) one-chunk steps."""
+    from mpgpu_edu.comm import launch
+
+    n = world_size
+    logs: list[list[int]] = [[] for _ in range(n)]
+
+    def program(comm: Any) -> None:
+        weights = torch.tensor([[1.0, c + 2.0] for c in range(n)], dtype=torch.float64)
+        all_reduce(_Recorder(comm, logs[comm.rank]), (weights * 2.0 ** comm.rank).reshape(-1))
+
+    launch(program, n)
+    if any(len(log) != 2 * (n - 1) or min(log, default=0) < 0 for log in logs):
+        raise ValueError("not a ring of 2(N - 1) one-chunk steps")
+    steps = []
+    for k in range(2 * (n - 1)):
+        sends = tuple(logs[r][k] for r in range(n))
+        steps.append(RingStep(k, "reduce-scatter" if k < n - 1 else "all-gather", sends,
+                              tuple(sends[(r - 1) % n] for r in range(n))))
+    return steps
+
+
+def ring_state(world_size: int, step: int,
+               steps: list[RingStep] | None = None) -> list[list[set[int]]]:
+    """After ``step`` steps (0 .. 2(N - 1)) of ``steps`` (default ``ring_steps``):
+    ``state[r][c]`` is the set of ranks whose contributions rank r's copy of chunk c holds.
+    At step 0 it is ``{r}`` everywhere."""
+    steps = ring_steps(world_size) if steps is None else steps
     if not 0 <= step <= len(steps):
         raise ValueError(f"step must be in 0..{len(steps)} for {world_size} ranks, not {step}")
     n = world_size
@@ -150,7 +211,8 @@ def _draw_arrow(ax: Axes, rank: int, n: int, radius: float, chunk: int) -> None:
             bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
 
 
-def _title(world_size: int, step: int, total: int, nbytes: int | None) -> str:
+def _title(world_size: int, step: int, steps: list[RingStep], nbytes: int | None) -> str:
+    total = len(steps)
     chunk = f"S/N = {format_bytes(nbytes / world_size)}" if nbytes else "S/N bytes"
     if total == 0:
         return "1 rank: nothing to send, the tensor already is the sum"
@@ -158,7 +220,7 @@ def _title(world_size: int, step: int, total: int, nbytes: int | None) -> str:
         sent = f"{2 * (world_size - 1)}/{world_size} x S"
         return (f"done after {total} steps: every rank holds the full sum of every chunk\n"
                 f"each rank sent {total} chunks = {sent} bytes")
-    phase = ring_steps(world_size)[step].phase
+    phase = steps[step].phase
     what = ("and adds it to its own: partial sums grow" if phase == "reduce-scatter"
             else "which replaces its stale copy: full sums spread")
     return (f"step {step + 1} of {total} — {phase}: each rank sends one chunk ({chunk})\n"
@@ -179,14 +241,18 @@ def _legend(ax: Axes, world_size: int, current: RingStep | None) -> None:
 
 
 def plot_ring_step(world_size: int, step: int, ax: Axes | None = None, *,
-                   nbytes: int | None = None) -> Figure:
+                   nbytes: int | None = None, steps: list[RingStep] | None = None,
+                   label: str | None = None) -> Figure:
     """The ring before step ``step`` (0-based; titled "step step+1 of 2(N-1)"): every rank's
     chunks filled by how many ranks' contributions they hold (green once complete), and an
     arrow from each rank to the next carrying this step's chunk. ``step = 2(N-1)`` shows the
-    finished all-reduce. ``nbytes`` (the tensor's size S) puts the chunk's size in the title."""
-    total = 2 * (world_size - 1)
-    state = ring_state(world_size, step)
-    current = ring_steps(world_size)[step] if step < total else None
+    finished all-reduce. ``nbytes`` (the tensor's size S) puts the chunk's size in the title;
+    ``steps`` (default ``ring_steps``) are the steps drawn, e.g. ``ring_steps_of`` a learner's
+    ring; ``label`` (whose ring it is) heads the title."""
+    steps = ring_steps(world_size) if steps is None else steps
+    total = len(steps)
+    state = ring_state(world_size, step, steps)
+    current = steps[step] if step < total else None
     if ax is None:
         ax = new_figure(6.5, 7).add_subplot()
     radius = _radius(world_size)
@@ -204,7 +270,8 @@ def plot_ring_step(world_size: int, step: int, ax: Axes | None = None, *,
     ax.set_aspect("equal")
     ax.axis("off")
     _legend(ax, world_size, current)
-    ax.set_title(_title(world_size, step, total, nbytes), fontsize=FONT_SIZE, loc="left")
+    title = _title(world_size, step, steps, nbytes)
+    ax.set_title(f"{label}\n{title}" if label else title, fontsize=FONT_SIZE, loc="left")
     return ax.figure
 
 

@@ -2,4 +2,244 @@
 
 from __future__ import annotations
 
-MUTANTS: dict[str, list[str]] = {}
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _solution() -> Any:
+    path = Path(__file__).resolve().parents[2] / "solutions" / "ex01_communication.py"
+    spec = importlib.util.spec_from_file_location("mutants_ex01_solution", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+_SOL = _solution()
+
+
+# ---- 1.1 ----------------------------------------------------------------------------------
+
+def p2p_ignores_alpha(cluster: Any, src: int, dst: int, nbytes: int) -> float:
+    """Forgets the latency: only nbytes / beta."""
+    return nbytes / cluster.route(src, dst).beta_Bps
+
+
+def p2p_bits_not_bytes(cluster: Any, src: int, dst: int, nbytes: int) -> float:
+    """Reads beta as bits per second: 8 nbytes / beta."""
+    route = cluster.route(src, dst)
+    return route.alpha_s + 8 * nbytes / route.beta_Bps
+
+
+# ---- 1.2 ----------------------------------------------------------------------------------
+
+def naive_forgets_to_send_back(comm: Any, tensor: torch.Tensor) -> None:
+    """Rank 0 sums everything but never sends the sum back."""
+    if comm.rank != 0:
+        comm.send(tensor, 0)
+        return
+    buffer = torch.empty_like(tensor)
+    for peer in range(1, comm.world_size):
+        comm.recv(buffer, peer)
+        tensor.add_(buffer)
+
+
+def naive_averages(comm: Any, tensor: torch.Tensor) -> None:
+    """Divides the sum by N: a mean, not the sum the contract asks for."""
+    _SOL.naive_all_reduce(comm, tensor)
+    tensor.div_(comm.world_size)
+
+
+# ---- 1.3 ----------------------------------------------------------------------------------
+
+def ring_chunk_off_by_one(comm: Any, tensor: torch.Tensor) -> None:
+    """Adds the received chunk into the chunk it just sent, one index off."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    buffer = torch.empty_like(chunks[0])
+    for k in range(n - 1):
+        incoming = chunks[(rank - 1 - k) % n]
+        work = comm.isend(chunks[(rank - 1 - k) % n], (rank + 1) % n)
+        comm.recv(buffer[: incoming.numel()], (rank - 1) % n)
+        work.wait()
+        incoming.add_(buffer[: incoming.numel()])
+    for k in range(n - 1):
+        work = comm.isend(chunks[(rank - k) % n], (rank + 1) % n)
+        comm.recv(chunks[(rank - 1 - k) % n], (rank - 1) % n)
+        work.wait()
+
+
+def ring_sends_left(comm: Any, tensor: torch.Tensor) -> None:
+    """Right sums, but every rank sends to its left neighbour and receives from the right."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    buffer = torch.empty_like(chunks[0])
+    for k in range(n - 1):
+        incoming = chunks[(rank + 2 + k) % n]
+        work = comm.isend(chunks[(rank + 1 + k) % n], (rank - 1) % n)
+        comm.recv(buffer[: incoming.numel()], (rank + 1) % n)
+        work.wait()
+        incoming.add_(buffer[: incoming.numel()])
+    for k in range(n - 1):
+        work = comm.isend(chunks[(rank + k) % n], (rank - 1) % n)
+        comm.recv(chunks[(rank + 1 + k) % n], (rank + 1) % n)
+        work.wait()
+
+
+def ring_without_all_gather(comm: Any, tensor: torch.Tensor) -> None:
+    """Stops after the reduce-scatter: each rank has one summed chunk, the rest partial."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    buffer = torch.empty_like(chunks[0])
+    for k in range(n - 1):
+        incoming = chunks[(rank - 2 - k) % n]
+        work = comm.isend(chunks[(rank - 1 - k) % n], (rank + 1) % n)
+        comm.recv(buffer[: incoming.numel()], (rank - 1) % n)
+        work.wait()
+        incoming.add_(buffer[: incoming.numel()])
+
+
+# ---- 1.4 ----------------------------------------------------------------------------------
+
+def reduce_scatter_next_chunk(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """Returns chunk (rank + 1) % N, where a ring that starts one chunk later ends."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.reshape(-1).clone(), n))
+    buffer = torch.empty_like(chunks[0])
+    for k in range(n - 1):
+        incoming = chunks[(rank - 1 - k) % n]
+        work = comm.isend(chunks[(rank - k) % n], (rank + 1) % n)
+        comm.recv(buffer[: incoming.numel()], (rank - 1) % n)
+        work.wait()
+        incoming.add_(buffer[: incoming.numel()])
+    return chunks[(rank + 1) % n].clone()
+
+
+def reduce_scatter_in_place(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """Right chunk, but sums into the caller's tensor instead of a copy."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    buffer = torch.empty_like(chunks[0])
+    for k in range(n - 1):
+        incoming = chunks[(rank - 2 - k) % n]
+        work = comm.isend(chunks[(rank - 1 - k) % n], (rank + 1) % n)
+        comm.recv(buffer[: incoming.numel()], (rank - 1) % n)
+        work.wait()
+        incoming.add_(buffer[: incoming.numel()])
+    return chunks[rank].clone()
+
+
+# ---- 1.5 ----------------------------------------------------------------------------------
+
+def all_gather_slot_off_by_one(comm: Any, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Files what it receives one slot too far: the list comes out rotated."""
+    n, rank = comm.world_size, comm.rank
+    slots = [torch.empty_like(tensor) for _ in range(n)]
+    slots[rank].copy_(tensor)
+    for k in range(n - 1):
+        work = comm.isend(slots[(rank - k) % n], (rank + 1) % n)
+        comm.recv(slots[(rank - k - 1) % n], (rank - 1) % n)
+        work.wait()
+    return slots[1:] + slots[:1]
+
+
+def all_gather_sends_everything(comm: Any, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Right list, but sends its own tensor straight to every rank (not a ring)."""
+    n, rank = comm.world_size, comm.rank
+    slots = [torch.empty_like(tensor) for _ in range(n)]
+    slots[rank].copy_(tensor)
+    works = [comm.isend(tensor, peer) for peer in range(n) if peer != rank]
+    for peer in range(n):
+        if peer != rank:
+            comm.recv(slots[peer], peer)
+    for work in works:
+        work.wait()
+    return slots
+
+
+# ---- 1.6 ----------------------------------------------------------------------------------
+
+def tree_skips_last_level(comm: Any, tensor: torch.Tensor) -> None:
+    """Builds only the full levels of the tree: for N not of the form 2^k - 1 the ranks of
+    the last, incomplete level are left out (they neither send nor receive)."""
+    rank, n = comm.rank, comm.world_size
+    full = 1
+    while 2 * full + 1 <= n:
+        full = 2 * full + 1
+    if rank >= full:
+        return
+    children = [c for c in (2 * rank + 1, 2 * rank + 2) if c < full]
+    buffer = torch.empty_like(tensor)
+    for child in children:
+        comm.recv(buffer, child)
+        tensor.add_(buffer)
+    if rank > 0:
+        comm.send(tensor, (rank - 1) // 2)
+        comm.recv(tensor, (rank - 1) // 2)
+    for child in children:
+        comm.send(tensor, child)
+
+
+def tree_through_the_root(comm: Any, tensor: torch.Tensor) -> None:
+    """Sums up the tree, then rank 0 sends the total to every rank directly."""
+    rank, n = comm.rank, comm.world_size
+    children = [c for c in (2 * rank + 1, 2 * rank + 2) if c < n]
+    buffer = torch.empty_like(tensor)
+    for child in children:
+        comm.recv(buffer, child)
+        tensor.add_(buffer)
+    if rank > 0:
+        comm.send(tensor, (rank - 1) // 2)
+        comm.recv(tensor, 0)
+    else:
+        for peer in range(1, n):
+            comm.send(tensor, peer)
+
+
+def tree_binomial(comm: Any, tensor: torch.Tensor) -> None:
+    """A binomial tree (partner rank XOR 2^k), not the binary tree the contract names."""
+    rank, n = comm.rank, comm.world_size
+    buffer = torch.empty_like(tensor)
+    mask = 1
+    while mask < n:
+        if rank & mask:
+            comm.send(tensor, rank - mask)
+            break
+        if rank + mask < n:
+            comm.recv(buffer, rank + mask)
+            tensor.add_(buffer)
+        mask <<= 1
+    if rank > 0:
+        comm.recv(tensor, rank - mask)
+    mask >>= 1
+    while mask > 0:
+        if rank + mask < n and not rank & mask:
+            comm.send(tensor, rank + mask)
+        mask >>= 1
+
+
+# ---- 1.7 ----------------------------------------------------------------------------------
+
+def composed_averages(comm: Any, tensor: torch.Tensor) -> None:
+    """Divides the result by N: a mean, not the sum."""
+    _SOL.composed_all_reduce(comm, tensor)
+    tensor.div_(comm.world_size)
+
+
+def composed_without_padding(comm: Any, tensor: torch.Tensor) -> None:
+    """All-gathers tensor_split's chunks as they are: unequal when N does not divide."""
+    mine = _SOL.ring_reduce_scatter(comm, tensor)
+    tensor.copy_(torch.cat(_SOL.ring_all_gather(comm, mine)).view_as(tensor))
+
+
+MUTANTS: dict[str, list[str]] = {
+    "1.1": ["p2p_ignores_alpha", "p2p_bits_not_bytes"],
+    "1.2": ["naive_forgets_to_send_back", "naive_averages"],
+    "1.3": ["ring_chunk_off_by_one", "ring_sends_left", "ring_without_all_gather"],
+    "1.4": ["reduce_scatter_next_chunk", "reduce_scatter_in_place"],
+    "1.5": ["all_gather_slot_off_by_one", "all_gather_sends_everything"],
+    "1.6": ["tree_skips_last_level", "tree_through_the_root", "tree_binomial"],
+    "1.7": ["composed_averages", "composed_without_padding"],
+}

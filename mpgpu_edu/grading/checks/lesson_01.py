@@ -1,8 +1,9 @@
 """Checks of lesson 01: message cost and collectives built from send and recv.
 
 Every collective case runs the learner's function on the simulator with the built-in
-collectives disabled (``from_scratch``) and checks values, bytes and messages per rank, who
-talks to whom, and for the ring the time against the package's ``all_reduce_ring``.
+collectives disabled (``from_scratch``); *compute* hands the judge what each rank holds and
+sent (``launch_facts``), and *judge* checks values, bytes and messages per rank, who talks
+to whom, and the time against the grader's own reference.
 """
 
 from __future__ import annotations
@@ -15,14 +16,25 @@ import torch
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce_ring
 from mpgpu_edu.grading.checks import Case, Evidence
-from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, from_scratch,
-                                               property_check, rank_inputs, run_spmd, showing,
-                                               uniform)
+from mpgpu_edu.grading.checks._plain import is_tensor, type_name
+from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, evidence, examples,
+                                               expect, expect_close, from_scratch,
+                                               judge_examples, launch_facts, rank_inputs,
+                                               run_spmd, showing, uniform)
 
 Impl = Callable[..., Any]
+Facts = dict[str, Any]
 
 
 # ---- 1.1 point-to-point cost ---------------------------------------------------------------
+
+P2P_SETS: dict[str, list[tuple[Callable[[], Cluster], list[tuple[int, int]], list[int]]]] = {
+    "uniform": [(lambda: uniform(2), [(0, 1), (1, 0)], [0, 1, 1000, 10**6])],
+    "preset": [(lambda: Cluster.preset("4xRTX4090-pcie"), [(0, 2)], [4096, 2**20])],
+    "visible": [(lambda: Cluster.preset("8xRTX4090-pcie", visible="4,0"), [(0, 1)], [2**20]),
+                (lambda: Cluster.preset("2x8xH100-ib", visible="0,9"), [(1, 0)], [2**20])],
+}
+
 
 def _p2p_program(src: int, dst: int, nbytes: int) -> Callable[..., None]:
     def program(comm: Any) -> None:
@@ -34,31 +46,25 @@ def _p2p_program(src: int, dst: int, nbytes: int) -> Callable[..., None]:
     return program
 
 
-def _p2p_against_sim(impl: Impl, cluster: Cluster, pairs: list[tuple[int, int]],
-                     sizes: list[int]) -> None:
-    for src, dst in pairs:
-        for nbytes in sizes:
-            measured = run_spmd(_p2p_program(src, dst, nbytes), cluster).trace.makespan
-            got = impl(cluster, src, dst, nbytes)
-            expect(isinstance(got, (int, float)), f"p2p_time should return seconds as a "
-                                                  f"float, got {type(got).__name__}")
-            expect(abs(got - measured) <= 1e-9 * measured + 1e-15,
-                   f"p2p_time({cluster.name}, {src}, {dst}, {nbytes}) returned {got:.6g} s; "
-                   f"the simulator measures {measured:.6g} s")
+def _p2p_case(name: str, key: str) -> Case:
+    def compute(impl: Impl) -> list[Any]:
+        return [impl(make(), src, dst, nbytes) for make, pairs, sizes in P2P_SETS[key]
+                for src, dst in pairs for nbytes in sizes]
 
-
-def _p2p_uniform(impl: Impl) -> None:
-    _p2p_against_sim(impl, uniform(2), [(0, 1), (1, 0)], [0, 1, 1000, 10**6])
-
-
-def _p2p_preset(impl: Impl) -> None:
-    _p2p_against_sim(impl, Cluster.preset("4xRTX4090-pcie"), [(0, 2)], [4096, 2**20])
-
-
-def _p2p_visible(impl: Impl) -> None:
-    _p2p_against_sim(impl, Cluster.preset("8xRTX4090-pcie", visible="4,0"), [(0, 1)],
-                     [2**20])
-    _p2p_against_sim(impl, Cluster.preset("2x8xH100-ib", visible="0,9"), [(1, 0)], [2**20])
+    def judge(got: list[Any]) -> None:
+        answers = iter(got)
+        for make, pairs, sizes in P2P_SETS[key]:
+            cluster = make()
+            for src, dst in pairs:
+                for nbytes in sizes:
+                    value = next(answers)
+                    measured = run_spmd(_p2p_program(src, dst, nbytes), cluster).trace.makespan
+                    expect(type(value) in (int, float), f"p2p_time should return seconds as a "
+                                                        f"float, got {type_name(value)}")
+                    expect(abs(value - measured) <= 1e-9 * measured + 1e-15,
+                           f"p2p_time({cluster.name}, {src}, {dst}, {nbytes}) returned "
+                           f"{value:.6g} s; the simulator measures {measured:.6g} s")
+    return Case(name, 1, compute, judge)
 
 
 # ---- all-reduce: shared parts --------------------------------------------------------------
@@ -71,225 +77,352 @@ def _all_reduce_program(impl: Impl, inputs: list[torch.Tensor]) -> Callable[...,
     return program
 
 
-def _run_all_reduce(impl: Impl, exercise: str, n: int, numel: int, seed: int = 0,
-                    cluster: Cluster | None = None) -> Any:
+def _all_reduce_facts(impl: Impl, exercise: str, n: int, numel: int, seed: int = 0,
+                      with_trace: bool = False) -> Facts:
+    """compute: the learner's all-reduce on ``n`` ranks of the uniform cluster."""
+    inputs = rank_inputs(n, numel, seed)
+    with from_scratch(impl, exercise):
+        result = run_spmd(_all_reduce_program(impl, inputs), uniform(n))
+    return launch_facts(result, with_trace)
+
+
+def _judge_sums(facts: Facts, n: int, numel: int, seed: int = 0) -> None:
     inputs = rank_inputs(n, numel, seed)
     want = torch.stack(inputs).sum(0)
-    with from_scratch(impl, exercise):
-        result = run_spmd(_all_reduce_program(impl, inputs), cluster or uniform(n))
-    for rank, (tensor, returned) in enumerate(result.results):
-        if torch.equal(tensor, inputs[rank]) and n > 1 and not torch.equal(want, inputs[rank]):
-            hint = (" (you returned the result: write it into the tensor instead)"
-                    if isinstance(returned, torch.Tensor) else "")
+    for rank, (tensor, returned) in enumerate(facts["results"]):
+        if (is_tensor(tensor) and torch.equal(tensor, inputs[rank]) and n > 1
+                and not torch.equal(want, inputs[rank])):
+            hint = " (you returned the result instead)" if is_tensor(returned) else ""
             expect(False, f"rank {rank}'s tensor is unchanged: the all-reduce works in "
                           f"place{hint}")
         expect_close(tensor, want, f"rank {rank} of {n}, {numel} elements")
-    return result
 
 
-def _sums(exercise: str, sizes: list[tuple[int, int]]) -> Callable[[Impl], None]:
-    def run(impl: Impl) -> None:
-        for n, numel in sizes:
-            _run_all_reduce(impl, exercise, n, numel)
-    return run
+def _sums_case(name: str, points: int, exercise: str, sizes: list[tuple[int, int]]) -> Case:
+    def compute(impl: Impl) -> list[Facts]:
+        return [_all_reduce_facts(impl, exercise, n, numel) for n, numel in sizes]
+
+    def judge(runs: list[Facts]) -> None:
+        for facts, (n, numel) in zip(runs, sizes):
+            _judge_sums(facts, n, numel)
+    return Case(name, points, compute, judge)
 
 
-def _all_reduce_property(exercise: str) -> Callable[[Impl], None]:
-    def run(impl: Impl) -> None:
-        from hypothesis import strategies as st
+def _hidden_case(exercise: str, facts_of: Callable[..., Facts], judge_one: Callable[..., None],
+                 numel: tuple[int, int] = (1, 40), points: int = 1) -> Case:
+    """Random world sizes 1..7 (3, 5, 6 and 7 always among them) and sizes; the judge
+    reports the first failing example."""
+    fixed = [{"world_size": n, "numel": m, "values": 1} for n, m in ((3, 10), (5, 7), (6, 13),
+                                                                    (7, 9))]
+    cases = examples(14, int(exercise.replace(".", "")), world_size=(1, 7), numel=numel,
+                     values=(0, 3)) + fixed
 
-        def body(world_size: int, numel: int, seed: int) -> None:
-            _run_all_reduce(impl, exercise, world_size, numel, seed)
+    def compute(impl: Impl) -> list[dict]:
+        return compute_examples(lambda world_size, numel, values: facts_of(
+            impl, exercise, world_size, numel, values), cases)
 
-        property_check(body, world_size=st.integers(1, 6), numel=st.integers(1, 40),
-                       seed=st.integers(0, 3))
-    return run
+    def judge(records: list[dict]) -> None:
+        judge_examples(records, lambda facts, world_size, numel, values: judge_one(
+            facts, world_size, numel, values))
+    return Case("hidden: random sizes and world sizes 1-7", points, compute, judge, hidden=True)
 
 
 # ---- 1.2 naive ------------------------------------------------------------------------------
 
-def _naive_traffic(impl: Impl) -> None:
-    n, numel = 4, 1000
+def _judge_naive_traffic(facts: Facts, n: int, numel: int) -> None:
     size = bytes_of(numel)
-    result = _run_all_reduce(impl, "1.2", n, numel)
-    stats = result.stats
-    expect(stats[0].bytes_received == (n - 1) * size and stats[0].bytes_sent == (n - 1) * size,
+    stats = facts["stats"]
+    expect(stats[0]["bytes_received"] == (n - 1) * size
+           and stats[0]["bytes_sent"] == (n - 1) * size,
            f"rank 0 should receive and send (N-1) x {size} bytes, it received "
-           f"{stats[0].bytes_received} and sent {stats[0].bytes_sent}")
+           f"{stats[0]['bytes_received']} and sent {stats[0]['bytes_sent']}")
     for rank in range(1, n):
-        expect(dict(stats[rank].sent_to) == {0: size},
+        expect(stats[rank]["sent_to"] == {0: size},
                f"rank {rank} should send its {size} bytes to rank 0 only, it sent "
-               f"{dict(stats[rank].sent_to)} (bytes per peer)")
-        expect(stats[rank].bytes_received == size,
+               f"{stats[rank]['sent_to']} (bytes per peer)")
+        expect(stats[rank]["bytes_received"] == size,
                f"rank {rank} should receive the sum once ({size} bytes), it received "
-               f"{stats[rank].bytes_received}")
-    expect(stats[0].messages_sent + stats[0].messages_received == 2 * (n - 1),
-           f"rank 0 should exchange 2(N-1) = {2 * (n - 1)} messages, it exchanged "
-           f"{stats[0].messages_sent + stats[0].messages_received}")
+               f"{stats[rank]['bytes_received']}")
+    exchanged = stats[0]["messages_sent"] + stats[0]["messages_received"]
+    expect(exchanged == 2 * (n - 1), f"rank 0 should exchange 2(N-1) = {2 * (n - 1)} messages,"
+                                     f" it exchanged {exchanged}")
 
 
-# ---- 1.3 ring -------------------------------------------------------------------------------
+def _naive_traffic() -> Case:
+    def compute(impl: Impl) -> Facts:
+        return _all_reduce_facts(impl, "1.2", 4, 1000)
 
-def _ring_traffic(impl: Impl) -> None:
-    for n, numel in [(4, 1000), (3, 1000), (5, 12)]:
-        result = _run_all_reduce(impl, "1.3", n, numel)
-        low, high = (2 * (n - 1) * bytes_of(numel // n),
-                     2 * (n - 1) * bytes_of(-(-numel // n)))
-        for rank, stats in enumerate(result.stats):
-            right = (rank + 1) % n
-            expect(set(stats.sent_to) == {right},
-                   f"N={n}: rank {rank} sent to ranks {sorted(stats.sent_to)}; on a ring it "
+    def judge(facts: Facts) -> None:
+        _judge_sums(facts, 4, 1000)
+        _judge_naive_traffic(facts, 4, 1000)
+    return Case("traffic: everything goes through rank 0", 2, compute, judge)
+
+
+def _judge_naive_hidden(facts: Facts, world_size: int, numel: int, seed: int) -> None:
+    _judge_sums(facts, world_size, numel, seed)
+    if world_size > 1:
+        _judge_naive_traffic(facts, world_size, numel)
+
+
+# ---- 1.3 ring (and 1.7, which must move the ring's bytes) -----------------------------------
+
+def _judge_ring_traffic(facts: Facts, n: int, numel: int, padded: bool = False) -> None:
+    low = 2 * (n - 1) * bytes_of(-(-numel // n) if padded else numel // n)
+    high = 2 * (n - 1) * bytes_of(-(-numel // n))
+    for rank, stats in enumerate(facts["stats"]):
+        right = (rank + 1) % n
+        if n > 1:
+            expect(set(stats["sent_to"]) == {right},
+                   f"N={n}: rank {rank} sent to ranks {sorted(stats['sent_to'])}; on a ring it "
                    f"sends to its right neighbour {right} only")
-            expect(low <= stats.bytes_sent <= high,
-                   f"N={n}, {bytes_of(numel)} bytes: rank {rank} sent {stats.bytes_sent} bytes;"
-                   f" a ring sends 2(N-1)/N of the tensor, {low}..{high} bytes")
-            expect(stats.messages_sent == 2 * (n - 1),
-                   f"N={n}: rank {rank} sent {stats.messages_sent} messages; a ring takes "
-                   f"2(N-1) = {2 * (n - 1)} steps of one message each")
+        expect(low <= stats["bytes_sent"] <= high,
+               f"N={n}, {bytes_of(numel)} bytes: rank {rank} sent {stats['bytes_sent']} bytes; "
+               f"a ring sends 2(N-1)/N of the tensor, {low}..{high} bytes")
+        expect(stats["messages_sent"] == 2 * (n - 1),
+               f"N={n}: rank {rank} sent {stats['messages_sent']} messages; a ring takes "
+               f"2(N-1) = {2 * (n - 1)} steps of one message each")
 
 
-def _ring_time(impl: Impl) -> Evidence:
-    n, numel = 4, 2**18
-    yours = _run_all_reduce(impl, "1.3", n, numel)
+RING_TRAFFIC = [(4, 1000), (3, 1000), (5, 12), (6, 1001)]
 
-    def reference(comm: Any) -> None:
-        all_reduce_ring(comm, torch.ones(numel))
 
-    ref = run_spmd(reference, uniform(n))
-    with showing(Evidence(traces={"yours": yours.trace,
-                                  "reference (ring)": ref.trace})) as evidence:
-        expect(yours.trace.makespan <= 1.1 * ref.trace.makespan,
-               f"your all-reduce of 1 MiB on 4 ranks takes {yours.trace.makespan * 1e3:.3f} "
-               f"ms, the ring {ref.trace.makespan * 1e3:.3f} ms: do all ranks send at the "
-               "same time (isend before recv)?")
-    return evidence
+def _traffic_case(name: str, points: int, exercise: str, padded: bool = False) -> Case:
+    def compute(impl: Impl) -> list[Facts]:
+        return [_all_reduce_facts(impl, exercise, n, numel) for n, numel in RING_TRAFFIC]
+
+    def judge(runs: list[Facts]) -> None:
+        for facts, (n, numel) in zip(runs, RING_TRAFFIC):
+            _judge_sums(facts, n, numel)
+            _judge_ring_traffic(facts, n, numel, padded)
+    return Case(name, points, compute, judge)
+
+
+def _time_case(name: str, exercise: str, reference: Impl, what: str, n: int, numel: int,
+               why: str) -> Case:
+    """The learner's all-reduce may take at most 1.1 x the reference's time."""
+    def compute(impl: Impl) -> Facts:
+        return _all_reduce_facts(impl, exercise, n, numel, with_trace=True)
+
+    def judge(facts: Facts) -> Evidence:
+        _judge_sums(facts, n, numel)
+        inputs = rank_inputs(n, numel)
+        ref = run_spmd(lambda comm: reference(comm, inputs[comm.rank].clone()), uniform(n))
+        shown = evidence({"yours": facts["trace"], f"reference ({what})": ref.trace.to_dict()})
+        yours_ms, ref_ms = facts["makespan"] * 1e3, ref.trace.makespan * 1e3
+        with showing(shown):
+            expect(facts["makespan"] <= 1.1 * ref.trace.makespan,
+                   f"your all-reduce of {format(bytes_of(numel) / 2**20, 'g')} MiB on {n} ranks "
+                   f"takes {yours_ms:.3f} ms, the {what} {ref_ms:.3f} ms: {why}")
+        return shown
+    return Case(name, 2, compute, judge)
+
+
+# ---- 1.6 tree --------------------------------------------------------------------------------
+
+def _children(rank: int, n: int) -> list[int]:
+    return [c for c in (2 * rank + 1, 2 * rank + 2) if c < n]
+
+
+def _reference_tree(comm: Any, tensor: torch.Tensor) -> None:
+    """The grader's binary-tree all-reduce (parent (r - 1) // 2), to time the learner's by."""
+    rank, n = comm.rank, comm.world_size
+    buffer = torch.empty_like(tensor)
+    for child in _children(rank, n):
+        comm.recv(buffer, child)
+        tensor.add_(buffer)
+    if rank > 0:
+        comm.send(tensor, (rank - 1) // 2)
+        comm.recv(tensor, (rank - 1) // 2)
+    for child in _children(rank, n):
+        comm.send(tensor, child)
+
+
+def _judge_tree_traffic(facts: Facts, n: int, numel: int) -> None:
+    size = bytes_of(numel)
+    for rank, stats in enumerate(facts["stats"]):
+        peers = _children(rank, n) + ([(rank - 1) // 2] if rank > 0 else [])
+        want = {peer: size for peer in sorted(peers)}
+        got = {int(k): v for k, v in sorted(stats["sent_to"].items())}
+        expect(got == want, f"N={n}: rank {rank} sent {got} (bytes per peer); in the binary "
+                            f"tree it sends the whole tensor ({size} bytes) once to each of "
+                            f"its parent and children {sorted(peers)}")
+        expect(stats["messages_sent"] == len(peers) and
+               stats["messages_received"] == len(peers),
+               f"N={n}: rank {rank} sent {stats['messages_sent']} and received "
+               f"{stats['messages_received']} messages; with parent and children "
+               f"{sorted(peers)} it sends and receives {len(peers)}")
+
+
+def _tree_traffic() -> Case:
+    sizes = [(7, 100), (6, 30), (5, 9), (4, 8), (2, 3)]
+
+    def compute(impl: Impl) -> list[Facts]:
+        return [_all_reduce_facts(impl, "1.6", n, numel) for n, numel in sizes]
+
+    def judge(runs: list[Facts]) -> None:
+        for facts, (n, numel) in zip(runs, sizes):
+            _judge_sums(facts, n, numel)
+            _judge_tree_traffic(facts, n, numel)
+    return Case("traffic: each rank talks to its parent and children only", 4, compute, judge)
+
+
+def _judge_tree_hidden(facts: Facts, world_size: int, numel: int, seed: int) -> None:
+    _judge_sums(facts, world_size, numel, seed)
+    _judge_tree_traffic(facts, world_size, numel)
+
+
+def _judge_ring_hidden(padded: bool) -> Callable[..., None]:
+    def judge_one(facts: Facts, world_size: int, numel: int, seed: int) -> None:
+        _judge_sums(facts, world_size, numel, seed)
+        _judge_ring_traffic(facts, world_size, numel, padded)
+    return judge_one
 
 
 # ---- 1.4 reduce-scatter, 1.5 all-gather ---------------------------------------------------
 
-def _run_reduce_scatter(impl: Impl, n: int, numel: int, seed: int = 0) -> Any:
-    inputs = rank_inputs(n, numel, seed)
-    chunks = torch.tensor_split(torch.stack(inputs).sum(0), n)
+def _collective_facts(impl: Impl, exercise: str, n: int, shape: tuple[int, ...],
+                      seed: int = 0) -> Facts:
+    inputs = _inputs(n, shape, seed)
 
     def program(comm: Any) -> tuple[torch.Tensor, Any]:
         tensor = inputs[comm.rank].clone()
         return tensor, impl(comm, tensor)
 
-    with from_scratch(impl, "1.4"):
+    with from_scratch(impl, exercise):
         result = run_spmd(program, uniform(n))
-    for rank, (tensor, got) in enumerate(result.results):
-        expect(torch.equal(tensor, inputs[rank]),
-               f"N={n}: rank {rank}'s input tensor was changed; reduce-scatter must leave it "
-               "as it was (work on a copy)")
-        expect_close(got, chunks[rank], f"N={n}, {numel} elements, rank {rank}'s chunk")
-    return result
+    return launch_facts(result)
 
 
-def _reduce_scatter_values(impl: Impl) -> None:
-    for n, numel in [(4, 12), (3, 10), (5, 3), (1, 4)]:
-        _run_reduce_scatter(impl, n, numel)
-
-
-def _reduce_scatter_traffic(impl: Impl) -> None:
-    n, numel = 4, 1000
-    result = _run_reduce_scatter(impl, n, numel)
-    want = (n - 1) * bytes_of(numel // n)
-    for rank, stats in enumerate(result.stats):
-        expect(set(stats.sent_to) == {(rank + 1) % n} and stats.bytes_sent == want
-               and stats.messages_sent == n - 1,
-               f"rank {rank} sent {stats.messages_sent} messages, {stats.bytes_sent} bytes to "
-               f"{sorted(stats.sent_to)}; a ring reduce-scatter sends N-1 = {n - 1} chunks, "
-               f"{want} bytes, to rank {(rank + 1) % n}")
-
-
-def _run_all_gather(impl: Impl, n: int, shape: tuple[int, ...], seed: int = 0) -> Any:
+def _inputs(n: int, shape: tuple[int, ...], seed: int) -> list[torch.Tensor]:
     numel = 1
     for dim in shape:
         numel *= dim
-    inputs = [t.reshape(shape) for t in rank_inputs(n, numel, seed)]
+    return [t.reshape(shape) for t in rank_inputs(n, numel, seed)]
 
-    def program(comm: Any) -> tuple[torch.Tensor, Any]:
-        tensor = inputs[comm.rank].clone()
-        return tensor, impl(comm, tensor)
 
-    with from_scratch(impl, "1.5"):
-        result = run_spmd(program, uniform(n))
-    for rank, (tensor, got) in enumerate(result.results):
-        expect(torch.equal(tensor, inputs[rank]), f"rank {rank}'s input tensor was changed")
-        expect(isinstance(got, (list, tuple)) and len(got) == n,
-               f"rank {rank} should return a list of {n} tensors, got {type(got).__name__}"
-               + (f" of length {len(got)}" if isinstance(got, (list, tuple)) else ""))
+def _judge_reduce_scatter(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0) -> None:
+    inputs = _inputs(n, shape, seed)
+    chunks = torch.tensor_split(torch.stack(inputs).sum(0).reshape(-1), n)
+    for rank, (tensor, got) in enumerate(facts["results"]):
+        expect(is_tensor(tensor) and torch.equal(tensor, inputs[rank]),
+               f"N={n}: rank {rank}'s input tensor was changed; reduce-scatter must leave it "
+               "as it was")
+        expect_close(got, chunks[rank], f"N={n}, shape {list(shape)}, rank {rank}'s chunk")
+
+
+def _judge_all_gather(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0) -> None:
+    inputs = _inputs(n, shape, seed)
+    for rank, (tensor, got) in enumerate(facts["results"]):
+        expect(is_tensor(tensor) and torch.equal(tensor, inputs[rank]),
+               f"rank {rank}'s input tensor was changed")
+        expect(isinstance(got, list) and len(got) == n,
+               f"rank {rank} should return a list of {n} tensors, got {type_name(got)}"
+               + (f" of length {len(got)}" if isinstance(got, list) else ""))
         for source in range(n):
             expect_close(got[source], inputs[source],
                          f"N={n}: rank {rank}'s entry {source} (rank {source}'s tensor)")
-            expect(got[source] is not tensor, f"rank {rank}: entry {rank} is the input "
-                                              "tensor itself; return new tensors")
-    return result
 
 
-def _all_gather_values(impl: Impl) -> None:
-    for n, shape in [(4, (2, 3)), (3, (5,)), (1, (2,)), (5, (1,))]:
-        _run_all_gather(impl, n, shape)
+def _values_case(name: str, exercise: str, judge_one: Callable[..., None],
+                 runs: list[tuple[int, tuple[int, ...]]]) -> Case:
+    def compute(impl: Impl) -> list[Facts]:
+        return [_collective_facts(impl, exercise, n, shape) for n, shape in runs]
+
+    def judge(all_facts: list[Facts]) -> None:
+        for facts, (n, shape) in zip(all_facts, runs):
+            judge_one(facts, n, shape)
+    return Case(name, 2, compute, judge)
 
 
-def _all_gather_traffic(impl: Impl) -> None:
-    n, shape = 4, (250,)
-    result = _run_all_gather(impl, n, shape)
-    want = (n - 1) * bytes_of(250)
-    for rank, stats in enumerate(result.stats):
-        expect(set(stats.sent_to) == {(rank + 1) % n} and stats.bytes_sent == want
-               and stats.messages_sent == n - 1,
-               f"rank {rank} sent {stats.messages_sent} messages, {stats.bytes_sent} bytes to "
-               f"{sorted(stats.sent_to)}; a ring all-gather forwards N-1 = {n - 1} tensors, "
-               f"{want} bytes, to rank {(rank + 1) % n}")
+def _judge_half_traffic(facts: Facts, n: int, want: int, what: str) -> None:
+    for rank, stats in enumerate(facts["stats"]):
+        expect(set(stats["sent_to"]) == {(rank + 1) % n} and stats["bytes_sent"] == want
+               and stats["messages_sent"] == n - 1,
+               f"rank {rank} sent {stats['messages_sent']} messages, {stats['bytes_sent']} "
+               f"bytes to {sorted(stats['sent_to'])}; a ring {what} sends N-1 = {n - 1} "
+               f"messages, {want} bytes, to rank {(rank + 1) % n}")
 
 
-def _collective_property(run: Callable[..., Any], shape_of: Callable[[int], Any]
-                         ) -> Callable[[Impl], None]:
-    def check(impl: Impl) -> None:
-        from hypothesis import strategies as st
+def _half_traffic_case(name: str, points: int, exercise: str, judge_one: Callable[..., None],
+                       what: str) -> Case:
+    n, numel = 4, 1000
 
-        def body(world_size: int, numel: int, seed: int) -> None:
-            run(impl, world_size, shape_of(numel), seed)
+    def compute(impl: Impl) -> Facts:
+        return _collective_facts(impl, exercise, n, (numel,))
 
-        property_check(body, world_size=st.integers(1, 6), numel=st.integers(1, 30),
-                       seed=st.integers(0, 3))
-    return check
+    def judge(facts: Facts) -> None:
+        judge_one(facts, n, (numel,))
+        per = numel // n if exercise == "1.4" else numel
+        _judge_half_traffic(facts, n, (n - 1) * bytes_of(per), what)
+    return Case(name, points, compute, judge)
 
+
+def _half_hidden(exercise: str, judge_one: Callable[..., None]) -> Case:
+    def facts_of(impl: Impl, ex_id: str, n: int, numel: int, seed: int) -> Facts:
+        return _collective_facts(impl, ex_id, n, (numel,), seed)
+
+    def judge_hidden(facts: Facts, world_size: int, numel: int, seed: int) -> None:
+        judge_one(facts, world_size, (numel,), seed)
+        for rank, stats in enumerate(facts["stats"]):
+            expect(stats["messages_sent"] == world_size - 1,
+                   f"N={world_size}: rank {rank} sent {stats['messages_sent']} messages, not "
+                   f"N-1 = {world_size - 1}")
+    return _hidden_case(exercise, facts_of, judge_hidden, numel=(1, 30))
+
+
+# ---- the cases ---------------------------------------------------------------------------
 
 CASES: dict[str, list[Case]] = {
     "1.1": [
-        Case("uniform cluster: alpha + n / beta", 1, _p2p_uniform),
-        Case("PCIe preset: matches a simulated send", 1, _p2p_preset),
-        Case("logical ids under CUDA_VISIBLE_DEVICES", 1, _p2p_visible),
+        _p2p_case("uniform cluster: alpha + n / beta", "uniform"),
+        _p2p_case("PCIe preset: matches a simulated send", "preset"),
+        _p2p_case("logical ids under CUDA_VISIBLE_DEVICES", "visible"),
     ],
     "1.2": [
-        Case("sums in place on 4 ranks", 1, _sums("1.2", [(4, 100)])),
-        Case("world sizes 1, 2, 3, 5", 1, _sums("1.2", [(1, 5), (2, 5), (3, 7), (5, 11)])),
-        Case("traffic: everything goes through rank 0", 2, _naive_traffic),
-        Case("hidden: random sizes and world sizes", 1, _all_reduce_property("1.2"),
-             hidden=True),
+        _sums_case("sums in place on 4 ranks", 1, "1.2", [(4, 100)]),
+        _sums_case("world sizes 1, 2, 3, 5", 1, "1.2", [(1, 5), (2, 5), (3, 7), (5, 11)]),
+        _naive_traffic(),
+        _hidden_case("1.2", _all_reduce_facts, _judge_naive_hidden),
     ],
     "1.3": [
-        Case("sums in place on 4 ranks", 2, _sums("1.3", [(4, 1000)])),
-        Case("any size: uneven chunks, fewer elements than ranks", 2,
-             _sums("1.3", [(3, 10), (5, 3), (2, 1), (1, 4)])),
-        Case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 3, _ring_traffic),
-        Case("time: every link busy at once", 2, _ring_time),
-        Case("hidden: random sizes and world sizes", 1, _all_reduce_property("1.3"),
-             hidden=True),
+        _sums_case("sums in place on 4 ranks", 2, "1.3", [(4, 1000)]),
+        _sums_case("any size: uneven chunks, fewer elements than ranks", 2, "1.3",
+                   [(3, 10), (5, 3), (2, 1), (1, 4)]),
+        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 3, "1.3"),
+        _time_case("time: every link busy at once", "1.3", all_reduce_ring, "ring", 4, 2**18,
+                   "do all ranks send at the same time?"),
+        _hidden_case("1.3", _all_reduce_facts, _judge_ring_hidden(padded=False)),
     ],
     "1.4": [
-        Case("each rank gets its chunk of the sum", 2, _reduce_scatter_values),
-        Case("traffic: (N-1)/N of the tensor, to the right neighbour", 3,
-             _reduce_scatter_traffic),
-        Case("hidden: random sizes and world sizes", 1,
-             _collective_property(_run_reduce_scatter, lambda numel: numel), hidden=True),
+        _values_case("each rank gets its chunk of the sum", "1.4", _judge_reduce_scatter,
+                     [(4, (12,)), (3, (10,)), (5, (3,)), (1, (4,)), (3, (2, 5))]),
+        _half_traffic_case("traffic: (N-1)/N of the tensor, to the right neighbour", 3, "1.4",
+                           _judge_reduce_scatter, "reduce-scatter"),
+        _half_hidden("1.4", _judge_reduce_scatter),
     ],
     "1.5": [
-        Case("every rank gets every tensor", 2, _all_gather_values),
-        Case("traffic: N-1 tensors, to the right neighbour", 2, _all_gather_traffic),
-        Case("hidden: random sizes and world sizes", 1,
-             _collective_property(_run_all_gather, lambda numel: (numel,)), hidden=True),
+        _values_case("every rank gets every tensor", "1.5", _judge_all_gather,
+                     [(4, (2, 3)), (3, (5,)), (1, (2,)), (5, (1,))]),
+        _half_traffic_case("traffic: N-1 tensors, to the right neighbour", 2, "1.5",
+                           _judge_all_gather, "all-gather"),
+        _half_hidden("1.5", _judge_all_gather),
+    ],
+    "1.6": [
+        _sums_case("sums in place, N = 1 to 7", 2, "1.6",
+                   [(1, 4), (2, 5), (3, 6), (4, 4), (5, 3), (6, 7), (7, 10)]),
+        _tree_traffic(),
+        _time_case("time: log depth, both subtrees at once", "1.6", _reference_tree,
+                   "binary tree", 7, 2**16, "does every level of the tree wait only for the "
+                   "one below it?"),
+        _hidden_case("1.6", _all_reduce_facts, _judge_tree_hidden, points=2),
+    ],
+    "1.7": [
+        _sums_case("sums in place, any size", 2, "1.7",
+                   [(4, 1000), (3, 10), (5, 3), (2, 1), (1, 4)]),
+        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 4, "1.7",
+                      padded=True),
+        _time_case("time: as fast as the ring", "1.7", all_reduce_ring, "ring", 4, 2**18,
+                   "do all ranks send at the same time?"),
+        _hidden_case("1.7", _all_reduce_facts, _judge_ring_hidden(padded=True), points=2),
     ],
 }
