@@ -1,9 +1,10 @@
-"""Lesson 02 exercises: a parameter server, one training step at a time.
+"""Lesson 02 exercises: a parameter server, both sides, then sharded over every rank.
 
-One rank is the server (``server``, rank 0 by default); every other rank is a worker. A step:
-each worker sends its gradient to the server; the server averages the gradients, updates the
-parameters, and sends them back. Parameters and gradients are flat 1-D tensors here, so the
-step is only about who sends what to whom. The function just below is solved for you.
+In this course the server is the LAST rank, ``N - 1``; ranks ``0 .. N - 2`` are workers. A
+step: each worker sends its gradient to the server; the server averages the gradients,
+updates the parameters, and sends them back. Parameters and gradients are flat 1-D tensors
+here, so the exercises are only about who sends what to whom (the checks also train small
+models with them and compare with one device). The function just below is solved for you.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ def sgd_update(params: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
     params.sub_(grad, alpha=lr)
 
 
-# ---- exercises ------------------------------------------------------------------------------
+# ---- warm-ups -----------------------------------------------------------------------------------
 
 def ps_worker_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor,
-                   server: int = 0) -> None:
+                   server: int) -> None:
     """One step of a worker: send this rank's gradient ``grad`` to rank ``server`` (tag 0),
     then receive the updated parameters from it (tag 0) into ``params``, in place.
 
     A worker talks to the server only. Cost: one message of S bytes each way.
     """
-    # Exercise 2.1 (about 2 lines). Hint: comm.send the gradient, then comm.recv into params.
+    # Exercise 2.1 (about 2 lines). mp.hint("2.1") when stuck.
     raise NotImplementedError("Exercise 2.1: ps_worker_step (notebooks/02_parameter_server.ipynb)")
 
 
@@ -43,5 +44,40 @@ def ps_server_step(comm: Communicator, params: torch.Tensor, lr: float) -> None:
     Cost: the server's link carries (N - 1) S bytes in and (N - 1) S out, one message at
     a time: 2(N - 1)(alpha + S / beta). That single link is the bottleneck as N grows.
     """
-    # Exercise 2.2 (about 9 lines). Hint: recv into a buffer per worker, sum, sgd_update, send.
+    # Exercise 2.2 (about 9 lines). mp.hint("2.2") when stuck.
     raise NotImplementedError("Exercise 2.2: ps_server_step (notebooks/02_parameter_server.ipynb)")
+
+
+# ---- capstones ----------------------------------------------------------------------------------
+
+def ps_server_loop(comm: Communicator, params: torch.Tensor, steps: int, lr: float) -> None:
+    """The server (this rank, the last one) for ``steps`` synchronous steps. In each step
+    every other rank, a worker, sends one gradient (tag 0) and then waits for the
+    parameters (tag 0). The server takes the gradients *in the order they arrive*
+    (``comm.recv_any``), so a slow worker never holds up a fast one's message; once it has
+    one gradient from every worker, it applies ``sgd_update`` with their mean to ``params``
+    (in place) and sends the new ``params`` to every worker.
+
+    Invariant: no update before all N - 1 gradients of the step are in, so every worker
+    starts every step from the same parameters and training equals one device's.
+    Cost per step: the server's link carries (N - 1) S in and (N - 1) S out.
+    """
+    # Exercise 2.3 (about 13 lines). mp.hint("2.3") when stuck.
+    raise NotImplementedError("Exercise 2.3: ps_server_loop (notebooks/02_parameter_server.ipynb)")
+
+
+def ps_sharded_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor,
+                    lr: float) -> None:
+    """One step of a parameter server sharded over every rank. Every rank is a worker (its
+    own ``grad``) *and* the server of one shard: rank r owns shard r of the flat
+    parameters, ``torch.tensor_split(params, N)[r]`` (sizes differ by one when N does not
+    divide), and only rank r averages and updates it.
+
+    On return ``params`` is ``params - lr * mean(grads over all N ranks)`` on every rank.
+    Traffic: rank r sends each other rank k only what k serves (shard k of r's gradient)
+    and what k needs from r (r's updated shard), nothing else.
+    Cost: each rank sends and receives (N - 1)/N of S twice, with every link busy at once:
+    a reduce-scatter and an all-gather.
+    """
+    # Exercise 2.4 (about 21 lines). mp.hint("2.4") when stuck.
+    raise NotImplementedError("Exercise 2.4: ps_sharded_step (notebooks/02_parameter_server.ipynb)")

@@ -109,12 +109,37 @@ def test_async_does_not_wait_for_the_slow_worker() -> None:
     assert result.trace.on(3, "compute", "optimizer")  # the server's updates are on the trace
 
 
-def test_gradients_staler_than_the_bound_are_dropped() -> None:
+def test_ssp_holds_a_fast_worker_and_drops_nothing() -> None:
     cluster = Cluster.uniform(4, 1e-5, BETA)
-    result = async_ps(cluster, model_fn, ASYNC_BATCHES, 20, UNEQUAL, staleness_bound=2)
-    assert result.dropped > 0
-    assert max(result.staleness) <= 2
-    assert 2 not in result.workers  # the slow worker's gradients are always too stale
+    result = async_ps(cluster, model_fn, ASYNC_BATCHES, 20, UNEQUAL, staleness_bound=1)
+    free = async_ps(cluster, model_fn, ASYNC_BATCHES, 20, UNEQUAL, staleness_bound=10**6)
+    assert result.held > 0 and result.held_seconds > 0 and free.held == 0
+    counts = [result.workers.count(w) for w in range(3)]
+    assert max(counts) - min(counts) <= 2  # nobody more than bound + 1 gradients ahead
+    assert free.workers.count(0) > 2 * free.workers.count(2)  # unbounded: the fast run ahead
+    assert len(result.losses) == 20  # every gradient computed is applied
+    assert max(result.staleness) < max(free.staleness)
+    assert result.trace.utilisation(0) < 0.8 < free.trace.utilisation(0)  # held: it idles
+
+
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_ssp_program_on_recv_any_applies_every_gradient_within_the_bound(bound: int) -> None:
+    from mpgpu_edu.ps import ssp_program
+
+    speeds = [1e-3, 1.5e-3, 3e-3]
+    runs = [launch(ssp_program, Cluster.uniform(4, 1e-5, BETA), speeds, 8, 5, bound)
+            for _ in range(2)]
+    log = runs[0].results[-1]
+    assert log["workers"] == runs[1].results[-1]["workers"]  # deterministic
+    clock = [0, 0, 0]
+    for w in log["workers"]:
+        clock[w] += 1
+        # a gradient is computed only once its worker was within the bound
+        assert clock[w] - 1 - min(clock) <= bound + 1
+    assert clock == [5, 5, 5]
+    assert (log["held"] > 0) == (bound < 4)
+    # gradient k of worker w is 0.5 |p - w|^2's: the server applied all 15 of them
+    assert torch.isfinite(log["params"]).all()
 
 
 def test_async_is_deterministic() -> None:

@@ -102,6 +102,17 @@ class Communicator(ABC):
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Work:
         """Start receiving into ``tensor``; read it only after ``wait()`` returns."""
 
+    def recv_any(self, tensor: torch.Tensor, sources: Sequence[int], tag: int = 0) -> int:
+        """Receive the first message (tag ``tag``) to arrive from any rank of ``sources``
+        into ``tensor``; returns the rank it came from. Messages from one rank still arrive
+        in the order they were sent (MPI's ``MPI_ANY_SOURCE``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no recv_any")
+
+    def wait_any(self, works: Sequence[Work]) -> int:
+        """Block until the first of ``works`` (from ``isend``/``irecv``) completes; returns
+        its index. The others stay in flight: wait on them (or pass them again) later."""
+        raise NotImplementedError(f"{type(self).__name__} has no wait_any")
+
     @abstractmethod
     def compute(self, kind: str = "compute", label: str = "",
                 seconds: float | None = None) -> contextlib.AbstractContextManager:
@@ -207,6 +218,13 @@ class SubCommunicator(Communicator):
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Work:
         return self.parent.irecv(tensor, self._peer(src), tag)
+
+    def recv_any(self, tensor: torch.Tensor, sources: Sequence[int], tag: int = 0) -> int:
+        src = self.parent.recv_any(tensor, [self._peer(s) for s in sources], tag)
+        return self.ranks.index(src)
+
+    def wait_any(self, works: Sequence[Work]) -> int:
+        return self.parent.wait_any(works)
 
     def compute(self, kind: str = "compute", label: str = "",
                 seconds: float | None = None) -> contextlib.AbstractContextManager:

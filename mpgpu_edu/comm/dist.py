@@ -29,7 +29,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +44,7 @@ from mpgpu_edu.comm.errors import CommError, RankError
 from mpgpu_edu.trace import Event, MemoryEvent
 
 MAIN, STREAM = 0, 1  # lanes: the rank's program, and its communication stream
+POLL_S = 1e-4  # wait_any polls its works this often
 
 
 class NotPicklableError(ValueError):
@@ -114,6 +115,25 @@ class DistWork(Work):
         self.comm, self.work, self.op, self.tensor = comm, work, op, tensor
         self.peer, self.tag, self.start, self.done = peer, tag, start, False
         self.lane = comm.lane
+        # wait_any: gloo's works do not report completion before wait(), so a thread waits
+        self.waiter: threading.Thread | None = None
+        self.completed = threading.Event()
+        self.error: BaseException | None = None
+
+    def wait_in_background(self) -> None:
+        """Start a thread that waits for this work and sets ``completed`` (once)."""
+        if self.waiter is not None or self.done:
+            return
+
+        def run() -> None:
+            try:
+                self.work.wait()
+            except BaseException as exc:  # noqa: BLE001 - raised again by wait()
+                self.error = exc
+            self.completed.set()
+
+        self.waiter = threading.Thread(target=run, daemon=True, name="wait-any")
+        self.waiter.start()
 
     def wait(self) -> None:
         if self.done:
@@ -121,7 +141,12 @@ class DistWork(Work):
         comm = self.comm
         what = describe(self.op, self.tensor, self.peer, self.tag, self.lane)
         with comm.blocked("waiting for its " + what):
-            self.work.wait()
+            if self.waiter is None:
+                self.work.wait()
+            else:
+                self.waiter.join()
+                if self.error is not None:
+                    raise self.error
             comm.sync()
         self.done = True
         comm.record_message(self.op, self.tensor, self.peer, self.tag, self.start)
@@ -309,6 +334,50 @@ class DistCommunicator(Communicator):
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Work:
         return self._post("recv", tensor, src, tag)
+
+    def recv_any(self, tensor: torch.Tensor, sources: Sequence[int], tag: int = 0) -> int:
+        """``torch.distributed.recv`` with ``src=None`` (gloo; NCCL has no receive from any
+        source: post one ``irecv`` per source and use ``wait_any`` there). The first
+        message on ``tag`` from *any* rank matches, so one from a rank outside ``sources``
+        is an error here."""
+        sources = list(sources)
+        if not sources or len(set(sources)) != len(sources):
+            raise ValueError(f"rank {self.rank}: recv_any needs a list of distinct source "
+                             f"ranks, got {sources}")
+        for src in sources:
+            self._check("recv", tensor, src, tag)
+        start = self.now()
+        what = f"recv from any of ranks {sources}, tag {tag}, {nbytes_of(tensor)} bytes"
+        with self.blocked(what):
+            src = dist.recv(tensor, None, group=self._group(), tag=tag)
+            self.sync()
+        self.record_message("recv", tensor, src, tag, start)
+        if src not in sources:
+            raise ValueError(f"rank {self.rank}: recv_any from ranks {sources} received a "
+                             f"message from rank {src} (tag {tag}): on torch.distributed any "
+                             "rank's message on that tag matches; keep other ranks off it")
+        return src
+
+    def wait_any(self, works: Sequence[Work]) -> int:
+        """A thread waits on each work (gloo's works do not report completion before
+        ``wait``); the first whose thread is done (lowest index among those) is waited on."""
+        works = list(works)
+        if not works or not all(isinstance(w, DistWork) for w in works):
+            raise TypeError("wait_any needs a non-empty list of works from isend/irecv")
+        for work in works:
+            work.wait_in_background()
+        with self.blocked("waiting for the first of " + "; ".join(
+                describe(w.op, w.tensor, w.peer, w.tag, w.lane) for w in works)):
+            while True:
+                for index, work in enumerate(works):
+                    if work.done or work.completed.is_set():
+                        break
+                else:
+                    time.sleep(POLL_S)
+                    continue
+                break
+        works[index].wait()
+        return index
 
     # ---- compute, async jobs, logs --------------------------------------------------------
     @contextlib.contextmanager

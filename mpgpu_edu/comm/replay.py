@@ -51,6 +51,7 @@ class _Replay:
         heapq.heapify(self.heap)
         self.transfers: dict[tuple, _Transfer] = {}
         self.handle_of: dict[int, tuple] = {}
+        self.posted_at: dict[int, float] = {}
         self.free: dict[str, float] = {}
         self.compute_free = [0.0] * n_devices
         self.submitted: dict[tuple[int, int], float] = {}
@@ -61,14 +62,16 @@ class _Replay:
         self.held = [0] * n_devices
         self.logs: list[list[tuple[float, str]]] = [[] for _ in range(n_devices)]
 
-    def run(self) -> None:
+    def run(self, partial: bool = False) -> None:
+        """Time every op; ``partial``: the op lists are a running program's so far, and a
+        lane may end blocked on a message not yet matched."""
         while self.heap:
             clock, rank, lane_id = heapq.heappop(self.heap)
             lane = self.lanes[(rank, lane_id)]
             lane.clock = max(lane.clock, clock)
             self._advance(lane)
         stuck = [ln for ln in self.lanes.values() if ln.pc < len(ln.ops)]
-        if stuck:  # cannot happen for a program that finished executing
+        if stuck and not partial:  # cannot happen for a program that finished executing
             raise RuntimeError(f"replay stalled on {[(ln.rank, ln.lane) for ln in stuck]}")
 
     def _advance(self, lane: _Lane) -> None:
@@ -140,6 +143,7 @@ class _Replay:
     def _post(self, lane: _Lane, op: ops.Post) -> None:
         t = self.transfers.setdefault(op.channel, _Transfer())
         self.handle_of[op.handle] = op.channel
+        self.posted_at[op.handle] = lane.clock
         if op.op == "send":
             t.send = op
         else:
@@ -163,6 +167,18 @@ class _Replay:
                                  nbytes=nbytes, peer=src))
         self._wake(("handle", t.send.handle), t.end)
         self._wake(("handle", t.recv.handle), t.end)
+
+
+def time_so_far(op_lists: dict[tuple[int, int], list[ops.Op]], cluster: Any,
+                n_devices: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Time the op lists of a program still running (every rank blocked): returns when each
+    post (by handle) was posted, and when each matched transfer (by handle of either side)
+    completes. The simulator uses it to decide which message arrives first."""
+    sim = _Replay(op_lists, cluster, n_devices)
+    sim.run(partial=True)
+    ends = {handle: sim.transfers[channel].end for handle, channel in sim.handle_of.items()
+            if sim.transfers[channel].end is not None}
+    return sim.posted_at, ends
 
 
 def replay(op_lists: dict[tuple[int, int], list[ops.Op]], cluster: Any, n_devices: int,

@@ -10,6 +10,12 @@ Semantics that catch real bugs: a blocking ``send`` returns only once the receiv
 the matching receive (synchronous send), so an ordering that can hang NCCL or gloo hangs here
 too, and is then reported: when every live rank is blocked the router stops them all and raises
 a ``DeadlockError`` listing each rank's pending operation.
+
+"Whichever comes first" (``recv_any``, ``wait_any``) is decided without a clock too: such a
+request waits until every other actor is blocked (the program is at rest, a state that does
+not depend on threads), then the op lists so far are timed (``replay.time_so_far``) and the
+message that arrives first in simulated time wins (ties: the lower position in the list).
+Only when no request can be served either is it a deadlock.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import contextlib
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -27,6 +33,7 @@ from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.base import CommStats, Communicator, MemoryRecorder, Work, nbytes_of
 from mpgpu_edu.comm.errors import Aborted, DeadlockError, MessageMismatchError
 from mpgpu_edu.comm.flops import FlopCount
+from mpgpu_edu.comm.replay import time_so_far
 
 
 class Actor:
@@ -59,12 +66,26 @@ class _Posted:
                 + (", on its comm stream" if p.lane == ops.STREAM else ""))
 
 
+class _AnyRequest:
+    """A ``recv_any`` (``posteds`` is None) or a ``wait_any``, served when the program rests;
+    ``result`` is then the source rank, or the index of the first work done."""
+
+    def __init__(self, actor: Actor, tensor: torch.Tensor | None = None,
+                 sources: tuple[int, ...] = (), tag: int = 0,
+                 posteds: list[_Posted] | None = None) -> None:
+        self.actor, self.tensor, self.sources, self.tag = actor, tensor, sources, tag
+        self.posteds = posteds
+        self.result: int | None = None
+
+
 class Router:
     """Matches posts, moves data, and watches for deadlock. One per launch."""
 
     def __init__(self, world_size: int, stats: list[CommStats]) -> None:
         self.cond = threading.Condition()
         self.world_size, self.stats = world_size, stats
+        self.cluster: Any = None  # set by the communicators: times recv_any's candidates
+        self.any_requests: list[_AnyRequest] = []
         self.actors: list[Actor] = []
         self.unmatched: dict[tuple[int, int, int, int], deque[_Posted]] = {}
         self.seq: dict[tuple, int] = {}
@@ -118,9 +139,10 @@ class Router:
             while not ready():
                 self.raise_if_failed()
                 actor.state, actor.pending, actor.ready = state, pending, ready
-                self._check_deadlock()
+                self._check_deadlock()  # may serve a recv_any: this actor's, too
                 self.raise_if_failed()
-                self.cond.wait(0.5)
+                if not ready():
+                    self.cond.wait(0.5)
             actor.state, actor.pending, actor.ready = "running", "", lambda: True
 
     def finish(self, actor: Actor) -> None:
@@ -147,6 +169,8 @@ class Router:
             return
         if all(a.state == "idle" for a in live):
             return  # only idle comm streams are left: their hosts finished, they will exit
+        if self._serve_any():
+            return
         lines = [f"  {a.name}: {a.pending}" for a in self.actors if a.state == "blocked"]
         lines += [f"  {a.name}: finished" for a in self.actors
                   if a.state == "done" and a.lane == ops.HOST]
@@ -156,6 +180,54 @@ class Router:
             "every send has a matching recv on the peer (same tag) in an order both sides "
             "reach, or use isend/irecv so that both directions can be in flight at once.")
         self.cond.notify_all()
+
+    # ---- whichever comes first: served when every actor is blocked -------------------------
+    def request_any(self, request: _AnyRequest) -> None:
+        with self.cond:
+            self.raise_if_failed()
+            self.any_requests.append(request)
+
+    def _serve_any(self) -> bool:
+        """Serve every pending ``recv_any``/``wait_any`` that has a candidate; the first to
+        arrive in simulated time wins. True if any was served."""
+        if not self.any_requests:
+            return False
+        op_lists = {(a.rank, a.lane): a.ops for a in self.actors}
+        posted_at, ends = time_so_far(op_lists, self.cluster, self.world_size)
+        for request in sorted(self.any_requests, key=lambda r: (r.actor.rank, r.actor.lane)):
+            if request.posteds is None:
+                self._serve_recv(request, posted_at)
+            else:
+                done = [(ends.get(p.post.handle, 0.0), i)
+                        for i, p in enumerate(request.posteds) if p.done]
+                if done:
+                    request.result = min(done)[1]
+                    handle = request.posteds[request.result].post.handle
+                    request.actor.ops.append(ops.Wait(handle))
+        served = [r for r in self.any_requests if r.result is not None]
+        self.any_requests = [r for r in self.any_requests if r.result is None]
+        if served:
+            self.cond.notify_all()
+        return bool(served)
+
+    def _serve_recv(self, request: _AnyRequest, posted_at: dict[int, float]) -> None:
+        me, lane = request.actor.rank, request.actor.lane
+        arrivals = []
+        for order, src in enumerate(request.sources):
+            queue = self.unmatched.get((src, me, request.tag, lane))
+            if queue and queue[0].post.op == "send":
+                post = queue[0].post
+                route = self.cluster.route(src, me)
+                sent = posted_at.get(post.handle, 0.0)
+                arrivals.append((sent + route.alpha_s + post.nbytes / route.beta_Bps, order, src))
+        if not arrivals:
+            return
+        src = min(arrivals)[2]
+        try:
+            self.post(request.actor, "recv", request.tensor, src, request.tag, True)
+        except MessageMismatchError:
+            return  # the router failed the launch: every rank stops
+        request.result = src
 
 
 def _kind(t: torch.Tensor) -> str:
@@ -225,6 +297,7 @@ class SimCommunicator(Communicator):
                  ledger: Any, stats: CommStats) -> None:
         self.rank, self.world_size, self.router, self.cluster = rank, world_size, router, cluster
         self.stats = stats
+        router.cluster = cluster
         self.host = Actor(rank, ops.HOST)
         self.stream = _Stream(self)
         self._memory = SimMemory(self, ledger)
@@ -248,6 +321,12 @@ class SimCommunicator(Communicator):
     # ---- point to point ---------------------------------------------------------------------
     def _post(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
               blocking: bool) -> _Posted:
+        self._check_peer(op, tensor, peer)
+        actor = self.actor()
+        self.flush_region(actor)
+        return self.router.post(actor, op, tensor, peer, tag, blocking)
+
+    def _check_peer(self, op: str, tensor: torch.Tensor, peer: int) -> None:
         if not 0 <= peer < self.world_size:
             raise ValueError(f"rank {self.rank}: peer {peer} does not exist (world size "
                              f"{self.world_size}, ranks 0..{self.world_size - 1})")
@@ -256,9 +335,6 @@ class SimCommunicator(Communicator):
                              "has its own data, skip the message")
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{op} needs a torch.Tensor, got {type(tensor).__name__}")
-        actor = self.actor()
-        self.flush_region(actor)
-        return self.router.post(actor, op, tensor, peer, tag, blocking)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         posted = self._post("send", tensor, dst, tag, True)
@@ -273,6 +349,35 @@ class SimCommunicator(Communicator):
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Work:
         return _PostWork(self, self._post("recv", tensor, src, tag, False))
+
+    def recv_any(self, tensor: torch.Tensor, sources: Sequence[int], tag: int = 0) -> int:
+        sources = tuple(sources)
+        if not sources or len(set(sources)) != len(sources):
+            raise ValueError(f"rank {self.rank}: recv_any needs a list of distinct source "
+                             f"ranks, got {list(sources)}")
+        for src in sources:
+            self._check_peer("recv", tensor, src)
+        actor = self.actor()
+        self.flush_region(actor)
+        request = _AnyRequest(actor, tensor, sources, tag)
+        self.router.request_any(request)
+        self.router.block(actor, lambda: request.result is not None,
+                          f"recv from any of ranks {list(sources)}, tag {tag}, "
+                          f"{_kind(tensor)}")
+        return request.result
+
+    def wait_any(self, works: Sequence[Work]) -> int:
+        works = list(works)
+        if not works or not all(isinstance(w, _PostWork) for w in works):
+            raise TypeError("wait_any needs a non-empty list of works from isend/irecv")
+        actor = self.actor()
+        self.flush_region(actor)
+        request = _AnyRequest(actor, posteds=[w.posted for w in works])
+        self.router.request_any(request)
+        self.router.block(actor, lambda: request.result is not None,
+                          "waiting for the first of: "
+                          + "; ".join(w.posted.describe() for w in works))
+        return request.result
 
     # ---- compute ------------------------------------------------------------------------------
     @contextlib.contextmanager

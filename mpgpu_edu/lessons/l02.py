@@ -4,11 +4,18 @@
 - ``ps_step_on_meta`` / ``run_ps_step``: one synchronous step of the package's parameter
   server (``mpgpu_edu.ps``, one server or K shards) on meta tensors: shapes without data, so
   a model of millions of parameters costs no memory and the timeline is exact.
+- ``ps_program`` / ``run_ps_program``: a whole synchronous parameter server on meta tensors
+  with the worker's step and the server's loop passed in (yours, once they pass their
+  checks: ``mp.yours("2.1", ...)``, ``mp.yours("2.3", ...)``); ``ps_explorer``: its
+  timeline, redrawn as a slider changes the number of workers.
+- ``sharded_program`` / ``run_sharded_program``: the parameter server sharded over every
+  rank, with the sharded step passed in (exercise 2.4).
 - ``link_seconds``: how long a device's link was busy receiving (or sending).
 - ``sync_with_stragglers``: synchronous steps where the workers differ in speed, to set
   beside the asynchronous server (``mpgpu_edu.ps.async_ps``) with the same costs.
-- ``run_async`` / ``update_times``: the asynchronous server on the demo model, and when each
-  of its updates was applied.
+- ``run_async`` / ``update_times``: the asynchronous server with a staleness bound (SSP) on
+  the demo model, and when each of its updates was applied; ``run_ssp``: the same protocol
+  as an SPMD program (``ps.ssp_program``) on the simulator, to see who waits.
 - ``plot_loss_curves``: loss against updates (and against simulated time).
 - ``one_torch_thread``: the context the demos run in (why: its docstring).
 """
@@ -16,8 +23,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from matplotlib.figure import Figure
@@ -26,11 +35,15 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from mpgpu_edu import ps
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
-from mpgpu_edu.data import DEMO_BATCH, DEMO_SIZES, Workload, make_batches, make_mlp
+from mpgpu_edu.data import DEMO_BATCH, DEMO_SIZES, Workload, make_batches, make_mlp, shard
 from mpgpu_edu.dp.dataparallel import flat_params
+from mpgpu_edu.dp.ddp import flatten_grads, forward_backward
 from mpgpu_edu.lessons.l01 import first_devices
 from mpgpu_edu.trace import Trace
 from mpgpu_edu.viz.palette import FONT_SIZE, format_seconds, new_figure, series_color, style
+from mpgpu_edu.viz.timeline import plot_timeline
+
+StepFn = Callable[..., None]
 
 FORWARD_SHARE = 1 / 3  # backward costs about twice the forward: 2 of every 3 FLOPs
 # Solid and thick, then dashed and thin on top: two curves that coincide both stay visible.
@@ -88,6 +101,163 @@ def run_ps_step(workload: Workload, cluster: Cluster | str, world_size: int,
     ps.check_ps_world(world_size, n_servers)
     with one_torch_thread():
         return launch(ps_step_on_meta, first_devices(cluster, world_size), workload, n_servers)
+
+
+# ---- the course's own answers to exercises 2.1, 2.3 and 2.4 (what demos run until yours pass) --
+
+def reference_worker_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor,
+                          server: int) -> None:
+    """Exercise 2.1's contract: the gradient up to ``server``, the parameters back."""
+    comm.send(grad, server)
+    comm.recv(params, server)
+
+
+def reference_server_loop(comm: Communicator, params: torch.Tensor, steps: int,
+                          lr: float) -> None:
+    """Exercise 2.3's contract: per step, every worker's gradient as it arrives, one SGD
+    update with their mean, the parameters back to every worker."""
+    workers = [r for r in range(comm.world_size) if r != comm.rank]
+    buffer = torch.empty_like(params)
+    for _step in range(steps):
+        total, waiting = torch.zeros_like(params), list(workers)
+        while waiting:
+            waiting.remove(comm.recv_any(buffer, waiting))
+            total.add_(buffer)
+        params.sub_(total / len(workers), alpha=lr)
+        for work in [comm.isend(params, w) for w in workers]:
+            work.wait()
+
+
+def reference_sharded_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor,
+                           lr: float) -> None:
+    """Exercise 2.4's contract: rank r averages and updates shard r
+    (``torch.tensor_split``), then every rank gathers every updated shard."""
+    n, me = comm.world_size, comm.rank
+    others = [r for r in range(n) if r != me]
+    grads, shards = torch.tensor_split(grad, n), torch.tensor_split(params, n)
+    inbox = {r: torch.empty_like(grads[me]) for r in others}
+    works = [comm.isend(grads[r].contiguous(), r) for r in others]
+    works += [comm.irecv(inbox[r], r) for r in others]
+    for work in works:
+        work.wait()
+    shards[me].sub_((grads[me] + sum(inbox.values(), torch.zeros_like(grads[me]))) / n,
+                    alpha=lr)
+    mine = shards[me].clone()
+    got = {r: torch.empty_like(shards[r]) for r in others}
+    works = [comm.isend(mine, r) for r in others]
+    works += [comm.irecv(got[r], r) for r in others]
+    for work in works:
+        work.wait()
+    for r in others:
+        shards[r].copy_(got[r])
+
+
+# ---- the learner's parameter server, whole: worker step and server loop -----------------------
+
+def ps_program(comm: Communicator, workload: Workload, worker_step: StepFn,
+               server_loop: StepFn, steps: int = 2, lr: float = 0.1) -> None:
+    """Every rank: ``steps`` synchronous steps of a parameter server on meta tensors. The
+    last rank serves with ``server_loop(comm, params, steps, lr)``; every other rank is a
+    worker: forward and backward on its shard of the batch, then
+    ``worker_step(comm, params, grad, server)`` with the flat gradient."""
+    server = comm.world_size - 1
+    model = workload.model("meta")
+    params = flat_params(model)
+    if comm.rank == server:
+        server_loop(comm, params, steps, lr)
+        return
+    (x, y), share = shard(workload.make_batch("meta"), comm.rank, server, who="workers")
+    for _step in range(steps):
+        forward_backward(comm, model, x, y, share)
+        worker_step(comm, params, flatten_grads(list(model.parameters())), server)
+        model.zero_grad(set_to_none=False)
+
+
+def run_ps_program(workload: Workload, cluster: Cluster | str, world_size: int,
+                   worker_step: StepFn, server_loop: StepFn, steps: int = 2) -> LaunchResult:
+    """``ps_program`` on the first ``world_size`` devices of ``cluster``."""
+    ps.check_ps_world(world_size)
+    with one_torch_thread():
+        return launch(ps_program, first_devices(cluster, world_size), workload, worker_step,
+                      server_loop, steps)
+
+
+def sharded_program(comm: Communicator, workload: Workload, sharded_step: StepFn,
+                    steps: int = 1, lr: float = 0.1) -> None:
+    """Every rank a worker and the server of one shard: forward and backward on its 1/N of
+    the batch, then ``sharded_step(comm, params, grad, lr)``, on meta tensors."""
+    model = workload.model("meta")
+    params = flat_params(model)
+    (x, y), share = shard(workload.make_batch("meta"), comm.rank, comm.world_size)
+    for _step in range(steps):
+        forward_backward(comm, model, x, y, share)
+        sharded_step(comm, params, flatten_grads(list(model.parameters())), lr)
+        model.zero_grad(set_to_none=False)
+
+
+def run_sharded_program(workload: Workload, cluster: Cluster | str, world_size: int,
+                        sharded_step: StepFn, steps: int = 1) -> LaunchResult:
+    """``sharded_program`` on the first ``world_size`` devices of ``cluster``."""
+    with one_torch_thread():
+        return launch(sharded_program, first_devices(cluster, world_size), workload,
+                      sharded_step, steps)
+
+
+def ps_view(workers: int = 3, *, workload: Workload, cluster: Cluster | str,
+            worker_step: StepFn, server_loop: StepFn, steps: int = 2) -> tuple[Any, dict]:
+    """The timeline of ``ps_program`` with ``workers`` workers and a server (the last row),
+    titled with whose code ran; ``info``: ``step_s`` (one step), ``server_recv_s`` (the
+    server's link receiving, per step)."""
+    run = run_ps_program(workload, cluster, workers + 1, worker_step, server_loop, steps)
+    trace = run.trace
+    info = {"workers": workers, "step_s": trace.makespan / steps,
+            "server_recv_s": link_seconds(trace, workers, "recv") / steps}
+    names = [f"worker {w}" for w in range(workers)] + ["server"]
+    whose = [getattr(fn, "label", None) for fn in (worker_step, server_loop)]
+    title = "\n".join([f"{steps} steps, {workers} worker(s) and a server"]
+                      + [w for w in whose if w])
+    fig = plot_timeline(trace, device_names=names, title=title)
+    return fig, info
+
+
+def ps_explorer(workload: Workload, cluster: Cluster | str, worker_step: StepFn,
+                server_loop: StepFn, workers: int = 3) -> Any:
+    """A slider over the number of workers (1 .. 7) redrawing ``ps_view``."""
+    from mpgpu_edu.explore.live import Explorer, slider
+
+    def describe(info: dict) -> str:
+        return (f"<b>{info['workers']} worker(s)</b>: one step {format_seconds(info['step_s'])}"
+                f"; the server's link receives for {format_seconds(info['server_recv_s'])}")
+
+    fixed = {"workload": workload, "cluster": cluster, "worker_step": worker_step,
+             "server_loop": server_loop}
+    return Explorer(ps_view, {"workers": slider("workers", workers, 1, 7)}, describe,
+                    fixed=fixed)
+
+
+def comm_window(trace: Trace) -> Trace:
+    """The trace's messages only, shifted so that the first starts at 0: a timeline of the
+    communication alone, wide enough for short messages to carry their labels."""
+    comm = [e for e in trace.events if e.stream == "comm"]
+    t0 = min((e.start for e in comm), default=0.0)
+    moved = [dataclasses.replace(e, start=e.start - t0, end=e.end - t0) for e in comm]
+    return Trace(trace.n_devices, moved, source=trace.source, meta=dict(trace.meta))
+
+
+def plot_comm_windows(panels: Mapping[str, tuple[Trace, Sequence[str]]]) -> Figure:
+    """One panel per ``{title: (trace, device names)}``: the messages of each run
+    (``comm_window``), each panel on its own time axis, so every bar is wide enough to
+    carry its label ("to 4", "from 2"). A title's first line gets the window's length."""
+    heights = [0.45 * trace.n_devices + 1.1 for trace, _ in panels.values()]
+    fig = new_figure(10, sum(heights))
+    axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
+    for ax, (title, (trace, names)) in zip(axes, panels.items()):
+        window = comm_window(trace)
+        head, _, rest = title.partition("\n")
+        plot_timeline(window, ax=ax, streams=("comm",), device_names=list(names),
+                      title=f"{head}: messages for {format_seconds(window.makespan)} "
+                            "(from the first one)" + (f"\n{rest}" if rest else ""))
+    return fig
 
 
 def link_seconds(trace: Trace, device: int, kind: str = "recv") -> float:
@@ -165,6 +335,16 @@ def run_async(cluster: Cluster | str, staleness_bound: int, updates: int, *,
                            server_seconds=server_seconds)
 
 
+def run_ssp(cluster: Cluster | str, worker_seconds: Sequence[float], steps: int,
+            staleness_bound: int) -> LaunchResult:
+    """``ps.ssp_program`` (SSP as SPMD, on ``comm.recv_any``) on the first
+    ``len(worker_seconds) + 1`` devices, with messages the size of the demo model's."""
+    machine = first_devices(cluster, len(worker_seconds) + 1)
+    with one_torch_thread():
+        return launch(ps.ssp_program, machine, list(worker_seconds), demo_numel(), steps,
+                      staleness_bound)
+
+
 def update_times(result: ps.AsyncResult) -> list[float]:
     """The simulated time at which each of the result's updates was applied (the end of
     the server's "apply" events), one per loss in ``result.losses``."""
@@ -180,18 +360,22 @@ def update_times(result: ps.AsyncResult) -> list[float]:
 
 def plot_loss_curves(curves: Mapping[str, Sequence[float]], *,
                      times: Mapping[str, Sequence[float]] | None = None,
-                     title: str | None = None, log: bool = True) -> Figure:
-    """Loss against update, one line per run (``{label: losses}``); every second line is
-    dashed and thinner, so two runs that coincide both stay visible. With ``times``
-    (``{label: the time of each update}``, same labels) a second panel shows the loss
-    against simulated time."""
+                     title: str | None = None, log: bool = True,
+                     colors: Mapping[str, str] | None = None,
+                     dashed: Sequence[str] = ()) -> Figure:
+    """Loss against update, one line per run (``{label: losses}``). ``colors`` gives a
+    label its colour (default: the series colours in order), so that two runs of one
+    setting can share it; the labels in ``dashed`` are drawn dashed and thinner on top, so
+    a curve that coincides with a solid one stays visible. With ``times`` (``{label: the
+    time of each update}``, same labels) a second panel shows the loss against simulated
+    time."""
     panels = 2 if times else 1
     fig = new_figure(5.2 * panels + 2.2, 3.8)
     axes = fig.subplots(1, panels, sharey=True, squeeze=False)[0]
     for i, (label, losses) in enumerate(curves.items()):
-        dashes, width = LINE_STYLES[i % len(LINE_STYLES)]
-        look = {"color": series_color(i), "linestyle": dashes, "linewidth": width,
-                "label": label}
+        dashes, width = LINE_STYLES[1 if label in dashed else 0]
+        look = {"color": (colors or {}).get(label, series_color(i)), "linestyle": dashes,
+                "linewidth": width, "label": label}
         axes[0].plot(range(1, len(losses) + 1), losses, **look)
         if times:
             axes[1].plot(times[label], losses, **look)

@@ -2,7 +2,8 @@
 
 - ``sync``     one server (the last rank); every step waits for every worker
 - ``sharded``  K servers (the last K ranks), each owning 1/K of the parameters
-- ``async_``   no waiting, bounded staleness: an event simulation with real updates
+- ``async_``   no waiting, or bounded staleness (SSP: a fast worker waits, nothing is dropped):
+               an event simulation with real updates, and the SPMD ``ssp_program``
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from typing import Any
 import torch
 
 from mpgpu_edu.data import DEMO_BATCH, DEMO_LR, DEMO_SIZES, make_batches, make_mlp
-from mpgpu_edu.ps.async_ import AsyncResult, async_ps, sync_ps_step_seconds
+from mpgpu_edu.ps.async_ import AsyncResult, async_ps, ssp_program, sync_ps_step_seconds
 from mpgpu_edu.ps.sharded import ps_step_sharded, servers_of, train_ps_sharded
 from mpgpu_edu.ps.sync import check_ps_world, ps_step, server_step, train_ps, worker_step
 from mpgpu_edu.reference import compare_to_reference, train_single
 
 __all__ = ["AsyncResult", "async_ps", "check_ps_world", "ps_step", "ps_step_sharded",
-           "run_demo", "server_step", "servers_of", "sync_ps_step_seconds", "train_ps",
-           "train_demo", "train_ps_sharded", "worker_step"]
+           "run_demo", "server_step", "servers_of", "ssp_program", "sync_ps_step_seconds",
+           "train_ps", "train_demo", "train_ps_sharded", "worker_step"]
 
 
 def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,

@@ -1,11 +1,16 @@
-"""Asynchronous parameter server with bounded staleness, as a deterministic event simulation.
+"""Asynchronous parameter server with bounded staleness (SSP), as a deterministic event
+simulation; and the same protocol as an SPMD program on ``comm.recv_any`` (``ssp_program``).
 
 In a synchronous step every worker waits for the slowest. Asynchronously, nobody waits: each
 worker pulls the parameters, computes a gradient, pushes it, and the server applies it the
 moment it arrives. The price is *staleness*: by the time a gradient arrives, the server may
 have applied s other updates since the worker pulled, so the gradient was computed at
-parameters s versions old. A bound keeps it in check: a gradient staler than
-``staleness_bound`` is dropped (the worker pulls fresh parameters and tries again).
+parameters s versions old. The stale synchronous parallel (SSP) bound keeps it in check
+without losing work: a worker's *clock* is the number of its gradients applied, and a worker
+more than ``staleness_bound`` clocks ahead of the slowest one is *held*: the server keeps its
+parameters back until the slowest catches up. Every gradient is applied; none is dropped.
+Bound 0 is lockstep (every worker's k-th gradient before anyone's (k+1)-th), an unbounded
+server never holds anybody.
 
 Which gradient arrives first depends on timing, and the simulator's threads have no timing
 of their own, so this module is an event simulation at the level of the strategy: each
@@ -33,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mpgpu_edu.comm.base import Communicator
 from mpgpu_edu.comm.flops import FlopCount
 from mpgpu_edu.data import Batch, loss_fn
 from mpgpu_edu.dp.dataparallel import flat_params, load_flat_params
@@ -48,7 +54,8 @@ class AsyncResult:
     losses: list[float]       # loss of the server's parameters on the eval batch, per update
     staleness: list[int]      # staleness of every applied gradient
     workers: list[int]        # which worker sent every applied gradient
-    dropped: int              # gradients dropped for being too stale
+    held: int                 # times a worker was held back for being too far ahead
+    held_seconds: float       # simulated seconds workers spent held, all together
     seconds: float            # simulated time at which the last update was applied
     trace: Trace
     params: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
@@ -121,7 +128,9 @@ class AsyncRun:
         self.links, self.events = Links(cluster), []
         self.queue: list[tuple[float, int, int, str, Any]] = []
         self.version, self.server_free, self.handed_out = 0, 0.0, 0
-        self.result = AsyncResult([], [], [], 0, 0.0, Trace(cluster.world_size))
+        self.clock = [0] * len(self.worker_seconds)  # gradients applied, per worker
+        self.waiting: dict[int, float] = {}  # held workers -> since when
+        self.result = AsyncResult([], [], [], 0, 0.0, 0.0, Trace(cluster.world_size))
 
     def start_gradient(self, w: int, at: float) -> None:
         """Worker w has the current parameters at ``at``: it computes its next gradient."""
@@ -134,7 +143,8 @@ class AsyncRun:
         self.handed_out += 1
 
     def step(self) -> None:
-        """Handle the next event: a gradient computed (send it) or arrived (apply it)."""
+        """Handle the next event: a gradient computed (send it) or arrived (apply it, then
+        send the parameters back unless the worker is too far ahead of the slowest)."""
         t, w, k, what, (grad, pulled) = heapq.heappop(self.queue)
         if what == "computed":
             arrive = self.links.transfer(w, self.server, self.nbytes, t, f"gradient {k}")
@@ -143,13 +153,21 @@ class AsyncRun:
         begin = max(t, self.server_free)  # the server applies gradients one at a time
         self.server_free = begin + self.server_seconds
         staleness = self.version - pulled
-        verb = "drop" if staleness > self.bound else "apply"
-        if verb == "drop":
-            self.result.dropped += 1
-        else:
-            self.apply(w, grad, staleness)
+        self.apply(w, grad, staleness)
+        self.clock[w] += 1
         self.events.append(Event(self.server, "compute", "optimizer", begin, self.server_free,
-                                 f"{verb} gradient {k} of worker {w} (staleness {staleness})"))
+                                 f"apply gradient {k} of worker {w} (staleness {staleness})"))
+        self.waiting[w] = self.server_free
+        for v in sorted(self.waiting):  # w, and any held worker the slowest now lets go
+            if self.clock[v] - min(self.clock) <= self.bound:
+                self.release(v)
+
+    def release(self, w: int) -> None:
+        """Send worker w the current parameters; it starts its next gradient on arrival."""
+        since = self.waiting.pop(w)
+        if self.server_free > since:
+            self.result.held += 1
+            self.result.held_seconds += self.server_free - since
         back = self.links.transfer(self.server, w, self.nbytes, self.server_free,
                                    f"parameters v{self.version}")
         self.start_gradient(w, back)
@@ -228,3 +246,48 @@ def sync_ps_step_seconds(cluster: Any, worker_seconds: Sequence[float], nbytes: 
     applied = max(arrived) + server_seconds
     return max(links.transfer(server, w, nbytes, applied, "parameters")
                for w in range(len(worker_seconds)))
+
+
+# ---- the same protocol as an SPMD program: the server takes whichever gradient comes first ----
+
+def ssp_program(comm: Communicator, worker_seconds: Sequence[float], numel: int, steps: int,
+                staleness_bound: int, lr: float = 0.1) -> dict:
+    """SSP as SPMD: the last rank serves, worker ``w`` computes ``steps`` gradients (of the
+    quadratic ``0.5 |params - w|^2``, in ``worker_seconds[w]`` each), sends each and waits
+    for the parameters. The server applies every gradient the moment it arrives
+    (``comm.recv_any``) and sends the parameters back at once, unless that worker is more
+    than ``staleness_bound`` gradients ahead of the slowest: then it holds them back until
+    the slowest catches up. Nothing is dropped.
+
+    Returns, on the server, ``{"workers", "staleness", "held", "params"}`` (who sent each
+    applied gradient, its staleness, how many times a worker was held); ``{}`` on workers."""
+    server = comm.world_size - 1
+    params = torch.zeros(numel)
+    if comm.rank != server:
+        for step in range(steps):
+            with comm.compute("backward", f"gradient {step}", seconds=worker_seconds[comm.rank]):
+                grad = params - float(comm.rank)
+            comm.send(grad, server)
+            comm.recv(params, server)
+        return {}
+    workers = list(range(server))
+    clock, pulled, held = [0] * server, [0] * server, set()
+    log: dict = {"workers": [], "staleness": [], "held": 0}
+    buffer = torch.empty(numel)
+    for version in range(steps * server):
+        src = comm.recv_any(buffer, [w for w in workers if clock[w] < steps and w not in held])
+        with comm.compute("optimizer", f"apply {version}", seconds=0.0):
+            params.sub_(buffer, alpha=lr)
+        clock[src] += 1
+        log["workers"].append(src)
+        log["staleness"].append(version - pulled[src])
+        held.add(src)
+        for w in sorted(held):  # src, and any held worker the slowest now lets go
+            if clock[w] - min(clock) <= staleness_bound:
+                held.discard(w)
+                pulled[w] = version + 1
+                comm.send(params, w)
+            elif w == src:
+                log["held"] += 1
+    log["params"] = params
+    return log

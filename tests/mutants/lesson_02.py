@@ -2,4 +2,222 @@
 
 from __future__ import annotations
 
-MUTANTS: dict[str, list[str]] = {}
+from typing import Any
+
+import torch
+
+
+def _workers(comm: Any) -> list[int]:
+    return [r for r in range(comm.world_size) if r != comm.rank]
+
+
+# ---- 2.1 ----------------------------------------------------------------------------------
+
+def worker_never_waits(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                       server: int) -> None:
+    """Sends the gradient but starts the receive and never waits for it: params are read
+    before the new values are in."""
+    comm.send(grad, server)
+    comm.irecv(torch.empty_like(params), server)
+
+
+def worker_updates_itself(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                          server: int) -> None:
+    """Receives into a fresh buffer and forgets to copy it into params."""
+    comm.send(grad, server)
+    fresh = torch.empty_like(params)
+    comm.recv(fresh, server)
+
+
+def worker_sends_to_rank_zero(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                              server: int) -> None:
+    """Assumes the server is rank 0 whatever ``server`` says."""
+    comm.send(grad, 0 if comm.rank != 0 else server)
+    comm.recv(params, 0 if comm.rank != 0 else server)
+
+
+# ---- 2.2 ----------------------------------------------------------------------------------
+
+def server_sums(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """Sum instead of mean: the step is N - 1 times too large."""
+    total, buffer = torch.zeros_like(params), torch.empty_like(params)
+    for w in _workers(comm):
+        comm.recv(buffer, w)
+        total.add_(buffer)
+    params.sub_(total, alpha=lr)
+    for w in _workers(comm):
+        comm.send(params, w)
+
+
+def server_averages_over_world(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """Divides by the world size N, counting the server as a worker."""
+    total, buffer = torch.zeros_like(params), torch.empty_like(params)
+    for w in _workers(comm):
+        comm.recv(buffer, w)
+        total.add_(buffer)
+    params.sub_(total / comm.world_size, alpha=lr)
+    for w in _workers(comm):
+        comm.send(params, w)
+
+
+def server_updates_per_gradient(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """Updates as each gradient arrives, before all are in (each with 1/(N-1) of it)."""
+    buffer = torch.empty_like(params)
+    workers = _workers(comm)
+    for w in workers:
+        comm.recv(buffer, w)
+        params.sub_(buffer / len(workers) * 1.0001, alpha=lr)
+    for w in workers:
+        comm.send(params, w)
+
+
+# ---- 2.3 ----------------------------------------------------------------------------------
+
+def loop_in_rank_order(comm: Any, params: torch.Tensor, steps: int, lr: float) -> None:
+    """Receives in rank order: right values, but a fast worker's gradient waits behind a
+    slow worker's."""
+    workers = _workers(comm)
+    buffer = torch.empty_like(params)
+    for _ in range(steps):
+        total = torch.zeros_like(params)
+        for w in workers:
+            comm.recv(buffer, w)
+            total.add_(buffer)
+        params.sub_(total / len(workers), alpha=lr)
+        for w in workers:
+            comm.send(params, w)
+
+
+def loop_updates_on_arrival(comm: Any, params: torch.Tensor, steps: int, lr: float) -> None:
+    """Updates the parameters as each gradient arrives instead of after all of the step's
+    are in: later gradients of the step see other parameters than the workers used."""
+    workers = _workers(comm)
+    buffer = torch.empty_like(params)
+    for _ in range(steps):
+        waiting = list(workers)
+        while waiting:
+            src = comm.recv_any(buffer, waiting)
+            waiting.remove(src)
+            params.sub_(buffer * (1.0 + 0.1 * len(waiting)) / len(workers), alpha=lr)
+        for w in workers:
+            comm.send(params, w)
+
+
+def loop_sums(comm: Any, params: torch.Tensor, steps: int, lr: float) -> None:
+    """Sum instead of mean, gradients as they arrive."""
+    workers = _workers(comm)
+    buffer = torch.empty_like(params)
+    for _ in range(steps):
+        total, waiting = torch.zeros_like(params), list(workers)
+        while waiting:
+            src = comm.recv_any(buffer, waiting)
+            waiting.remove(src)
+            total.add_(buffer)
+        params.sub_(total, alpha=lr)
+        for w in workers:
+            comm.send(params, w)
+
+
+def loop_one_step_only(comm: Any, params: torch.Tensor, steps: int, lr: float) -> None:
+    """Serves the first step and returns: later steps' gradients find nobody."""
+    workers = _workers(comm)
+    buffer, total = torch.empty_like(params), torch.zeros_like(params)
+    for w in workers:
+        comm.recv(buffer, w)
+        total.add_(buffer)
+    params.sub_(total / len(workers), alpha=lr)
+    for w in workers:
+        comm.send(params, w)
+
+
+# ---- 2.4 ----------------------------------------------------------------------------------
+
+def _exchange(comm: Any, params: torch.Tensor, grad: torch.Tensor, lr: float,
+              bounds: list[int], divide_by: int) -> None:
+    n, me = comm.world_size, comm.rank
+    others = [r for r in range(n) if r != me]
+    gs = [grad[bounds[k]:bounds[k + 1]] for k in range(n)]
+    ps = [params[bounds[k]:bounds[k + 1]] for k in range(n)]
+    inbox = {r: torch.empty_like(gs[me]) for r in others}
+    works = [comm.isend(gs[r].contiguous(), r, tag=0) for r in others]
+    works += [comm.irecv(inbox[r], r, tag=0) for r in others]
+    for w in works:
+        w.wait()
+    total = gs[me].clone()
+    for r in others:
+        total.add_(inbox[r])
+    ps[me].sub_(total / divide_by, alpha=lr)
+    mine = ps[me].clone()
+    got = {r: torch.empty_like(ps[r]) for r in others}
+    works = [comm.isend(mine, r, tag=1) for r in others]
+    works += [comm.irecv(got[r], r, tag=1) for r in others]
+    for w in works:
+        w.wait()
+    for r in others:
+        ps[r].copy_(got[r])
+
+
+def sharded_last_takes_the_rest(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                                lr: float) -> None:
+    """Shard boundaries off: numel // N each and the last rank takes the remainder, instead
+    of torch.tensor_split's sizes (the first numel % N shards one larger)."""
+    n, numel = comm.world_size, params.numel()
+    size = numel // n
+    bounds = [k * size for k in range(n)] + [numel]
+    _exchange(comm, params, grad, lr, bounds, n)
+
+
+def sharded_divides_by_others(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                              lr: float) -> None:
+    """Averages over the N - 1 other ranks: as if the server's own gradient did not count."""
+    n, numel = comm.world_size, params.numel()
+    bounds = [0]
+    for piece in torch.tensor_split(torch.arange(numel), n):
+        bounds.append(bounds[-1] + len(piece))
+    _exchange(comm, params, grad, lr, bounds, max(n - 1, 1))
+
+
+def sharded_never_gathers(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                          lr: float) -> None:
+    """Updates its own shard and stops: the other shards of params stay old (a
+    reduce-scatter without the all-gather)."""
+    n, me = comm.world_size, comm.rank
+    others = [r for r in range(n) if r != me]
+    gs, ps = torch.tensor_split(grad, n), torch.tensor_split(params, n)
+    inbox = {r: torch.empty_like(gs[me]) for r in others}
+    works = [comm.isend(gs[r].contiguous(), r) for r in others]
+    works += [comm.irecv(inbox[r], r) for r in others]
+    for w in works:
+        w.wait()
+    total = gs[me].clone()
+    for r in others:
+        total.add_(inbox[r])
+    ps[me].sub_(total / n, alpha=lr)
+
+
+def sharded_blocking_sends_first(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                                 lr: float) -> None:
+    """Blocking sends to every other rank before any receive: every rank waits in its first
+    send for a receive nobody has posted yet."""
+    n, me = comm.world_size, comm.rank
+    gs, ps = torch.tensor_split(grad, n), torch.tensor_split(params, n)
+    total = gs[me].clone()
+    for r in range(n):
+        if r != me:
+            comm.send(gs[r].contiguous(), r)
+    for r in range(n):
+        if r != me:
+            buf = torch.empty_like(gs[me])
+            comm.recv(buf, r)
+            total.add_(buf)
+    ps[me].sub_(total / n, alpha=lr)
+
+
+MUTANTS: dict[str, list[str]] = {
+    "2.1": ["worker_never_waits", "worker_updates_itself", "worker_sends_to_rank_zero"],
+    "2.2": ["server_sums", "server_averages_over_world", "server_updates_per_gradient"],
+    "2.3": ["loop_in_rank_order", "loop_updates_on_arrival", "loop_sums",
+            "loop_one_step_only"],
+    "2.4": ["sharded_last_takes_the_rest", "sharded_divides_by_others",
+            "sharded_never_gathers", "sharded_blocking_sends_first"],
+}
