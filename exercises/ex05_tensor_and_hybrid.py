@@ -3,9 +3,17 @@
 Tensor parallelism splits one layer's matrix over the ranks: 64 output channels on 4 ranks
 are 16 channels each. ZeRO splits the optimizer state instead. A hybrid mesh combines data
 and pipeline parallelism. The capstone, 5.4, is Megatron-LM's MLP block: two split layers
-and the f and g operators that make it train like the unsplit block. You may use the
-package's collectives (``all_reduce``, ``all_gather``, ``reduce_scatter``). The functions just
+and the f and g operators that make it train like the unsplit block. The functions just
 below are solved for you: read them first.
+
+You may use the package's collectives (imported below):
+
+* ``all_reduce(comm, t, op="sum")``: reduces ``t`` over the ranks, in place;
+* ``reduce_scatter(comm, t, op="sum")``: returns this rank's chunk ``rank`` of
+  ``torch.tensor_split`` of the reduced, flattened ``t`` (a new tensor; ``t`` is unchanged);
+* ``all_gather(comm, t)``: returns ``[t of rank 0, ..., t of rank N-1]`` (new tensors).
+
+``op`` is ``"sum"`` (the default) or ``"mean"`` (the sum divided by N; floating point only).
 """
 
 from __future__ import annotations
@@ -77,6 +85,8 @@ def zero1_adam_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor
     shard only, in ``state`` (pass it to ``adam_update``): 1/N of the state per rank, and
     exactly the moments ``torch.optim.Adam`` would hold for that shard.
     Cost: as much traffic as one all-reduce of the gradient (2 (N - 1) / N of it per rank).
+    The collectives this takes: ``reduce_scatter`` (``op`` ``"sum"`` or ``"mean"``) and
+    ``all_gather``, as the module's docstring states them.
     """
     # Exercise 5.2 (about 5 lines). mp.hint("5.2") when stuck.
     raise NotImplementedError("Exercise 5.2: zero1_adam_step (notebooks/05_tensor_and_hybrid.ipynb)")

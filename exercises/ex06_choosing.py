@@ -30,6 +30,7 @@ def choose_strategy(n_params: int, cluster: Cluster, optimizer: str = "adam",
                     precision: str = "mixed", activations_bytes: int = 0) -> str:
     """The simplest strategy whose per-device memory fits ``cluster``'s devices, by
     ``estimate_memory`` (with ``activations_bytes`` per device) and ``cluster.capacity_bytes``.
+    A ``Cluster``'s devices are all of one kind, so every device has the same capacity.
 
     On one visible device: ``"single"`` if it fits. On several: the first that fits of
     ``"dp"`` (no sharding: the least code and communication), ``"zero1"``, ``"zero2"``,

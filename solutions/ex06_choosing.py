@@ -30,6 +30,7 @@ def choose_strategy(n_params: int, cluster: Cluster, optimizer: str = "adam",
                     precision: str = "mixed", activations_bytes: int = 0) -> str:
     """The simplest strategy whose per-device memory fits ``cluster``'s devices, by
     ``estimate_memory`` (with ``activations_bytes`` per device) and ``cluster.capacity_bytes``.
+    A ``Cluster``'s devices are all of one kind, so every device has the same capacity.
 
     On one visible device: ``"single"`` if it fits. On several: the first that fits of
     ``"dp"`` (no sharding: the least code and communication), ``"zero1"``, ``"zero2"``,
@@ -99,8 +100,9 @@ def smooth_ring(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Te
             from_left, from_right = torch.empty_like(x[:1]), torch.empty_like(x[:1])
             sends = [comm.isend(x[:1].clone(), left, tag=to_left),
                      comm.isend(x[-1:].clone(), right, tag=to_right)]
-            comm.recv(from_left, left, tag=to_right)
+            # in the order the neighbour sends: NCCL matches by order and ignores tags
             comm.recv(from_right, right, tag=to_left)
+            comm.recv(from_left, left, tag=to_right)
             for work in sends:
                 work.wait()
         padded = torch.cat([from_left, x, from_right])

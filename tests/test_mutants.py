@@ -1,5 +1,9 @@
 """Checks that catch plausible wrong answers: every mutant in ``tests/mutants/`` fails its
-exercise's check, and every exercise has at least one mutant."""
+exercise's check, and every exercise has at least one mutant.
+
+The cases run in this process (compute, then judge, as in the grader's child) and stop at the
+first case that rejects the mutant: a process per mutant would cost minutes for nothing. One
+test goes through ``check`` end to end."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import pytest
 
 from mpgpu_edu.course import LESSONS
 from mpgpu_edu.grading import check
+from mpgpu_edu.grading.checks import cases_for
 from mpgpu_edu.grading.registry import EXERCISES
 
 pytestmark = pytest.mark.mutants
@@ -34,12 +39,32 @@ def test_every_exercise_has_a_mutant() -> None:
     assert not unknown, f"mutants for unknown exercises: {unknown}"
 
 
+def _first_failure(exercise_id: str, fn: object) -> str | None:
+    """Run the exercise's cases in this process (both halves, as the grader does) until one
+    rejects ``fn``; the failing case's name and message, or None if every case passes."""
+    for case in cases_for(exercise_id):
+        try:
+            case.run(fn)
+        except NotImplementedError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a failure, or an error the grader reports
+            return f"{case.name}: {type(exc).__name__}: {exc}"
+    return None
+
+
 @pytest.mark.parametrize(("exercise_id", "module", "name"), MUTANTS,
                          ids=[f"{e}-{n}" for e, _, n in MUTANTS])
 def test_mutant_fails_its_check(exercise_id: str, module: str, name: str) -> None:
     fn = getattr(importlib.import_module(module), name)
     assert fn.__doc__, f"{name}: say in its docstring which mistake it makes"
-    result = check(exercise_id, fn, figures=False, strict=False, timeout=120)
-    assert result.status != "passed", (
+    failure = _first_failure(exercise_id, fn)
+    assert failure is not None, (
         f"the check of {exercise_id} passes the wrong answer {name} ({fn.__doc__.strip()})")
-    assert result.status in ("failed", "error"), f"{name}: {result.status}: {result}"
+
+
+def test_the_grader_rejects_a_mutant_end_to_end() -> None:
+    """The same verdict through ``check`` (a grading child process, as for a learner)."""
+    exercise_id, module, name = next(m for m in MUTANTS if m[0] == "1.3")
+    fn = getattr(importlib.import_module(module), name)
+    result = check(exercise_id, fn, figures=False, strict=False, timeout=120)
+    assert result.status == "failed", result

@@ -12,9 +12,9 @@ EXERCISES = (
         "Multiply x by this rank's rows of W (and add its slice of the bias, if there is one): "
         "a (B, k) slice. All-gather the slices (every rank receives N of them, in rank "
         "order) and put them side by side, so that feature order is W's row order.",
-        "local = x @ weight_shard.T  (+ bias_shard when it is not None)\n"
-        "parts = all_gather(comm, local.contiguous())   # [rank 0's (B, k), ..., rank N-1's]\n"
-        "torch.cat(parts, dim=...)   # along the features: dim 0 would stack batches"),
+        "local = x @ weight_shard.T   # (B, k); add the bias slice when there is one\n"
+        "parts = all_gather(comm, ...)   # [rank 0's (B, k), ..., rank N-1's]\n"
+        "torch.cat(parts, dim=?)   # which dim holds the features? dim 0 would stack batches"),
        WARM_UP),
     ex('5.2', 'zero1_adam_step', 'ZeRO-1: sharded optimizer state', 6,
        ("Every replica would keep the same Adam moments: let rank r keep only those of shard "
@@ -37,9 +37,10 @@ EXERCISES = (
         "ValueError). With R = world_size // pp_size replicas, pipeline group d lists the "
         "ranks of (d, s) for every stage s; data group s lists the ranks of (d, s) for every "
         "replica d.",
-        "rank(d, s) = d * pp_size + s\n"
-        "pipelines = [[d * pp_size + s for s in range(pp_size)] for d in range(R)]\n"
-        "data groups: the same expression, the two loops swapped"),
+        "if <pp_size or world_size below 1, or a remainder>: raise ValueError(...)\n"
+        "rank(d, s) = d * pp_size + s   # replica d, stage s\n"
+        "pipelines = [[rank(d, s) for s in ...] for d in ...]   # one list per replica\n"
+        "data groups: one list per stage, the same cells read down a column"),
        WARM_UP),
     ex('5.4', 'megatron_mlp', "Megatron-LM's MLP block: column, GeLU, row, one all-reduce", 13,
        ("The first layer's output features (split by columns) are exactly the second "
@@ -53,15 +54,15 @@ EXERCISES = (
         "first linear with this rank's rows, GeLU, the second linear with this rank's "
         "columns and no bias, g, and b2 added after g. All-reduce a clone, never a tensor "
         "autograd still needs.",
-        "class CopyToParallel(torch.autograd.Function):          # f\n"
+        "class CopyToParallel(torch.autograd.Function):   # f: on x, before the first linear\n"
         "    @staticmethod\n"
-        "    def forward(ctx, t): return t.view_as(t)\n"
+        "    def forward(ctx, t): ...       # identity (return a view of t)\n"
         "    @staticmethod\n"
-        "    def backward(ctx, grad):\n"
-        "        grad = grad.contiguous().clone(); all_reduce(comm, grad); return grad\n"
-        "# g: the same shape, the all-reduce (of a clone) in forward, backward returns grad\n"
-        "hidden = F.gelu(F.linear(CopyToParallel.apply(x), w1_shard, b1_shard))\n"
-        "out = ReduceFromParallel.apply(F.linear(hidden, w2_shard))   # then + b2, once"),
+        "    def backward(ctx, grad): ...   # all-reduce a copy of grad; return it\n"
+        "class ReduceFromParallel(torch.autograd.Function): ...   # g: f's mirror image\n"
+        "hidden = gelu(<first linear of CopyToParallel.apply(x): this rank's rows, b1's slice>)\n"
+        "out = ReduceFromParallel.apply(<second linear of hidden: this rank's columns, no bias>)\n"
+        "then b2, once"),
        CAPSTONE),
 )
 

@@ -13,15 +13,20 @@ EXERCISES = (
         'the memory estimator about each in turn, return the first that fits, and "none" '
         'when the loop ends.',
         'for strategy in candidates: if estimate_memory(n_params, optimizer, precision, '
-        'strategy, n, activations_bytes).fits(cluster.capacity_bytes(0)): return strategy'),
+        'strategy, n, activations_bytes).fits(cluster.capacity_bytes(0)): return strategy  '
+        '# a Cluster\'s devices are all of one kind: device 0 speaks for every one'),
        WARM_UP),
     ex('6.2', 'exchange_with_partner', 'Debugging: a swap that cannot deadlock', 5,
        ('A blocking send waits for its receiver: if both ranks of a pair start with send, '
         'each waits for the other. One of the two must receive first.',
         'Both ranks must pick roles from facts they both know, without a message: their two '
         'rank numbers. A rank alone keeps a copy of its own tensor.',
-        'if partner == comm.rank: return tensor.clone(); if comm.rank < partner: send, then '
-        'recv; else: recv, then send'),
+        'if partner == comm.rank: return <a copy of tensor>\n'
+        'received = <a new tensor shaped like tensor>\n'
+        'if <a test on comm.rank and partner that comes out opposite on the two ranks>:\n'
+        '    send, then recv\n'
+        'else:\n'
+        '    recv, then send'),
        WARM_UP),
     ex('6.3', 'smooth_ring', 'Debugging: a halo exchange that cannot deadlock', 10,
        ('Every rank of the broken program waits in a blocking send to its left neighbour, '
@@ -32,10 +37,15 @@ EXERCISES = (
         'for the sends, then smooth the padded block. Give the two directions different tags, '
         'because with 2 ranks the left and right neighbour are the same rank; with 1 rank '
         'the halos are your own edges, and no message is sent.',
-        'x = block.clone(); per step: sends = [comm.isend(x[:1].clone(), left, tag=1), '
-        'comm.isend(x[-1:].clone(), right, tag=2)]; comm.recv(from_left, left, tag=2); '
-        'comm.recv(from_right, right, tag=1); wait the sends; padded = torch.cat([from_left, '
-        'x, from_right]); x = (padded[:-2] + padded[1:-1] + padded[2:]) / 3'),
+        'x = block.clone()\n'
+        'per step (on 1 rank, no messages: the halos are x\'s own last and first element):\n'
+        '    sends = [comm.isend(<my first element>, left, tag=1),\n'
+        '             comm.isend(<my last element>, right, tag=2)]\n'
+        '    comm.recv(<from_right>, right, tag=1)   # receive in the order the neighbour\n'
+        '    comm.recv(<from_left>, left, tag=2)     # sends: NCCL ignores tags\n'
+        '    wait for both sends\n'
+        '    x = <each element of cat([from_left, x, from_right]) averaged with its two '
+        'neighbours>'),
        CAPSTONE),
     ex('6.4', 'find_straggler', 'Debugging: the straggler, from per-rank logs', 10,
        ('Waiting is a symptom, computing is the cause: the rank that holds everyone up '
@@ -43,9 +53,12 @@ EXERCISES = (
         'Parse every line\'s time stamp; per rank and step, compute time = time of "compute '
         'done" minus time of "compute start"; sum over the steps; take the rank with the most, '
         'and compare its total with the median rank\'s total.',
-        'stamp = float(line[1:line.index("ms]")]) / 1e3; totals[rank] += done[step] - '
-        'start[step]; slow = max(range(n), key=totals.__getitem__); '
-        'return slow, totals[slow] - statistics.median(totals)'),
+        'for each rank\'s lines:\n'
+        '    stamp = float(line[1:line.index("ms]")]) / 1e3   # seconds\n'
+        '    "step S: compute start" -> remember the stamp for step S\n'
+        '    "step S: compute done..." -> add (stamp - that start) to the rank\'s total\n'
+        'slow = <the rank with the largest total; the lowest rank on a tie>\n'
+        'return slow, <its total minus the median of all totals>'),
        CAPSTONE),
 )
 

@@ -74,6 +74,21 @@ def swap_by_parity(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tenso
     return received
 
 
+def swap_alone_returns_input(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Swaps correctly, but a rank without a partner hands back its input tensor itself,
+    not a copy: the caller's later in-place changes reach the "result"."""
+    if partner == comm.rank:
+        return tensor
+    received = torch.empty_like(tensor)
+    if comm.rank < partner:
+        comm.send(tensor, partner)
+        comm.recv(received, partner)
+    else:
+        comm.recv(received, partner)
+        comm.send(tensor, partner)
+    return received
+
+
 # ---- 6.3 ------------------------------------------------------------------------------------
 
 def _smooth(x: torch.Tensor, from_left: torch.Tensor, from_right: torch.Tensor) -> torch.Tensor:
@@ -253,7 +268,7 @@ def straggler_last_to_start_step(logs: list[list[str]]) -> tuple[int, float]:
 MUTANTS: dict[str, list[str]] = {
     "6.1": ["choose_ignoring_optimizer_state", "choose_pooling_memory",
             "choose_ignoring_activations"],
-    "6.2": ["swap_both_send_first", "swap_by_parity"],
+    "6.2": ["swap_both_send_first", "swap_by_parity", "swap_alone_returns_input"],
     "6.3": ["smooth_blocking_sends", "smooth_by_parity", "smooth_without_tags",
             "smooth_halos_swapped", "smooth_chain", "smooth_through_rank_0"],
     "6.4": ["straggler_longest_waiter", "straggler_first_step_only",

@@ -429,7 +429,8 @@ CASES: dict[str, list[Case]] = {
               _each(_MLP_MAIN, _mlp_compute, _mlp_weight_grads)),
         _case("traffic: one all-reduce of the output forward, one of x's gradient backward", 2,
               _each(_MLP_MAIN, _mlp_compute, _one_all_reduce_each_way)),
-        _case("hidden features not a multiple of N (7 or 3 on 4 ranks), no biases", 1,
+        _case("hidden features not a multiple of N: 7 or 3 on 4 ranks, and 4 on 3 ranks "
+              "without biases", 1,
               _each(_MLP_UNEVEN, _mlp_compute, _mlp_everything)),
         _case("hidden: other sizes, world sizes 1-5 and (B, T, d) inputs", 2,
               _each(_mlp_hidden_examples(), _mlp_compute, _mlp_everything), hidden=True),

@@ -92,19 +92,31 @@ def _swap_inputs(partners: list[int], numel: int) -> list[torch.Tensor]:
     return [torch.full((numel,), float(rank)) for rank in range(len(partners))]
 
 
+def _shares_memory(out: Any, given: torch.Tensor) -> bool:
+    """Whether ``out`` is ``given`` or a view of its storage (not the new tensor promised)."""
+    return (isinstance(out, torch.Tensor)
+            and out.untyped_storage().data_ptr() == given.untyped_storage().data_ptr())
+
+
 def _run_swap(impl: Impl, partners: list[int], numel: int = 6) -> dict[str, Any]:
     inputs = _swap_inputs(partners, numel)
 
-    def program(comm: Any) -> Any:
-        return impl(comm, inputs[comm.rank].clone(), partners[comm.rank])
+    def program(comm: Any) -> dict[str, Any]:
+        given = inputs[comm.rank].clone()
+        out = impl(comm, given, partners[comm.rank])
+        return {"got": out, "is_input": _shares_memory(out, given)}
 
     return launch_facts(run_spmd(program, uniform(len(partners))))
 
 
 def _judge_swap(facts: dict[str, Any], partners: list[int], numel: int = 6) -> None:
     inputs = _swap_inputs(partners, numel)
-    for rank, got in enumerate(facts["results"]):
-        expect_close(got, inputs[partners[rank]], f"partners {partners}: what rank {rank} got")
+    for rank, record in enumerate(facts["results"]):
+        where = f"partners {partners}: rank {rank}"
+        expect_close(record["got"], inputs[partners[rank]], f"{where}: what it got")
+        alone = " (it has no partner)" if partners[rank] == rank else ""
+        expect(not record["is_input"], f"{where}{alone} returned the tensor it was given "
+                                       "(or a view of it), not a new tensor")
 
 
 def _swap_case(name: str, points: int, pairings: list[list[int]]) -> Case:
