@@ -93,7 +93,8 @@ def pipeline_forward_step(comm: Communicator, stage: nn.Module, step: Step, n_st
     - Unless this is the last stage, the output goes to ``send_to(step, n_stages)``; what
       crosses the wire is data only, never the graph.
 
-    Every message uses ``tag=step.microbatch``, so microbatches cannot be mixed up.
+    Every message is tagged ``message_tag(step)`` (``2 m`` for microbatch m's activation,
+    ``2 m + 1`` for its gradient), so microbatches cannot be mixed up.
     """
     # Exercise 4.4 (about 11 lines). mp.hint("4.4") when stuck.
     raise NotImplementedError("Exercise 4.4: pipeline_forward_step (notebooks/04_pipeline.ipynb)")
@@ -121,15 +122,17 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
       ``(1/M) * sum_m loss_fn(output_m, targets[m])``, and the gradients are its gradients,
       so that the pipeline trains exactly as one device does on the whole batch.
     - Memory: between F(m) and B(m) the stage keeps what B(m) needs (microbatch m's input and
-      output), and nothing of m after B(m): a stage holds as many microbatches as the
-      schedule has in flight there. Each F and each B runs the stage's forward or backward
-      once (no recomputation).
-    - Messages: tag ``message_tag(step)`` (microbatch and direction). The forward runs in
+      output), and nothing of m after B(m): a stage keeps alive as many microbatches as the
+      schedule has in flight there (the check watches which tensors stay alive). Each F and
+      each B runs the stage's forward or backward once (no recomputation).
+    - Messages: tag ``message_tag(step)``, as in 4.4. Under 1F1B two neighbouring stages
+      send to each other at the same tick (stage p an activation to p + 1, stage p + 1 a
+      gradient to p), each before it receives. The forward runs in
       ``comm.compute("forward", step.token, seconds=...)`` and the backward in
       ``comm.compute("backward", ...)``, with ``stage_seconds = (forward_s, backward_s)`` as
       the seconds when given (a stand-in duration for the simulator's timeline).
 
     Cost per microbatch and cut: one activation message forward, one gradient message back.
     """
-    # Exercise 4.5 (about 36 lines). mp.hint("4.5") when stuck.
+    # Exercise 4.5 (about 37 lines). mp.hint("4.5") when stuck.
     raise NotImplementedError("Exercise 4.5: execute_schedule (notebooks/04_pipeline.ipynb)")

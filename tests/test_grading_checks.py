@@ -262,7 +262,8 @@ def test_megatron_with_a_second_all_reduce_fails_on_traffic_only() -> None:
     results = verdicts("5.4", reduces_twice)
     assert failing(results) == {
         "traffic: one all-reduce of the output forward, one of x's gradient backward",
-        "hidden features not a multiple of N (7 or 3 on 4 ranks), no biases",
+        "hidden features not a multiple of N: 7 or 3 on 4 ranks, and 4 on 3 ranks without "
+        "biases",
         "hidden: other sizes, world sizes 1-5 and (B, T, d) inputs"}, results
     assert "2 all-reduces' worth" in results[
         "traffic: one all-reduce of the output forward, one of x's gradient backward"][1]
@@ -379,11 +380,20 @@ def test_an_executor_that_ignores_the_schedule_holds_too_much() -> None:
                                   *args)
 
     results = verdicts("4.5", always_gpipe)
-    memory = "memory: microbatches in flight per stage match the schedule's (1F1B <= P)"
+    memory = "memory: what each stage keeps alive matches the schedule (1F1B <= P)"
     assert memory in failing(results)
     assert results["GPipe: loss, gradients and parameters after a step equal one device's"][0] \
         == "passed"
-    assert "the schedule has 4 there" in results[memory][1]
+    assert "the schedule has 4 in flight there" in results[memory][1]
+
+
+def test_an_executor_that_never_frees_fails_only_the_memory_cases() -> None:
+    from tests.mutants.lesson_04 import executor_never_frees
+
+    results = verdicts("4.5", executor_never_frees)
+    memory = "memory: what each stage keeps alive matches the schedule (1F1B <= P)"
+    assert {name for name in failing(results) if not name.startswith("hidden")} == {memory}
+    assert "still keeps microbatch 0's input or output alive, after B(0)" in results[memory][1]
 
 
 # ---- lesson 02: the server loop takes gradients as they arrive; shards follow tensor_split ----

@@ -103,18 +103,53 @@ def test_an_executor_of_exercise_4_5_drives_the_memory_demo(executor: str) -> No
         assert "your pipeline executor" in fig._suptitle.get_text()
 
 
-def test_tracked_stage_frees_a_microbatch_when_its_backward_begins() -> None:
+def test_tracked_stage_frees_a_microbatch_when_the_executor_lets_go_of_it() -> None:
     def program(comm):  # noqa: ANN001, ANN202
         stage = l04.TrackedStage(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), comm)
         y0, y1 = stage(torch.randn(3, 4)), stage(torch.randn(3, 4))
         y0.sum().backward()
+        comm.memory.alloc("other", 1)  # a marker: backward done, y0 still held
+        del y0
         return stage.calls
 
     result = launch(program, 1)
     assert result.results == [2]
-    assert l04.microbatches_held(result.trace, 0) == 2
-    deltas = [m.delta for m in result.trace.memory if m.category == "activations"]
-    assert len(deltas) == 3 and deltas[0] > 0 and deltas[2] == -deltas[0]
+    records = [(m.category, m.delta) for m in result.trace.memory
+               if m.category in ("activations", "other")]
+    (_, first), _, marker, (category, freed) = records[:4]
+    assert marker == ("other", 1) and category == "activations" and freed == -first and first > 0
+
+
+def test_the_memory_demo_shows_what_the_executor_keeps_alive() -> None:
+    from tests.mutants.lesson_04 import executor_never_frees
+
+    ofob = l04.run_executor_step(executor_never_frees, one_f_one_b(4, 8))
+    assert [l04.microbatches_held(ofob.trace, d) for d in range(4)] == [8, 8, 8, 8]
+
+
+def test_the_warm_up_references_match_the_package() -> None:
+    from mpgpu_edu.pipeline import LayerCost, from_order, render
+
+    costs = [3, 1, 1, 1, 2]
+    assert l04.reference_boundaries(costs, 2) == [2]
+    layers = [LayerCost(str(i), c, 0) for i, c in enumerate(costs)]
+    assert partition_by_list(layers, l04.reference_boundaries(costs, 3)) == \
+        partition_balanced(layers, 3)
+    assert render(from_order("gpipe", l04.reference_gpipe_orders(3, 5))) == \
+        render(gpipe(3, 5))
+    assert render(from_order("1f1b", l04.reference_one_f_one_b_orders(4, 6))) == \
+        render(one_f_one_b(4, 6))
+
+
+def test_the_link_figure_labels_every_panel_in_time() -> None:
+    traces = {name: l04.timed_trace(one_f_one_b(4, 4), name, 0.002, 0.004, 64 * 2**20)[0]
+              for name in ("4xRTX4090-pcie", "4xA100-nvlink")}
+    fig = l04.plot_link_timelines(traces)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.get_xlabel() and any(t.get_text() for t in ax.get_xticklabels())
+    labels = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "bar-label"]
+    assert "F0" in labels and "F3" in labels
 
 
 # ---- lesson 05 --------------------------------------------------------------------------------

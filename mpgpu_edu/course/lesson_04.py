@@ -47,7 +47,7 @@ EXERCISES = (
         'step.token); unless last, send a detached copy of the output to send_to(step, P). '
         'Return the attached output.',
         'if source is not None:\n'
-        '    x = torch.empty(in_shape); comm.recv(x, source, tag=step.microbatch)\n'
+        '    x = torch.empty(in_shape); comm.recv(x, source, tag=message_tag(step))\n'
         '    x.requires_grad_()\n'
         'with comm.compute("forward", step.token): y = stage(x)\n'
         '# then the send (detached), unless send_to(...) is None; return y'),
@@ -55,13 +55,17 @@ EXERCISES = (
     ex('4.5', 'execute_schedule', 'Pipeline: the executor for any schedule', 18,
        ('One loop over steps_of(schedule, rank), the same code for every schedule: a forward '
         'stashes microbatch m\'s input and output until its backward, which uses them and '
-        'drops them. Activations go forward, gradients of inputs go back; the loss is the '
-        'mean over the M microbatches.',
+        'lets go of them. Activations go forward, gradients of inputs go back; the loss is the '
+        'mean over the M microbatches. Under 1F1B two neighbours send to each other at the '
+        'same tick: if each send waits until the other side receives, both wait for ever.',
         'stash = {}. F(m): get x (batch or recv into recv_shapes[m], then requires_grad_), '
         'y = stage(x) in comm.compute; the last stage turns y into loss_fn(y, t) / M; '
-        'stash[m] = (x, y); isend y.detach() to send_to. B(m): x, y = stash.pop(m); recv the '
-        'output\'s gradient (not on the last stage); backward; isend x.grad to send_to. '
-        'Wait for every send at the end; return the summed loss on the last stage.',
+        'stash[m] = (x, y); send y.detach() to send_to. B(m): x, y = stash.pop(m) (pop, so '
+        'nothing keeps m alive afterwards); recv the output\'s gradient (not on the last '
+        'stage); backward; send x.grad to send_to. Send with comm.isend: it returns at once, '
+        'so a stage goes on to the receive its neighbour is waiting on instead of blocking '
+        'while that neighbour blocks on its own send. Keep each Work with its tensor, wait '
+        'for them all at the end; return the summed loss on the last stage.',
         'for step in steps_of(schedule, comm.rank):\n'
         '    m, tag = step.microbatch, message_tag(step)\n'
         '    src, dst = recv_from(step, P), send_to(step, P)\n'
@@ -70,7 +74,8 @@ EXERCISES = (
         '        x, y = stash.pop(m); grad = None if src is None else recv into empty_like(y)\n'
         '        with comm.compute("backward", step.token, seconds=...):\n'
         '            torch.autograd.backward(y, grad)\n'
-        '        if dst is not None: sends.append(comm.isend(x.grad, dst, tag))'),
+        '        if dst is not None: sends.append((comm.isend(x.grad, dst, tag), x.grad))\n'
+        'for work, _ in sends: work.wait()'),
        CAPSTONE),
 )
 
@@ -101,16 +106,21 @@ PREDICTIONS = (
             "back; from then on every forward is paired with a backward that frees one, so "
             "it never holds more than P = 4."),
     Prediction(
-        key="04.bubble-1f1b",
-        question="Same 4 stages and 8 microbatches: how does 1F1B's step time compare with "
-                 "GPipe's?",
-        choices=("1F1B is faster: backwards start earlier",
-                 "the same: 2(M+P-1) ticks either way",
-                 "1F1B is slower: it switches between forward and backward"),
+        key="04.memory-1f1b",
+        question="One training step, 4 stages, 8 microbatches, through the executor: the "
+                 "1F1B schedule has at most 4 microbatches in flight on dev 0, GPipe 8. Dev "
+                 "0's peak memory (parameters, gradients and activations) under 1F1B is:",
+        choices=("exactly half of GPipe's",
+                 "more than half of GPipe's, less than all of it",
+                 "about the same as GPipe's",
+                 "less than half of GPipe's"),
         answer=1,
-        why="1F1B reorders the same steps, it does not remove any fill or drain: stage 0 still "
-            "waits P - 1 forwards and P - 1 backwards. It saves memory, not time."),
+        why="Only the activations shrink, from 8 microbatches' to 4; the parameters and "
+            "their gradients stay on the device whatever the schedule. Here they are about a "
+            "ninth of GPipe's peak, so 1F1B's peak is a little over half of it; the "
+            "more the activations weigh (long sequences, big microbatches), the closer it "
+            "gets to half."),
 )
 
 LESSON = Lesson(4, 'pipeline', 'ex04_pipeline', 'notebooks/04_pipeline.ipynb', EXERCISES,
-                PREDICTIONS, drives_demos=('4.5',))
+                PREDICTIONS, drives_demos=('4.1', '4.2', '4.3', '4.5'))

@@ -12,13 +12,15 @@
 - ``timed_trace``: a schedule on the clock of a real link (send = alpha + bytes / beta).
 - ``executor_step`` / ``run_executor_step``: one training step run by an executor with
   exercise 4.5's signature (the learner's, or ``reference_executor``, the package's), each
-  stage a ``TrackedStage`` that records its activations from forward until backward;
+  stage a ``TrackedStage`` that records its activations from the forward until the executor
+  lets go of them;
   ``microbatches_held``, ``plot_memory_runs``, ``plot_timeline_runs`` read the runs.
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,8 +36,9 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import Communicator, LaunchResult, launch, nbytes_of
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_parameters
-from mpgpu_edu.pipeline import (Placement, Schedule, gpipe, partition_balanced,
-                                schedule_timeline, split_module, timeline_trace)
+from mpgpu_edu.pipeline import (LayerCost, Placement, Schedule, Step, gpipe, one_f_one_b,
+                                partition_balanced, schedule_timeline, split_module, steps_of,
+                                timeline_trace)
 from mpgpu_edu.pipeline.executor import run_schedule, split_batch, stage_inputs_like
 from mpgpu_edu.pipeline.runner import train_pipeline
 from mpgpu_edu.trace import Trace
@@ -72,9 +75,11 @@ def uneven_model(widths: Sequence[int] = UNEVEN_WIDTHS) -> nn.Sequential:
     return nn.Sequential(OrderedDict(blocks))
 
 
-def plot_stage_costs(placements: Mapping[str, Placement], by: str = "params") -> Figure:
+def plot_stage_costs(placements: Mapping[str, Placement], by: str = "params",
+                     title: str | None = None) -> Figure:
     """One panel per placement: a bar per stage, its parameters (``by="params"``) or forward
-    FLOPs (``"flops"``); the dashed line is the ideal, the total divided evenly."""
+    FLOPs (``"flops"``); the dashed line is the ideal, the total divided evenly. ``title``
+    (say, whose split it is) goes above the panels."""
     fig = new_figure(3.8 * len(placements) + 0.8, 3.6)
     axes = fig.subplots(1, len(placements), sharey=True, squeeze=False)[0]
     top = 0.0
@@ -96,11 +101,33 @@ def plot_stage_costs(placements: Mapping[str, Placement], by: str = "params") ->
     axes[0].set_ylim(0, top * 1.3)
     axes[0].yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: format_count(int(y))))
     axes[0].set_ylabel("parameters" if by == "params" else "forward FLOPs")
+    if title:
+        fig.suptitle(title, x=0.01, ha="left", fontsize=FONT_SIZE)
     return fig
 
 
 def _layers(names: Sequence[str]) -> str:
     return f"layer {names[0]}" if len(names) == 1 else f"layers {names[0]}-{names[-1]}"
+
+
+# ---- the package's answers to exercises 4.1-4.3, with the exercises' signatures ---------------
+
+def reference_boundaries(costs: Sequence[float], n_stages: int) -> list[int]:
+    """Exercise 4.1's answer from the package (``partition_balanced`` on these costs)."""
+    layers = [LayerCost(str(i), n_params=cost, flops=0) for i, cost in enumerate(costs)]
+    return [int(stage.layers[0]) for stage in partition_balanced(layers, n_stages).stages[1:]]
+
+
+def reference_gpipe_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
+    """Exercise 4.2's answer from the package: each device's steps of ``gpipe``."""
+    schedule = gpipe(n_stages, n_microbatches)
+    return [steps_of(schedule, device) for device in range(n_stages)]
+
+
+def reference_one_f_one_b_orders(n_stages: int, n_microbatches: int) -> list[list[Step]]:
+    """Exercise 4.3's answer from the package: each device's steps of ``one_f_one_b``."""
+    schedule = one_f_one_b(n_stages, n_microbatches)
+    return [steps_of(schedule, device) for device in range(n_stages)]
 
 
 # ---- one training step through the executor --------------------------------------------------
@@ -216,31 +243,28 @@ def timed_trace(schedule: Schedule, cluster: Cluster | str, forward_s: float, ba
     return timeline_trace(timeline, schedule.n_stages), send_s
 
 
+def plot_link_timelines(traces: Mapping[str, Trace]) -> Figure:
+    """``timed_trace`` runs stacked on one time axis, each panel with its own time labels."""
+    fig = plot_timelines_side_by_side(traces, streams=("compute",))
+    xlabel = fig.axes[-1].get_xlabel()
+    for ax in fig.axes:
+        ax.tick_params(labelbottom=True)
+        ax.set_xlabel(xlabel)
+    return fig
+
+
 # ---- an executor of exercise 4.5 on the clock ---------------------------------------------------
 
 Executor = Callable[..., Any]  # exercise 4.5's signature: execute_schedule
 
 
-class _FreeOnBackward(torch.autograd.Function):
-    """Identity on a stage's output; its backward (the first thing B(m) does in this stage)
-    frees the microbatch's activation record."""
-
-    @staticmethod
-    def forward(ctx: Any, output: torch.Tensor, release: Callable[[], None]) -> torch.Tensor:
-        ctx.release = release
-        return output.view_as(output)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        ctx.release()
-        return grad, None
-
-
 class TrackedStage(nn.Module):
     """A stage that records what autograd saves in its forward (the parameters aside) as
-    "activations" memory, until that microbatch's backward begins. The package's executor
-    counts the same way, so whichever executor runs the stage, the memory timeline shows how
-    many microbatches it holds."""
+    "activations" memory, from the forward until the executor lets go of that microbatch: the
+    record is freed when the tensors the forward handed out (its output and, on a later
+    stage, the received input) are collected, not when the schedule says B. So the memory
+    timeline shows what the executor really keeps alive. (The package's executor records its
+    own, freed at each B.)"""
 
     def __init__(self, inner: nn.Module, comm: Communicator) -> None:
         super().__init__()
@@ -262,9 +286,27 @@ class TrackedStage(nn.Module):
             y = self.inner(x)
         token = self.comm.memory.alloc("activations", nbytes,
                                        f"stage {self.comm.rank} forward {self.calls}")
-        if not y.requires_grad:
-            return y
-        return _FreeOnBackward.apply(y, lambda: self.comm.memory.free(token))
+        # a received input requires grad; the caller's microbatches (stage 0) never do
+        watched = [y, x] if x.requires_grad else [y]
+        _free_when_collected(self.comm, token, watched)
+        return y
+
+
+def _free_when_collected(comm: Communicator, token: int, tensors: Sequence[torch.Tensor]
+                         ) -> None:
+    """Free ``token`` once every tensor in ``tensors`` has been collected."""
+    left = [len(tensors)]
+
+    def one_gone() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            try:
+                comm.memory.free(token)
+            except Exception:  # noqa: BLE001 - collected after the run ended: nothing to record
+                pass
+
+    for tensor in tensors:
+        weakref.finalize(tensor, one_gone)
 
 
 def reference_executor(comm: Communicator, schedule: Schedule, stage: nn.Module,

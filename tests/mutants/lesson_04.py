@@ -99,12 +99,12 @@ def forward_cuts_the_graph(comm: Any, stage: nn.Module, step: Step, n_stages: in
     source = recv_from(step, n_stages)
     if source is not None:
         x = torch.empty(in_shape)
-        comm.recv(x, source, tag=step.microbatch)
+        comm.recv(x, source, tag=message_tag(step))
     with comm.compute("forward", step.token):
         y = stage(x)
     target = send_to(step, n_stages)
     if target is not None:
-        comm.send(y.detach(), target, tag=step.microbatch)
+        comm.send(y.detach(), target, tag=message_tag(step))
     return y
 
 
@@ -114,13 +114,13 @@ def forward_returns_detached(comm: Any, stage: nn.Module, step: Step, n_stages: 
     source = recv_from(step, n_stages)
     if source is not None:
         x = torch.empty(in_shape)
-        comm.recv(x, source, tag=step.microbatch)
+        comm.recv(x, source, tag=message_tag(step))
         x.requires_grad_()
     with comm.compute("forward", step.token):
         y = stage(x).detach()
     target = send_to(step, n_stages)
     if target is not None:
-        comm.send(y, target, tag=step.microbatch)
+        comm.send(y, target, tag=message_tag(step))
     return y
 
 
@@ -137,7 +137,7 @@ def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
              recv_shapes: Sequence[tuple[int, ...]] | None, loss_fn: Any,
              stage_seconds: tuple[float, float] | None, *, stash_all: bool = True,
              grad_back: int = -1, mean: bool = True, steps: list[Step] | None = None,
-             leaf: bool = True) -> float | None:
+             leaf: bool = True, keep: bool = False) -> float | None:
     """The executor with one mistake switched on (each mutant below names its own)."""
     n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
     forward_s, backward_s = stage_seconds or (None, None)
@@ -163,9 +163,13 @@ def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
                 stash.clear()
             stash[m] = (x, y)
             if target is not None:
-                sends.append((comm.isend(y.detach(), target, tag), y))
+                message = y.detach()
+                sends.append((comm.isend(message, target, tag), message))
         else:
-            x, y = stash.pop(m) if m in stash else next(iter(stash.values()))
+            if keep:
+                x, y = stash[m]
+            else:
+                x, y = stash.pop(m) if m in stash else next(iter(stash.values()))
             grad = None
             if source is not None:
                 grad = torch.empty_like(y)
@@ -224,11 +228,21 @@ def executor_cuts_the_graph(comm: Any, schedule: Schedule, stage: nn.Module, mic
                     stage_seconds, leaf=False)
 
 
+def executor_never_frees(comm: Any, schedule: Schedule, stage: nn.Module, microbatches: Tensors,
+                         targets: Tensors, recv_shapes: Shapes, loss_fn: Any = MSE,
+                         stage_seconds: Seconds = None) -> float | None:
+    """Reads the stash with ``stash[m]`` instead of ``stash.pop(m)``: the numbers are right,
+    but no microbatch's input or output is ever freed, so every stage ends up holding all M,
+    whatever the schedule."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, keep=True)
+
+
 MUTANTS: dict[str, list[str]] = {
     "4.1": ["equal_layer_counts", "greedy_fill"],
     "4.2": ["gpipe_interleaved", "gpipe_backwards_reversed"],
     "4.3": ["one_f_one_b_warmup_off_by_one", "one_f_one_b_unclamped"],
     "4.4": ["forward_cuts_the_graph", "forward_returns_detached"],
     "4.5": ["executor_stashes_one", "executor_grads_to_next_stage", "executor_sums_losses",
-            "executor_always_gpipe", "executor_cuts_the_graph"],
+            "executor_always_gpipe", "executor_cuts_the_graph", "executor_never_frees"],
 }

@@ -5,14 +5,17 @@ boundaries, step orders as ``[stage, microbatch, op]`` triples, a pipeline run's
 gradients, parameters and counts. *judge* rebuilds the package's reference from the example
 alone (``partition_balanced``, ``gpipe``, ``one_f_one_b``, the whole model on one device) and
 compares. The executor is held to one device's training step (loss, gradients and parameters
-after SGD) on GPipe, 1F1B and a hand-made schedule, and to the schedule's memory: a counting
-wrapper around each stage sees how many microbatches are in flight at once.
+after SGD) on GPipe, 1F1B and a hand-made schedule, and to the schedule's memory: a wrapper
+around each stage watches the tensors it hands out (``weakref.finalize``) and sees, at the start
+of every backward, which microbatches the executor still keeps alive.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import random
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -393,36 +396,52 @@ def _named_schedule(name: str, p: int, m: int) -> Schedule:
 
 
 class _Release(torch.autograd.Function):
-    """Identity on the stage's output whose backward tells the counter that microbatch's
-    backward has begun."""
+    """Identity on the stage's output whose backward (the start of that microbatch's backward
+    in this stage) records which forwards' tensors are still alive."""
 
     @staticmethod
-    def forward(ctx: Any, output: torch.Tensor, counter: _Counted) -> torch.Tensor:
-        ctx.counter = counter
+    def forward(ctx: Any, output: torch.Tensor, counter: _Counted, call: int) -> torch.Tensor:
+        ctx.counter, ctx.call = counter, call
         return output.view_as(output)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         ctx.counter.backwards += 1
-        ctx.counter.held -= 1
-        return grad, None
+        ctx.counter.events.append(["B", ctx.call, sorted(set(ctx.counter.alive.values()))])
+        return grad, None, None
 
 
 class _Counted(nn.Module):
-    """The stage as the learner gets it: counts forwards, backwards and the most
-    microbatches in flight at once (forward run, backward not begun)."""
+    """The stage as the learner gets it: counts forwards and backwards, and watches the
+    tensors each forward hands out (its output and, on a later stage, the received input)
+    with ``weakref.finalize``, so that at the start of every backward it knows which
+    forwards' tensors the executor still keeps alive."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
-        self.forwards = self.backwards = self.held = self.peak = 0
+        self.forwards = self.backwards = 0
+        self.events: list[list] = []  # ["F", call] and ["B", call, [calls still alive]]
+        self.alive: dict[int, int] = {}  # watch number -> forward call
+        self._keys = itertools.count()
+
+    def _watch(self, tensor: torch.Tensor, call: int) -> None:
+        key = next(self._keys)
+        self.alive[key] = call
+        weakref.finalize(tensor, self.alive.pop, key, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.inner(x)
+        call = self.forwards
         self.forwards += 1
-        self.held += 1
-        self.peak = max(self.peak, self.held)
-        return _Release.apply(y, self) if y.requires_grad else y
+        self.events.append(["F", call])
+        y = self.inner(x)
+        if not y.requires_grad:
+            return y
+        out = _Release.apply(y, self, call)
+        self._watch(out, call)
+        if x.requires_grad:  # a received activation (the caller's microbatches never are)
+            self._watch(x, call)
+        return out
 
 
 def _executor_program(impl: Impl, stages: list[nn.Sequential], widths_in: list[int],
@@ -439,8 +458,8 @@ def _executor_program(impl: Impl, stages: list[nn.Sequential], widths_in: list[i
             for w in stage.inner.parameters():
                 if w.grad is not None:
                     w -= LR * w.grad
-        return {"loss": loss, "grads": grads, "forwards": stage.forwards, "peak": stage.peak,
-                "backwards": stage.backwards,
+        return {"loss": loss, "grads": grads, "forwards": stage.forwards,
+                "backwards": stage.backwards, "events": stage.events,
                 "params": {n: w.detach() for n, w in stage.inner.named_parameters()}}
     return program
 
@@ -516,18 +535,46 @@ IN_FLIGHT = [{"p": 4, "m": 6, "schedule": "gpipe"}, {"p": 4, "m": 6, "schedule":
 SECONDS = (0.002, 0.004)
 
 
+def _kept_alive(events: list, schedule: Schedule, rank: int, where: str) -> int:
+    """Replay one stage's forward/backward events. At the start of each backward the executor
+    may keep alive the microbatches in flight (forward run, backward not begun) and, for a
+    moment, the one whose backward came just before (a local variable may still name it),
+    nothing older. Returns the most microbatches kept alive at once, that lingering one
+    aside."""
+    mbs = [s.microbatch for s in steps_of(schedule, rank) if s.op == "F"]
+    name = (lambda call: mbs[call] if call < len(mbs) else f"#{call}")  # noqa: E731
+    started, backed, previous, peak = set(), set(), None, 0
+    for event in events:
+        if event[0] == "F":
+            started.add(event[1])
+            continue
+        _, call, alive = event
+        in_flight = started - backed
+        stale = sorted(set(alive) - in_flight - {previous})
+        if stale:
+            raise CheckFailure(f"{where}: at the start of B({name(call)}) stage {rank} still "
+                               f"keeps microbatch {name(stale[0])}'s input or output alive, "
+                               f"after B({name(stale[0])}) has run (and another backward "
+                               "since)")
+        peak = max(peak, len(set(alive) - {previous}))
+        backed.add(call)
+        previous = call
+    return peak
+
+
 def _judge_in_flight(runs: list) -> None:
     for facts, e in runs:
-        want = peak_activations(_named_schedule(e["schedule"], e["p"], e["m"]))
+        schedule = _named_schedule(e["schedule"], e["p"], e["m"])
+        want = peak_activations(schedule)
         where = f"{e['schedule']}, {e['p']} stages, {e['m']} microbatches"
         for rank, r in enumerate(facts["results"]):
             expect(r["forwards"] == e["m"] and r["backwards"] == e["m"],
                    f"{where}: stage {rank} ran its forward {r['forwards']} times and its "
                    f"backward {r['backwards']} times; the schedule has {e['m']} of each")
-            expect(r["peak"] == want[rank],
-                   f"{where}: stage {rank} had up to {r['peak']} microbatches in flight "
-                   f"(forward run, backward not yet); the schedule has {want[rank]} there "
-                   f"(all stages: {want})")
+            peak = _kept_alive(r["events"], schedule, rank, where)
+            expect(peak == want[rank],
+                   f"{where}: stage {rank} kept up to {peak} microbatches' tensors alive at "
+                   f"once; the schedule has {want[rank]} in flight there (all stages: {want})")
 
 
 def _judge_traffic_both(runs: list) -> None:
@@ -590,10 +637,12 @@ def _hidden_executor(impl: Impl) -> list[dict]:
 def _judge_hidden_executor(records: list[dict]) -> None:
     def one(out: dict, **example: Any) -> None:
         _judge_step(out, **example)
-        peaks = peak_activations(_named_schedule(example["schedule"], example["p"],
-                                                 example["m"]))
-        got = [r["peak"] for r in out["results"]]
-        expect(got == peaks, f"microbatches in flight per stage {got}, the schedule's {peaks}")
+        schedule = _named_schedule(example["schedule"], example["p"], example["m"])
+        peaks = peak_activations(schedule)
+        got = [_kept_alive(r["events"], schedule, rank, "memory")
+               for rank, r in enumerate(out["results"])]
+        expect(got == peaks, f"microbatches kept alive at once per stage {got}, the "
+                             f"schedule's {peaks}")
     judge_examples(records, one)
 
 
@@ -655,7 +704,7 @@ CASES: dict[str, list[Case]] = {
              _runs(STEP_OTHER), _judge_runs, timeout_s=60),
         Case("traffic: per microbatch one activation forward, one gradient back", 2,
              _runs(STEP_1F1B[:1]), _judge_traffic_both, timeout_s=60),
-        Case("memory: microbatches in flight per stage match the schedule's (1F1B <= P)", 3,
+        Case("memory: what each stage keeps alive matches the schedule (1F1B <= P)", 3,
              _runs(IN_FLIGHT), _judge_in_flight, timeout_s=60),
         Case("timed: M forwards and M backwards per stage at stage_seconds", 1,
              _runs(STEP_GPIPE[:1] + STEP_1F1B[:1], seconds=SECONDS), _judge_timed_executor,
