@@ -56,8 +56,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _move_a_widget(page) -> str:
-    """Move the first slider one step (else pick another option of the first dropdown);
-    returns what moved."""
+    """Move the first slider one step (else pick another option of the first dropdown, else
+    type into the first text box); returns what moved."""
     sliders = page.locator(f".jp-NotebookPanel:not(.lm-mod-hidden) {SLIDER}")
     if sliders.count():
         slider = sliders.first
@@ -71,14 +71,24 @@ def _move_a_widget(page) -> str:
                    f"the slider to move from {before:g}")
         label = (slider.locator("label").first.text_content() or "").strip()
         return f"slider {label!r} from {before:g}"
-    selects = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jupyter-widgets select")
-    assert selects.count(), "the lesson shows no slider and no dropdown to move"
-    select = selects.first
-    options = select.locator("option").all_text_contents()
-    current = select.input_value()
-    other = next(o for o in options if o != current)
-    select.select_option(label=other)
-    return f"dropdown from {current!r} to {other!r}"
+    panel = ".jp-NotebookPanel:not(.lm-mod-hidden) .jupyter-widgets"
+    selects = page.locator(f"{panel} select")
+    if selects.count():
+        select = selects.first
+        options = select.locator("option").all_text_contents()
+        current = select.input_value()
+        other = next(o for o in options if o != current)
+        select.select_option(label=other)
+        return f"dropdown from {current!r} to {other!r}"
+    texts = page.locator(f"{panel}.widget-text input[type=text]")
+    assert texts.count(), "the lesson shows no slider, dropdown or text box to move"
+    box = texts.first
+    box.scroll_into_view_if_needed(timeout=10_000)
+    current = box.input_value()
+    new = "1" if current != "1" else "0"
+    box.fill(new)
+    box.press("Enter")
+    return f"text box from {current!r} to {new!r}"
 
 
 @pytest.mark.timeout(600)
