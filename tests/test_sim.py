@@ -351,3 +351,18 @@ def test_shared_pcie_bridge_makes_transfers_queue():
 def test_zero_visible_devices_is_refused_clearly():
     with pytest.raises(ValueError, match="no visible devices"):
         launch(ring_shift, Cluster.preset("4xRTX4090-pcie", visible=""), 1)
+
+
+def test_waiting_twice_on_a_work_returns_at_once() -> None:
+    """As with torch.distributed, a work may be waited on again (a DDP hook that waits, then
+    ``finish()`` that waits on the same handles): no deadlock, the same result."""
+    def program(comm):
+        job = comm.run_async(lambda: comm.rank * 10)
+        first, again = job.wait(), job.wait()
+        tensor = torch.ones(2)
+        work = comm.isend(tensor, 1) if comm.rank == 0 else comm.irecv(tensor, 0)
+        work.wait()
+        work.wait()
+        return first, again
+
+    assert launch(program, 2).results == [(0, 0), (10, 10)]

@@ -248,17 +248,25 @@ class _PostWork(Work):
 
 
 class _JobWork(Work):
+    _UNSET = object()
+
     def __init__(self, comm: SimCommunicator, job: int) -> None:
         self.comm, self.job = comm, job
+        self.result: Any = self._UNSET
 
     def wait(self) -> Any:
+        """Wait for the job and return its result; waiting again returns it at once, as
+        ``torch.distributed``'s ``Work.wait`` may be called more than once."""
+        if self.result is not self._UNSET:
+            return self.result
         actor = self.comm.actor()
         self.comm.flush_region(actor)
         actor.ops.append(ops.WaitJob(self.job))
         stream = self.comm.stream
         self.comm.router.block(actor, lambda: self.job in stream.results,
                                f"waiting for comm-stream job {self.job}")
-        return stream.results.pop(self.job)
+        self.result = stream.results.pop(self.job)
+        return self.result
 
 
 class _Stream:
