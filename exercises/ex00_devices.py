@@ -37,10 +37,12 @@ def visible_devices(value: str | None, n_physical: int) -> list[int]:
 
     * ``value`` is None (unset): every GPU, in physical order.
     * an empty (or all-blank) string: no GPU.
-    * otherwise a comma-separated list; blanks around an entry are ignored. An entry is read
-      like C's ``strtoul``: its leading digits count and the rest is ignored (``"1gpu"`` is 1).
-    * the first invalid entry (no leading digit, a minus sign, or a GPU that does not exist)
-      ends the list: it and everything after it are ignored.
+    * otherwise a comma-separated list; blanks around an entry are ignored. An entry is the
+      number at its start, an optional sign (``+`` or ``-``) directly followed by digits,
+      and whatever follows that number is ignored: ``"1gpu"`` is 1, ``"+2"`` is 2.
+    * the first invalid entry ends the list: it and everything after it are ignored. An
+      entry is invalid when it does not start with such a number (``""``, ``"x"``, a lone
+      ``"+"``, ``"GPU-..."``), when its number is negative, or when that GPU does not exist.
     * a GPU listed twice (before that end) makes the whole list invalid: no GPU.
 
     >>> visible_devices("2,3", 4)
@@ -48,7 +50,7 @@ def visible_devices(value: str | None, n_physical: int) -> list[int]:
     >>> visible_devices("0,2,-1,1", 4)
     [0, 2]
     """
-    # Exercise 0.1 (about 15 lines). mp.hint("0.1") when stuck.
+    # Exercise 0.1 (about 13 lines). mp.hint("0.1") when stuck.
     raise NotImplementedError("Exercise 0.1: visible_devices (notebooks/00_welcome.ipynb)")
 
 
@@ -60,6 +62,8 @@ def data_parallel_device_ids(visible: list[int], physical_gpus: list[int]) -> li
     ``device_ids`` are *logical* ids: with ``CUDA_VISIBLE_DEVICES=1,2`` the right answer
     for physical GPUs 1 and 2 is ``[0, 1]``, and the classic mistake ``[1, 2]`` asks for a
     ``cuda:2`` that does not exist. Raise ``ValueError`` when a requested GPU is not visible.
+    The answer has one logical id per requested GPU, in the order requested: a GPU asked
+    for twice appears twice.
 
     >>> data_parallel_device_ids([1, 2], [1, 2])
     [0, 1]

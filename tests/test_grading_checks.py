@@ -44,6 +44,26 @@ def failing(results: dict[str, tuple[str, str]]) -> set[str]:
     return {name for name, (status, _) in results.items() if status != "passed"}
 
 
+# ---- lesson 00: the contract's sign rule and repeated requests -----------------------------
+
+def test_a_parser_of_bare_digits_fails_only_on_signs() -> None:
+    from tests.mutants.lesson_00 import visible_rejects_plus
+
+    results = verdicts("0.1", visible_rejects_plus)
+    assert failing(results) == {"blanks, signs and leading digits", "hidden: random values"}
+    assert "'+2,0'" in results["blanks, signs and leading digits"][1]
+    assert all(status == "passed" for status, _ in verdicts(
+        "0.1", solution("ex00_devices").visible_devices).values())
+
+
+def test_device_ids_that_drop_a_repeat_are_told_the_count() -> None:
+    from tests.mutants.lesson_00 import device_ids_drop_repeats
+
+    results = verdicts("0.2", device_ids_drop_repeats)
+    assert failing(results) == {"logical ids, not physical ones", "hidden: random visible lists"}
+    assert "returned 1 id for 2 requested GPUs" in results["logical ids, not physical ones"][1]
+
+
 # ---- lesson 01: from scratch, right pattern, right speed ----------------------------------
 
 def ring_through_rank_0(comm: Any, tensor: torch.Tensor) -> None:
@@ -131,6 +151,27 @@ def test_a_ring_that_waits_for_its_neighbours_is_too_slow() -> None:
     assert failing(results) == {"time: every link busy at once"}
 
 
+def test_a_composed_all_reduce_that_crashes_earns_no_case() -> None:
+    """Unpadded chunks crash with mismatched messages; the time case crashes too."""
+    def composed_without_padding(comm: Any, tensor: torch.Tensor) -> None:
+        ex01 = solution("ex01_communication")
+        mine = ex01.ring_reduce_scatter(comm, tensor)
+        tensor.copy_(torch.cat(ex01.ring_all_gather(comm, mine)).view_as(tensor))
+
+    results = verdicts("1.7", composed_without_padding)
+    assert all(status == "failed" for status, _ in results.values()), results
+    assert "MessageMismatchError" in results["time: as fast as the ring"][1]
+
+
+def test_the_padded_byte_count_is_explained_and_one_message_is_singular() -> None:
+    from mpgpu_edu.grading.checks.lesson_01 import _count
+
+    results = verdicts("1.7", ring_sending_everything)
+    message = results["traffic: 2(N-1)/N of the tensor, to the right neighbour"][1]
+    assert "padded to N chunks of ceil(numel/N) = ceil(1000/4) = 250 elements" in message
+    assert (_count(1, "message"), _count(3, "message")) == ("1 message", "3 messages")
+
+
 def test_reduce_scatter_must_leave_its_input_alone() -> None:
     def mutating(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
         all_reduce(comm, tensor)
@@ -166,6 +207,15 @@ def hooks_left_behind(comm: Any, model: torch.nn.Module, loss: torch.Tensor) -> 
         work.wait()
 
 
+def test_a_sum_instead_of_a_mean_is_named_as_n_times_too_large() -> None:
+    from tests.mutants import lesson_03 as wrong
+
+    results = verdicts("3.1", wrong.average_sums)
+    assert "3 times the expected" in results["every replica holds the mean gradient"][1]
+    assert "4 times the expected" in results["same gradients as one device on the whole "
+                                             "batch"][1]
+
+
 def test_averaging_after_backward_is_not_overlap() -> None:
     results = verdicts("3.3", after_backward)
     assert failing(results) == {"timeline: communication overlaps backward"}
@@ -188,9 +238,13 @@ def test_ddp_wrapper_is_judged_on_its_buckets_and_its_timeline() -> None:
     from tests.mutants import lesson_03 as wrong
 
     forward = verdicts("3.5", wrong.ddp_forward_buckets)
-    case = "buckets: reverse order, one all-reduce each, no broadcast after the start"
+    case = "buckets: reverse order, one all-reduce each; one broadcast, at construction"
     assert failing(forward) == {case}, forward
     assert "[18, 45, 8, 48]" in forward[case][1] and "[23, 40, 8, 48]" in forward[case][1]
+    per_parameter = verdicts("3.5", wrong.ddp_broadcasts_per_parameter)
+    hidden = "hidden: 2-5 ranks, other layers, bucket caps that split unevenly"
+    assert failing(per_parameter) == {case, hidden}, per_parameter
+    assert "broadcast 6 tensor(s)" in per_parameter[case][1]
     waiting = verdicts("3.5", wrong.ddp_waits_in_hook)
     assert failing(waiting) == {"timeline: all-reduces launched during backward, overlapping it"}
     assert "never run at the same time" in "".join(m for _, m in waiting.values())
@@ -402,8 +456,9 @@ def test_a_server_loop_in_rank_order_fails_only_the_arrival_order() -> None:
     from tests.mutants.lesson_02 import loop_in_rank_order
 
     results = verdicts("2.3", loop_in_rank_order)
-    assert failing(results) == {"takes the gradients in the order they arrive"}
-    message = results["takes the gradients in the order they arrive"][1]
+    order = "a fast worker's gradient is not held behind a slower one's"
+    assert failing(results) == {order}
+    message = results[order][1]
     assert "from workers [0, 1, 2]" in message and "arrival order: [1, 2, 0]" in message
 
 

@@ -78,3 +78,49 @@ def test_a_faster_gpu_does_not_speed_up_an_input_bound_step() -> None:
     fast = l00.run_input_pipeline(0.4, 0.05, loaders=1, steps=6, batch_bytes=10)
     assert l00.step_seconds_in_steady_state(slow) == pytest.approx(0.4, rel=0.01)
     assert l00.step_seconds_in_steady_state(fast) == pytest.approx(0.4, rel=0.01)
+
+
+def test_device_ids_for_maps_physical_to_logical_in_request_order() -> None:
+    assert l00.device_ids_for([1, 2], [1, 2]) == [0, 1]
+    assert l00.device_ids_for([3, 1, 2], [1, 3, 1]) == [1, 0, 1]
+    with pytest.raises(ValueError, match="GPU 0 is not visible"):
+        l00.device_ids_for([1, 2], [0])
+
+
+def test_data_parallel_plan_uses_the_functions_it_is_given() -> None:
+    from mpgpu_edu.cluster import parse_visible
+
+    calls: list[str] = []
+
+    def parse(value: str | None, n: int) -> list[int]:
+        calls.append("parse")
+        return parse_visible(value, n)
+
+    def ids_for(visible: list[int], want: list[int]) -> list[int]:
+        calls.append("ids")
+        return l00.device_ids_for(visible, want)
+
+    line = l00.data_parallel_plan("3,1", [1, 3], 4, parse, ids_for)
+    assert calls == ["parse", "ids"]
+    assert "device_ids=[1, 0]" in line and "physical GPUs [1, 3]" in line
+    lost = l00.data_parallel_plan("0,2,-1,1", [1], 4, parse, ids_for)
+    assert "no device_ids will do" in lost
+
+
+def test_prose_numbers_of_the_notebook_stay_true() -> None:
+    """Lesson 00 says: GPT-2 large fits a 24 GiB card with 1 or 2 sequences of 1024 tokens
+    per step but not 4; the heavy workload idles about a tenth of the run."""
+    from mpgpu_edu import data
+    from mpgpu_edu.hardware import GPUS
+    from mpgpu_edu.memory import activation_bytes, estimate_memory, spec_params
+
+    card = GPUS["RTX4090-24GB"]
+    fits = {b: estimate_memory(spec_params("gpt2-large"), "adam", "mixed", "single", 1,
+                               activation_bytes("gpt2-large", b, 1024, "mixed")
+                               ).fits(card.memory_bytes) for b in (1, 2, 4)}
+    assert fits == {1: True, 2: True, 4: False}
+    heavy = data.heavy()
+    rtx = Cluster.preset("4xRTX4090-pcie")
+    run = l00.run_input_pipeline(1e-3 + 0.2e-6 * heavy.batch, rtx.compute_seconds(heavy.step_flops),
+                                 loaders=1, steps=8, batch_bytes=4 * 512 * heavy.batch)
+    assert 0.05 <= l00.gpu_idle_after_first_batch(run) <= l00.gpu_idle_fraction(run) <= 0.15

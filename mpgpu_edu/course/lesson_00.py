@@ -8,20 +8,22 @@ EXERCISES = (
     ex('0.1', 'visible_devices', 'CUDA_VISIBLE_DEVICES: logical -> physical', 5,
        ('CUDA reads the list once, left to right, and keeps what it reads until something '
         'stops it: the list is a prefix of the entries, not a filter over them.',
-        'Handle the unset case first. Then walk the comma-separated entries in order: take '
-        'each entry\'s leading digits; an entry without any, or naming a GPU that does not '
-        'exist, ends the walk; a GPU already taken makes the result empty.',
-        'for entry in value.split(","): digits = the leading run of entry.strip() where '
-        'char.isdigit(); if not digits or int(digits) >= n_physical: break; '
-        'if int(digits) in devices: return []; devices.append(int(digits))'),
+        'Handle the unset case first. Then walk the comma-separated entries in order and '
+        'read the number at the start of each (sign included). Each entry has one of three '
+        'fates: it ends the walk, it empties the whole answer, or it adds a GPU.',
+        'if value is None: ...; devices = []; for entry in value.split(","): '
+        'number = re.match(r"[+-]?[0-9]+", entry.strip()); which of: no number, a negative '
+        'one, one >= n_physical, one already in devices, makes you break and which makes '
+        'you return []? Otherwise devices.append(...).'),
        WARM_UP),
     ex('0.2', 'data_parallel_device_ids', 'The device_ids question', 3,
        ('device_ids count in the process\'s own numbering (cuda:0, cuda:1, ...), which is the '
         'order of the visible list, not nvidia-smi\'s numbers.',
-        'For each requested physical GPU, find where it sits in visible; a GPU that is not '
-        'there cannot be used: raise.',
-        'ids = []; for gpu in physical_gpus: if gpu not in visible: raise ValueError(...); '
-        'ids.append(visible.index(gpu))'),
+        'One answer per requested GPU, in the order requested: where does that physical GPU '
+        'sit in visible? A GPU that is not there cannot be used: raise.',
+        'A list\'s .index(x) gives the position of x, and raises its own ValueError (about '
+        'lists, not GPUs) when x is absent: test membership with `in` first and raise a '
+        'ValueError that names the GPU and what is visible.'),
        WARM_UP),
 )
 
@@ -45,4 +47,4 @@ PREDICTIONS = (
 )
 
 LESSON = Lesson(0, 'welcome: devices', 'ex00_devices', 'notebooks/00_welcome.ipynb', EXERCISES,
-                PREDICTIONS)
+                PREDICTIONS, drives_demos=("0.1", "0.2"))

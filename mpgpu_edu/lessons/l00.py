@@ -9,16 +9,20 @@ tensors, so the timelines show the *shape* of a run, not a measurement.
 - ``input_pipeline``: ranks 0 .. N-2 are data-loader workers (CPU processes), the last rank
   is the GPU. A worker prepares a batch, then hands it to the GPU; the GPU trains on each
   batch as it arrives. When loading is slower than training, the GPU sits idle.
+
+And, for exercises 0.1 and 0.2, the reference of 0.2 (``device_ids_for``) and a planner
+(``data_parallel_plan``) that takes the parser and the ``device_ids`` function as
+parameters, so that the notebook can run the learner's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from matplotlib.figure import Figure
 
-from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.cluster import Cluster, device_ids_to_physical
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.hardware import LINKS
@@ -141,3 +145,31 @@ def epoch_seconds(cluster: Cluster, flops: float, devices: Sequence[int],
     ``cluster``'s kind, counting compute only (``cluster.compute_seconds(flops / N)``): the
     ideal that communication (lesson 01) then eats into."""
     return {n: cluster.compute_seconds(flops / n, dtype) for n in devices}
+
+
+def device_ids_for(visible: list[int], physical_gpus: list[int]) -> list[int]:
+    """The reference of exercise 0.2: the logical ids (``device_ids``) of the physical GPUs
+    ``physical_gpus`` in a process that sees ``visible``; ``ValueError`` for one it cannot
+    see."""
+    missing = [gpu for gpu in physical_gpus if gpu not in visible]
+    if missing:
+        raise ValueError(f"GPU {missing[0]} is not visible to this process (visible: {visible})")
+    return [visible.index(gpu) for gpu in physical_gpus]
+
+
+def data_parallel_plan(value: str | None, want: list[int], n_physical: int,
+                       parse: Callable[[str | None, int], list[int]],
+                       ids_for: Callable[[list[int], list[int]], list[int]]) -> str:
+    """One line: under ``CUDA_VISIBLE_DEVICES=value`` on ``n_physical`` GPUs, which
+    ``device_ids`` make ``nn.DataParallel`` run on the physical GPUs ``want``. ``parse``
+    (exercise 0.1) gives what the process sees, ``ids_for`` (exercise 0.2) the ids; the
+    package's ``device_ids_to_physical`` then says where those ids really run."""
+    shown = "unset" if value is None else repr(value)
+    visible = parse(value, n_physical)
+    head = f"CUDA_VISIBLE_DEVICES={shown:11} sees {visible}, want GPUs {want}: "
+    try:
+        ids = ids_for(visible, want)
+    except ValueError as error:
+        return head + f"no device_ids will do ({error})"
+    return head + (f"device_ids={ids} -> runs on physical GPUs "
+                   f"{device_ids_to_physical(ids, visible)}")

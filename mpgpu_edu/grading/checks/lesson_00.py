@@ -39,7 +39,7 @@ def _visible_case(name: str, points: int, pairs: list[tuple[str | None, int]],
 
 
 _ENTRIES = [str(i) for i in range(10)] + [f" {i} " for i in range(10)] + [
-    "-1", "", "x", "gpu", "1gpu", "3a", "12", "GPU-1"]
+    "-1", "", "x", "gpu", "1gpu", "3a", "12", "GPU-1", "+2", "+", "+1x", "-", "++2"]
 
 
 def _random_visible() -> list[tuple[str, int]]:
@@ -72,6 +72,9 @@ def _judge_ids(out: dict[str, Any], visible: list[int], physical: list[int]) -> 
     ids = out["ids"]
     expect(isinstance(ids, list) and all(type(i) is int for i in ids),
            f"{call} should return a list of ints, got {type_name(ids)}: {ids}")
+    expect(len(ids) == len(physical),
+           f"{call} returned {len(ids)} id{'s' if len(ids) != 1 else ''} for {len(physical)} "
+           f"requested GPU{'s' if len(physical) != 1 else ''}: {ids}")
     try:
         runs_on = device_ids_to_physical(ids, visible)
     except ValueError:
@@ -94,7 +97,7 @@ def _random_ids() -> list[dict[str, Any]]:
     for e in examples(40, seed=2, n_visible=(1, 8), n_picks=(1, 4), seed_=(0, 10_000)):
         rng = random.Random(e["seed_"])
         visible = rng.sample(range(16), e["n_visible"])
-        physical = list(dict.fromkeys(rng.choice(visible) for _ in range(e["n_picks"])))
+        physical = [rng.choice(visible) for _ in range(e["n_picks"])]  # repeats included
         out.append({"visible": visible, "physical": physical})
     return out
 
@@ -103,7 +106,9 @@ CASES: dict[str, list[Case]] = {
     "0.1": [
         _visible_case("unset and plain lists", 1,
                       [(None, 4), ("2,3", 4), ("3,1", 4), ("0", 1), (None, 0)]),
-        _visible_case("blanks and leading digits", 1, [(" 1 , 2 ", 4), ("1gpu,0", 4)]),
+        _visible_case("blanks, signs and leading digits", 1,
+                      [(" 1 , 2 ", 4), ("1gpu,0", 4), ("+2,0", 4), (" +1gpu , 3", 4),
+                       ("0,+,1", 4), ("1,+-2,0", 4), ("2,- 1", 4)]),
         _visible_case("empty: no device", 1, [("", 4), ("  ", 2)]),
         _visible_case("invalid entry ends the list, duplicates empty it", 1,
                       [("0,2,-1,1", 4), ("1,7,2", 4), ("0,x,1", 2), ("1,1", 4),
@@ -114,7 +119,7 @@ CASES: dict[str, list[Case]] = {
         _ids_case("logical ids, not physical ones", 1,
                   [{"visible": v, "physical": p} for v, p in
                    [([1, 2], [1, 2]), ([2, 3], [3]), ([3, 1, 2], [1, 2, 3]),
-                    ([0, 1, 2, 3], [2, 0])]]),
+                    ([0, 1, 2, 3], [2, 0]), ([1, 2], [1, 1]), ([3, 1, 2], [1, 3, 1])]]),
         _ids_case("a GPU that is not visible raises ValueError", 1,
                   [{"visible": v, "physical": p} for v, p in
                    [([1, 2], [0]), ([2, 3], [2, 4]), ([], [0])]]),
