@@ -179,3 +179,15 @@ def test_instrumented_solutions_log_calls_outside_the_checks(tmp_path: Path,
     mp.launch(lambda comm: ring(comm, torch.ones(3)) or None, 2)
     assert "1.3" in log.read_text().split()
     assert "1.3" not in verify(log)
+
+
+def test_the_checker_can_be_warmed_up_in_the_background(course: Path) -> None:
+    """A notebook's first ``mp.progress()`` starts the checker's fork server in a thread;
+    a check that follows uses it (and one that comes sooner waits for it)."""
+    from multiprocessing import forkserver
+
+    from mpgpu_edu.grading import runner
+
+    runner.warm_up()
+    assert mp.check("0.2", impl="solutions").passed
+    assert getattr(forkserver._forkserver, "_forkserver_pid", None)

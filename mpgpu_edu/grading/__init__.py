@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mpgpu_edu.grading.progress import CourseNotFound, find_root, progress
+from mpgpu_edu.grading.progress import CourseNotFound, Progress, find_root
+from mpgpu_edu.grading.progress import progress as _progress
 from mpgpu_edu.grading.registry import EXERCISES, get
 from mpgpu_edu.grading.hints import hint
 from mpgpu_edu.grading.predict import predict, reveal
@@ -41,6 +42,25 @@ class ExerciseFailed(AssertionError):
 
 
 IMPL_ENV, STRICT_ENV = "MPGPU_EDU_IMPL", "MPGPU_EDU_STRICT"
+
+
+def progress(root: str | Path | None = None) -> Progress:
+    """The learner's progress (see ``grading.progress.progress``). In a notebook it also
+    starts the checker in the background, so the lesson's first ``check`` answers at once."""
+    if _in_notebook():
+        from mpgpu_edu.grading import runner
+
+        runner.warm_up()
+    return _progress(root)
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def check(exercise: str, fn: Callable[..., Any] | None = None, *,

@@ -104,6 +104,20 @@ def _context(figures: bool = False) -> Any:
     return _CONTEXT
 
 
+def warm_up() -> None:
+    """Start the grading fork server in a background thread, so that a learner's first check
+    does not wait for it (it imports torch and every lesson's checks: 5-10 s). A notebook's
+    first ``mp.progress()`` calls this; a check that comes sooner simply waits for it
+    (starting the server is guarded by its own lock)."""
+    ctx = _context(figures=True)
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    threading.Thread(target=forkserver.ensure_running, daemon=True,
+                     name="mpgpu-grader-warm-up").start()
+
+
 def _add_preload(ctx: Any, modules: list[str]) -> None:
     """Add ``modules`` to what the fork server imports when it starts. The server is shared
     by the whole process (``mpgpu_edu.comm.pool`` uses it too), so keep what others asked
