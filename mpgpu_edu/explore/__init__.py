@@ -13,9 +13,11 @@ Each explorer is two functions: a *view* that returns ``(figure, info)`` for giv
 | ``memory_calculator()``     | ``memory_view``      | bytes per device by category; fits or not  |
 | ``visible_devices_sandbox()`` | ``visible_view``   | CUDA_VISIBLE_DEVICES: physical -> cuda:i   |
 | ``ring_stepper()``          | ``ring_view``        | ring all-reduce, step by step              |
+| ``tp_explorer()``           | ``tp_view``          | Megatron MLP split N ways: compute vs      |
+|                             |                      | all-reduce time, bytes per link            |
 
 Nothing here trains a model: pipelines are timed from their schedule, DDP runs one step on
-meta tensors (shapes without data) on the simulator.
+meta tensors (shapes without data) on the simulator, and so does the tensor-parallel MLP block.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ _EXPORTS = {
     "memory_calculator": "memory", "memory_view": "memory",
     "visible_devices_sandbox": "visible", "visible_view": "visible",
     "ring_stepper": "ring", "ring_view": "ring",
+    "tp_explorer": "tensor", "tp_view": "tensor",
 }
 
 __all__ = sorted(_EXPORTS)
