@@ -105,9 +105,14 @@ def tree_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     The tree: rank r's parent is ``(r - 1) // 2`` and its children are ``2r + 1`` and
     ``2r + 2`` (those below N); rank 0 is the root. Traffic: a rank talks to its parent
     and its children only, and every edge carries the whole tensor once each way.
-    Cost: about 4 log2(N) (alpha + S / beta): few rounds, but every round moves all of S.
+    Both subtrees at once: a rank's two children can send (and be sent to) at the same time,
+    and a rank waits only for its own subtree, so where the links allow it the time is that
+    of the tree's depth, not of its size.
+    Cost: 2 floor(log2 N) rounds, up then down, each alpha + 2 S / beta where a rank has one
+    port and two children: 2 floor(log2 N)(alpha + 2 S / beta) for a full tree (N = 2^k - 1).
+    Few rounds, but every round moves all of S.
     """
-    # Exercise 1.6 (about 12 lines). mp.hint("1.6") when stuck.
+    # Exercise 1.6 (about 13 lines). mp.hint("1.6") when stuck.
     raise NotImplementedError("Exercise 1.6: tree_all_reduce (notebooks/01_communication.ipynb)")
 
 

@@ -149,21 +149,27 @@ def tree_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     The tree: rank r's parent is ``(r - 1) // 2`` and its children are ``2r + 1`` and
     ``2r + 2`` (those below N); rank 0 is the root. Traffic: a rank talks to its parent
     and its children only, and every edge carries the whole tensor once each way.
-    Cost: about 4 log2(N) (alpha + S / beta): few rounds, but every round moves all of S.
+    Both subtrees at once: a rank's two children can send (and be sent to) at the same time,
+    and a rank waits only for its own subtree, so where the links allow it the time is that
+    of the tree's depth, not of its size.
+    Cost: 2 floor(log2 N) rounds, up then down, each alpha + 2 S / beta where a rank has one
+    port and two children: 2 floor(log2 N)(alpha + 2 S / beta) for a full tree (N = 2^k - 1).
+    Few rounds, but every round moves all of S.
     """
     ### BEGIN SOLUTION 1.6
     rank, n = comm.rank, comm.world_size
     children = [c for c in (2 * rank + 1, 2 * rank + 2) if c < n]
-    buffer = torch.empty_like(tensor)
-    for child in children:  # up: my subtree's sum
-        comm.recv(buffer, child)
-        tensor.add_(buffer)
+    partials = [torch.empty_like(tensor) for _ in children]
+    works = [comm.irecv(partial, child) for partial, child in zip(partials, children)]
+    for work, partial in zip(works, partials):  # up: both subtrees' sums, received at once
+        work.wait()
+        tensor.add_(partial)
     if rank > 0:
         parent = (rank - 1) // 2
         comm.send(tensor, parent)
         comm.recv(tensor, parent)  # down: the total
-    for child in children:
-        comm.send(tensor, child)
+    for work in [comm.isend(tensor, child) for child in children]:
+        work.wait()
     ### END SOLUTION
 
 

@@ -152,9 +152,52 @@ def test_the_stepper_refuses_what_is_not_a_ring() -> None:
 def test_the_stepper_view_draws_the_given_ring_with_its_label() -> None:
     from mpgpu_edu.explore.ring import ring_view
 
+    from mpgpu_edu.explore.ring import describe, ring_view
+
     fig, info = ring_view(4, 1, all_reduce=SOLUTION.ring_all_reduce, label="your ring")
     assert info["sends"] == ring_steps(4, shift=0)[1].sends
     assert fig.axes[0].get_title(loc="left").startswith("your ring\nstep 2 of 6")
+    assert describe(info).startswith("your ring: <b>step 2 of 6</b>")
+    _, done = ring_view(3, 4, label="reference ring")
+    assert describe(done).startswith("reference ring: <b>done</b>")
+
+
+# ---- exercise 1.6's tree: the reference the demos draw, and its closed form ---------------
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 11, 15])
+def test_binary_tree_reference_sums_along_the_exercise_tree(n: int) -> None:
+    import torch
+
+    def program(comm: Any) -> torch.Tensor:
+        tensor = torch.full((5,), float(comm.rank + 1))
+        l01.binary_tree_all_reduce(comm, tensor)
+        return tensor
+
+    result = launch(program, n)
+    assert all(t.tolist() == [n * (n + 1) / 2] * 5 for t in result.results)
+    for rank, stats in enumerate(result.stats):
+        peers = l01.tree_children(rank, n) + ([(rank - 1) // 2] if rank else [])
+        assert sorted(stats.sent_to) == sorted(peers)
+
+
+@pytest.mark.parametrize("n", range(1, 17))
+def test_binary_tree_closed_form_holds_on_the_simulator(n: int) -> None:
+    alpha, beta, size = 1e-5, 1e9, 2**20
+    seconds = l01.run_all_reduce(l01.binary_tree_all_reduce,
+                                 Cluster.uniform(n, alpha_s=alpha, beta_Bps=beta),
+                                 size).trace.makespan
+    closed = l01.binary_tree_seconds(n, size, alpha, beta)
+    if n in (1, 3, 7, 15):  # full trees: exactly the closed form
+        assert seconds == pytest.approx(closed, rel=1e-9)
+    else:
+        assert seconds <= closed * (1 + 1e-9)
+
+
+def test_the_solution_tree_is_timed_like_the_reference() -> None:
+    for n in (4, 7, 8):
+        mine = l01.run_all_reduce(SOLUTION.tree_all_reduce, "8xA100-nvlink", 2**24, n)
+        ref = l01.run_all_reduce(l01.binary_tree_all_reduce, "8xA100-nvlink", 2**24, n)
+        assert mine.trace.makespan == pytest.approx(ref.trace.makespan, rel=1e-9)
 
 
 def test_comm_timelines_label_every_bar_on_one_time_axis() -> None:

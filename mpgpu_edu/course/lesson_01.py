@@ -28,10 +28,16 @@ EXERCISES = (
         'tensor. Every step is ring_shift\'s pattern: isend one chunk to (r + 1) % N, recv '
         'from (r - 1) % N into a buffer, wait, then add (first phase) or copy (second). In '
         'each step a rank sends the chunk it updated in the step before.',
-        'for k in range(N - 1):   # send chunks[(r - 1 - k) % N], add into chunks[(r - 2 - k) '
-        '% N]\n    ...\n# now chunk r of rank r is complete\nfor k in range(N - 1):   # send '
-        'chunks[(r - k) % N], recv into chunks[(r - 1 - k) % N]\n    ...\n# chunks can '
-        'differ by one element: recv into buffer[:incoming.numel()]'),
+        'chunks = list(torch.tensor_split(tensor.view(-1), N))\n'
+        'scratch = torch.empty_like(chunks[0])   # chunk 0 is the longest\n'
+        'for k in range(N - 1):   # reduce-scatter\n'
+        '    into = chunks[(r - 2 - k) % N]\n'
+        '    work = comm.isend(chunks[(r - 1 - k) % N], (r + 1) % N)\n'
+        '    comm.recv(scratch[:into.numel()], (r - 1) % N); work.wait(); into.add_(...)\n'
+        '# now chunk r of rank r holds the full sum\n'
+        'for k in range(N - 1):   # all-gather: isend chunks[(r - k) % N], '
+        'recv into chunks[(r - 1 - k) % N]\n'
+        '    ...'),
        CAPSTONE),
     ex('1.4', 'ring_reduce_scatter', 'Ring reduce-scatter', 6,
        ('The first half of the ring all-reduce: N - 1 steps, each passing one partial chunk '
@@ -54,14 +60,17 @@ EXERCISES = (
     ex('1.6', 'tree_all_reduce', 'Tree all-reduce (choose 1.6 or 1.7)', 10,
        ('A binary tree in rank order: rank r\'s parent is (r - 1) // 2, its children are '
         '2r + 1 and 2r + 2 (those below N). Partial sums flow up to rank 0, then the total '
-        'flows back down the same edges.',
-        'Up: receive each child\'s subtree sum into a scratch buffer and add it; then, unless '
-        'you are rank 0, send your subtree\'s sum to your parent. Down: receive the total '
-        'from your parent into the tensor, then send it to each child.',
+        'flows back down the same edges; a rank waits only for its own subtree.',
+        'Up: a rank needs the sums of both its subtrees before it sends its own to its parent; '
+        'take the two children\'s tensors at the same time (post both receives before '
+        'waiting on either), each into a scratch tensor of its own. Then every rank but 0 '
+        'sends up and receives the total back. Down: start the sends to both children before '
+        'waiting on either.',
         'children = [c for c in (2*r + 1, 2*r + 2) if c < N]\n'
-        'for c in children: comm.recv(buffer, c); tensor.add_(buffer)\n'
-        'if r > 0: comm.send(tensor, parent); comm.recv(tensor, parent)\n'
-        'for c in children: ...'),
+        'works = [comm.irecv(<a scratch tensor per child>, c) for c in children]\n'
+        '# wait on every work; add each scratch tensor into tensor\n'
+        '# r > 0: send tensor to the parent, then receive the total into tensor\n'
+        '# down: one isend per child, and only then wait on them'),
        CAPSTONE),
     ex('1.7', 'composed_all_reduce', 'All-reduce composed: reduce-scatter then all-gather '
        '(choose 1.6 or 1.7)', 10,
@@ -70,9 +79,12 @@ EXERCISES = (
         'shape, and tensor_split\'s chunks differ when N does not divide the size.',
         'Pad a flat copy with zeros to a multiple of N, reduce-scatter it, all-gather your '
         'chunk, concatenate, drop the padding, and copy the result into tensor (in place).',
-        'm = -(-numel // N) * N\npadded = torch.zeros(m, dtype=tensor.dtype); padded[:numel] '
-        '= tensor.reshape(-1)\nfull = torch.cat(ring_all_gather(comm, ring_reduce_scatter('
-        'comm, padded)))\ntensor.copy_(...)'),
+        'chunk = -(-numel // N)   # ceil(numel / N)\n'
+        'padded = torch.zeros(N * chunk, dtype=tensor.dtype)\n'
+        'padded[:numel] = ...     # a flat copy of tensor\n'
+        'mine = ring_reduce_scatter(comm, padded)\n'
+        'full = ...               # every rank\'s chunk, in rank order, as one flat tensor\n'
+        'tensor.copy_(...)        # drop the padding, keep tensor\'s shape'),
        CAPSTONE),
 )
 

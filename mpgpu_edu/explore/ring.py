@@ -25,8 +25,8 @@ def ring_view(world_size: int = 4, step: int = 0, nbytes: int | None = None,
     """The ring of ``world_size`` ranks before step ``step`` (0 .. 2(N-1); the last shows the
     result), as ``all_reduce`` takes it (default: the package's order). Returns
     ``(figure, info)``; ``info`` holds ``total_steps``, ``phase`` ("reduce-scatter",
-    "all-gather" or "done"), ``sends`` (the chunk each rank sends) and ``complete`` (how
-    many full sums each rank holds)."""
+    "all-gather" or "done"), ``sends`` (the chunk each rank sends), ``complete`` (how
+    many full sums each rank holds) and ``label`` (whose ring it is, or None)."""
     steps = ring_steps(world_size) if all_reduce is None else ring_steps_of(all_reduce,
                                                                             world_size)
     fig = plot_ring_step(world_size, step, nbytes=nbytes, steps=steps, label=label)
@@ -35,15 +35,19 @@ def ring_view(world_size: int = 4, step: int = 0, nbytes: int | None = None,
     info = {"world_size": world_size, "step": step, "total_steps": len(steps),
             "phase": current.phase if current else "done",
             "sends": current.sends if current else (),
-            "complete": [sum(len(chunk) == world_size for chunk in rank) for rank in state]}
+            "complete": [sum(len(chunk) == world_size for chunk in rank) for rank in state],
+            "label": label}
     return fig, info
 
 
 def describe(info: dict) -> str:
+    """The caption under the figure: whose ring, which step, how far the sums are."""
+    whose = f"{info['label']}: " if info.get("label") else ""
     if info["phase"] == "done":
-        return f"<b>done</b> after {info['total_steps']} steps: every rank holds every sum"
-    return (f"<b>step {info['step'] + 1} of {info['total_steps']}</b> ({info['phase']}) "
-            f"&nbsp; full sums held per rank: {info['complete']}")
+        return (f"{whose}<b>done</b> after {info['total_steps']} steps: every rank holds "
+                "every sum")
+    return (f"{whose}<b>step {info['step'] + 1} of {info['total_steps']}</b> "
+            f"({info['phase']}) &nbsp; full sums held per rank: {info['complete']}")
 
 
 def ring_stepper(world_size: int = 4, nbytes: int | None = None,

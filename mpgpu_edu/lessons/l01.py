@@ -9,6 +9,8 @@ costs on real topologies.
   ``fn(comm, tensor)`` (the learner's, from ``mp.yours``) or as the name of one of the
   package's, timed on the simulator with meta tensors (a shape, no data: a 1 GiB message
   costs no memory).
+- ``binary_tree_all_reduce``, ``binary_tree_seconds``: the reference of exercise 1.6's tree
+  (parent (r - 1) // 2) and its closed form.
 - ``ring_figure``: the ring before a step, in exercise 1.4's order (rank r ends with chunk r).
 - ``plot_bytes_per_rank``: who sends how much, per algorithm.
 - ``step_seconds``: compute plus gradient all-reduce per step on N devices (pitfall 1).
@@ -174,6 +176,46 @@ def allreduce_times(cluster: Cluster | str, algos: Mapping[str, AllReduce] | Ite
     algos = dict(algos) if isinstance(algos, Mapping) else {name: name for name in algos}
     return {label: {n: run_all_reduce(algo, cluster, n, world_size).trace.makespan
                     for n in sizes} for label, algo in algos.items()}
+
+
+def tree_children(rank: int, world_size: int) -> list[int]:
+    """Rank ``rank``'s children in the binary tree of exercise 1.6: ``2r + 1`` and ``2r + 2``,
+    those below ``world_size``."""
+    return [c for c in (2 * rank + 1, 2 * rank + 2) if c < world_size]
+
+
+def binary_tree_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
+    """All-reduce (sum) in place along the binary tree of exercise 1.6 (rank r's parent is
+    ``(r - 1) // 2``), from ``irecv``/``isend``: the reference the demos and the check of 1.6
+    compare a learner's tree with.
+
+    Both subtrees at once: a rank posts the receives from both children before it waits on
+    either, and sends the total to both children before it waits on either.
+    Cost: ``binary_tree_seconds``."""
+    rank, n = comm.rank, comm.world_size
+    children = tree_children(rank, n)
+    partials = [torch.empty_like(tensor) for _ in children]
+    works = [comm.irecv(partial, child) for partial, child in zip(partials, children)]
+    for work, partial in zip(works, partials):  # up: the sum of my subtree
+        work.wait()
+        tensor.add_(partial)
+    if rank > 0:
+        comm.send(tensor, (rank - 1) // 2)
+        comm.recv(tensor, (rank - 1) // 2)  # down: the total
+    for work in [comm.isend(tensor, child) for child in children]:
+        work.wait()
+
+
+def binary_tree_seconds(world_size: int, nbytes: float, alpha_s: float,
+                        beta_Bps: float) -> float:
+    """Closed form of ``binary_tree_all_reduce`` on a cluster where every device has one port
+    in and one out (``Cluster.uniform``, the NVSwitch presets): ``2 floor(log2 N)`` rounds,
+    up then down, and in each round a parent's port carries both children's tensors:
+    ``2 floor(log2 N) (alpha + 2 S / beta)``. Exact for a full tree (N = 2^k - 1); when the
+    last level is part-filled the simulator is faster (a rank with one child waits for one
+    tensor only)."""
+    depth = world_size.bit_length() - 1  # floor(log2 N): the depth of rank N - 1
+    return 2 * depth * (alpha_s + 2 * nbytes / beta_Bps)
 
 
 def ring_figure(world_size: int, step: int, nbytes: int | None = None) -> Figure:

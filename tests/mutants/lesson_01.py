@@ -101,6 +101,22 @@ def ring_without_all_gather(comm: Any, tensor: torch.Tensor) -> None:
         incoming.add_(buffer[: incoming.numel()])
 
 
+def ring_never_waits(comm: Any, tensor: torch.Tensor) -> None:
+    """Right sums and traffic, but never waits on its isend works (the simulator delivers
+    them anyway; on gloo or NCCL a chunk could be overwritten while still in flight)."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    buffer = torch.empty_like(chunks[0])
+    for k in range(n - 1):
+        incoming = chunks[(rank - 2 - k) % n]
+        comm.isend(chunks[(rank - 1 - k) % n], (rank + 1) % n)
+        comm.recv(buffer[: incoming.numel()], (rank - 1) % n)
+        incoming.add_(buffer[: incoming.numel()])
+    for k in range(n - 1):
+        comm.isend(chunks[(rank - k) % n], (rank + 1) % n)
+        comm.recv(chunks[(rank - 1 - k) % n], (rank - 1) % n)
+
+
 # ---- 1.4 ----------------------------------------------------------------------------------
 
 def reduce_scatter_next_chunk(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
@@ -159,7 +175,36 @@ def all_gather_sends_everything(comm: Any, tensor: torch.Tensor) -> list[torch.T
     return slots
 
 
+def all_gather_own_entry_is_input(comm: Any, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Right values, but its own entry is the caller's tensor itself, not a new tensor."""
+    slots = _SOL.ring_all_gather(comm, tensor)
+    slots[comm.rank] = tensor
+    return slots
+
+
 # ---- 1.6 ----------------------------------------------------------------------------------
+
+def tree_children_one_after_another(comm: Any, tensor: torch.Tensor) -> None:
+    """The right tree and traffic, but a rank receives its children one after the other and
+    sends to them one after the other: the two subtrees never work at once."""
+    rank, n = comm.rank, comm.world_size
+    children = [c for c in (2 * rank + 1, 2 * rank + 2) if c < n]
+    buffer = torch.empty_like(tensor)
+    for child in children:
+        comm.recv(buffer, child)
+        tensor.add_(buffer)
+    if rank > 0:
+        comm.send(tensor, (rank - 1) // 2)
+        comm.recv(tensor, (rank - 1) // 2)
+    for child in children:
+        comm.send(tensor, child)
+
+
+def tree_is_a_ring(comm: Any, tensor: torch.Tensor) -> None:
+    """Submits the ring all-reduce as the tree: right sums, wrong pattern."""
+    _SOL.ring_all_reduce(comm, tensor)
+
+
 
 def tree_skips_last_level(comm: Any, tensor: torch.Tensor) -> None:
     """Builds only the full levels of the tree: for N not of the form 2^k - 1 the ranks of
@@ -237,9 +282,12 @@ def composed_without_padding(comm: Any, tensor: torch.Tensor) -> None:
 MUTANTS: dict[str, list[str]] = {
     "1.1": ["p2p_ignores_alpha", "p2p_bits_not_bytes"],
     "1.2": ["naive_forgets_to_send_back", "naive_averages"],
-    "1.3": ["ring_chunk_off_by_one", "ring_sends_left", "ring_without_all_gather"],
+    "1.3": ["ring_chunk_off_by_one", "ring_sends_left", "ring_without_all_gather",
+            "ring_never_waits"],
     "1.4": ["reduce_scatter_next_chunk", "reduce_scatter_in_place"],
-    "1.5": ["all_gather_slot_off_by_one", "all_gather_sends_everything"],
-    "1.6": ["tree_skips_last_level", "tree_through_the_root", "tree_binomial"],
+    "1.5": ["all_gather_slot_off_by_one", "all_gather_sends_everything",
+            "all_gather_own_entry_is_input"],
+    "1.6": ["tree_skips_last_level", "tree_through_the_root", "tree_binomial",
+            "tree_children_one_after_another", "tree_is_a_ring"],
     "1.7": ["composed_averages", "composed_without_padding"],
 }

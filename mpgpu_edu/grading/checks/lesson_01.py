@@ -3,7 +3,9 @@
 Every collective case runs the learner's function on the simulator with the built-in
 collectives disabled (``from_scratch``); *compute* hands the judge what each rank holds and
 sent (``launch_facts``), and *judge* checks values, bytes and messages per rank, who talks
-to whom, and the time against the grader's own reference.
+to whom, and the time against the grader's own reference. Structure the numbers cannot show
+is recorded in *compute* as plain data too: how many isend/irecv works each rank waited on
+(``_WaitLedger``), and whether a returned tensor shares memory with the input.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from typing import Any
 import torch
 
 from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.cluster.topology import LinkInfo, Route, Topology
 from mpgpu_edu.collectives import all_reduce_ring
 from mpgpu_edu.grading.checks import Case, Evidence
 from mpgpu_edu.grading.checks._plain import is_tensor, type_name
-from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, evidence, examples,
-                                               expect, expect_close, from_scratch,
-                                               judge_examples, launch_facts, rank_inputs,
-                                               run_spmd, showing, uniform)
+from mpgpu_edu.grading.checks._support import (ALPHA, BETA, bytes_of, compute_examples,
+                                               evidence, examples, expect, expect_close,
+                                               from_scratch, judge_examples, launch_facts,
+                                               rank_inputs, run_spmd, showing, uniform)
+from mpgpu_edu.lessons.l01 import binary_tree_all_reduce, tree_children
 
 Impl = Callable[..., Any]
 Facts = dict[str, Any]
@@ -69,6 +73,68 @@ def _p2p_case(name: str, key: str) -> Case:
 
 # ---- all-reduce: shared parts --------------------------------------------------------------
 
+def _count(number: int, noun: str) -> str:
+    """``1 message``, ``3 messages``."""
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def fully_connected(n: int) -> Cluster:
+    """The uniform cluster's alpha and beta, but a wire of its own for every ordered pair of
+    devices (as on a board where every pair of GPUs has direct links): a rank can receive
+    from two peers at once at full speed, so a tree whose subtrees work at once is faster."""
+    def route_of(s: int, d: int) -> Route:
+        return Route(ALPHA, BETA, (f"wire{s}-{d}",))
+
+    links = [LinkInfo(f"gpu{a}", f"gpu{b}", "direct", BETA) for a in range(n)
+             for b in range(a + 1, n)]
+    topology = Topology("fully_connected", n, route_of, links, {"all": tuple(range(n))})
+    return Cluster(f"fully-connected-{n}", uniform(n).gpu, topology, None,
+                   efficiency=1.0, launch_overhead_s=0.0)
+
+
+class _WaitLedger:
+    """A rank's communicator that counts the isend/irecv works it hands out and the ones
+    waited on (plain numbers for the judge); everything else goes to the real one."""
+
+    def __init__(self, comm: Any) -> None:
+        self._comm = comm
+        self.started: list[str] = []
+        self.waited: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comm, name)
+
+    def _watch(self, what: str, work: Any) -> Any:
+        ledger, index = self, len(self.started)
+        self.started.append(what)
+
+        class Watched:
+            inner, number = work, index
+
+            def wait(self) -> Any:
+                result = work.wait()
+                ledger.waited.add(index)
+                return result
+        return Watched()
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Any:
+        return self._watch("isend", self._comm.isend(tensor, dst, tag))
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Any:
+        return self._watch("irecv", self._comm.irecv(tensor, src, tag))
+
+    def wait_any(self, works: Any) -> int:
+        index = self._comm.wait_any([getattr(w, "inner", w) for w in works])
+        if hasattr(works[index], "number"):
+            self.waited.add(works[index].number)
+        return index
+
+    def summary(self) -> dict[str, int]:
+        unwaited = [what for i, what in enumerate(self.started) if i not in self.waited]
+        return {"isend": self.started.count("isend"), "irecv": self.started.count("irecv"),
+                "isend_unwaited": unwaited.count("isend"),
+                "irecv_unwaited": unwaited.count("irecv")}
+
 def _all_reduce_program(impl: Impl, inputs: list[torch.Tensor]) -> Callable[..., Any]:
     def program(comm: Any) -> tuple[torch.Tensor, Any]:
         tensor = inputs[comm.rank].clone()
@@ -78,12 +144,50 @@ def _all_reduce_program(impl: Impl, inputs: list[torch.Tensor]) -> Callable[...,
 
 
 def _all_reduce_facts(impl: Impl, exercise: str, n: int, numel: int, seed: int = 0,
-                      with_trace: bool = False) -> Facts:
-    """compute: the learner's all-reduce on ``n`` ranks of the uniform cluster."""
+                      with_trace: bool = False,
+                      cluster: Callable[[int], Cluster] = uniform) -> Facts:
+    """compute: the learner's all-reduce on ``n`` ranks of ``cluster(n)`` (uniform)."""
     inputs = rank_inputs(n, numel, seed)
     with from_scratch(impl, exercise):
-        result = run_spmd(_all_reduce_program(impl, inputs), uniform(n))
+        result = run_spmd(_all_reduce_program(impl, inputs), cluster(n))
     return launch_facts(result, with_trace)
+
+
+def _waits_facts(impl: Impl, exercise: str, n: int, numel: int) -> Facts:
+    """compute: the learner's all-reduce through ``_WaitLedger``: what each rank holds, and
+    how many of its isend/irecv works it waited on."""
+    inputs = rank_inputs(n, numel)
+    ledgers: list[Any] = [None] * n
+
+    def program(comm: Any) -> tuple[torch.Tensor, Any]:
+        ledgers[comm.rank] = _WaitLedger(comm)
+        tensor = inputs[comm.rank].clone()
+        return tensor, impl(ledgers[comm.rank], tensor)
+
+    with from_scratch(impl, exercise):
+        result = run_spmd(program, uniform(n))
+    facts = launch_facts(result)
+    facts["works"] = [ledger.summary() for ledger in ledgers]
+    return facts
+
+
+def _waits_case(exercise: str, points: int, sizes: list[tuple[int, int]]) -> Case:
+    def compute(impl: Impl) -> list[Facts]:
+        return [_waits_facts(impl, exercise, n, numel) for n, numel in sizes]
+
+    def judge(runs: list[Facts]) -> None:
+        for facts, (n, numel) in zip(runs, sizes):
+            _judge_sums(facts, n, numel)
+            for rank, works in enumerate(facts["works"]):
+                for kind in ("isend", "irecv"):
+                    left = works[f"{kind}_unwaited"]
+                    expect(left == 0,
+                           f"N={n}: rank {rank} started {_count(works[kind], kind)} and "
+                           f"returned without waiting on {left} of them; until its work is "
+                           f"waited on, an {kind}'s tensor may still be in flight (on gloo "
+                           f"or NCCL it can be read or overwritten too early)")
+    return Case("waits: every isend and irecv is waited on before returning", points,
+                compute, judge)
 
 
 def _judge_sums(facts: Facts, n: int, numel: int, seed: int = 0) -> None:
@@ -167,8 +271,15 @@ def _judge_naive_hidden(facts: Facts, world_size: int, numel: int, seed: int) ->
 # ---- 1.3 ring (and 1.7, which must move the ring's bytes) -----------------------------------
 
 def _judge_ring_traffic(facts: Facts, n: int, numel: int, padded: bool = False) -> None:
-    low = 2 * (n - 1) * bytes_of(-(-numel // n) if padded else numel // n)
-    high = 2 * (n - 1) * bytes_of(-(-numel // n))
+    chunk = -(-numel // n)  # ceil(numel / N)
+    low = 2 * (n - 1) * bytes_of(chunk if padded else numel // n)
+    high = 2 * (n - 1) * bytes_of(chunk)
+    if padded:
+        want = (f"padded to N chunks of ceil(numel/N) = ceil({numel}/{n}) = {chunk} elements, "
+                f"it sends 2(N-1) = {2 * (n - 1)} chunks of {bytes_of(chunk)} bytes, {low} "
+                f"bytes")
+    else:
+        want = f"a ring sends 2(N-1)/N of the tensor, {low}..{high} bytes"
     for rank, stats in enumerate(facts["stats"]):
         right = (rank + 1) % n
         if n > 1:
@@ -176,11 +287,11 @@ def _judge_ring_traffic(facts: Facts, n: int, numel: int, padded: bool = False) 
                    f"N={n}: rank {rank} sent to ranks {sorted(stats['sent_to'])}; on a ring it "
                    f"sends to its right neighbour {right} only")
         expect(low <= stats["bytes_sent"] <= high,
-               f"N={n}, {bytes_of(numel)} bytes: rank {rank} sent {stats['bytes_sent']} bytes; "
-               f"a ring sends 2(N-1)/N of the tensor, {low}..{high} bytes")
+               f"N={n}, {numel} elements ({bytes_of(numel)} bytes): rank {rank} sent "
+               f"{stats['bytes_sent']} bytes; {want}")
         expect(stats["messages_sent"] == 2 * (n - 1),
-               f"N={n}: rank {rank} sent {stats['messages_sent']} messages; a ring takes "
-               f"2(N-1) = {2 * (n - 1)} steps of one message each")
+               f"N={n}: rank {rank} sent {_count(stats['messages_sent'], 'message')}; a ring "
+               f"takes 2(N-1) = {2 * (n - 1)} steps of one message each")
 
 
 RING_TRAFFIC = [(4, 1000), (3, 1000), (5, 12), (6, 1001)]
@@ -197,50 +308,42 @@ def _traffic_case(name: str, points: int, exercise: str, padded: bool = False) -
     return Case(name, points, compute, judge)
 
 
-def _time_case(name: str, exercise: str, reference: Impl, what: str, n: int, numel: int,
-               why: str) -> Case:
-    """The learner's all-reduce may take at most 1.1 x the reference's time."""
-    def compute(impl: Impl) -> Facts:
-        return _all_reduce_facts(impl, exercise, n, numel, with_trace=True)
+def _time_case(name: str, exercise: str, reference: Impl, what: str,
+               runs: list[tuple[int, int]], why: str, points: int = 2,
+               cluster: Callable[[int], Cluster] = uniform, faster: str = "") -> Case:
+    """On every run (N, numel) the learner's all-reduce must give the right sums and take at
+    most 1.1 x the reference's time; with ``faster`` (what a much faster one must be), also
+    at least 0.9 x. A run that crashes fails the case like any other."""
+    def compute(impl: Impl) -> list[Facts]:
+        return [_all_reduce_facts(impl, exercise, n, numel, with_trace=True, cluster=cluster)
+                for n, numel in runs]
 
-    def judge(facts: Facts) -> Evidence:
-        _judge_sums(facts, n, numel)
-        inputs = rank_inputs(n, numel)
-        ref = run_spmd(lambda comm: reference(comm, inputs[comm.rank].clone()), uniform(n))
-        shown = evidence({"yours": facts["trace"], f"reference ({what})": ref.trace.to_dict()})
-        yours_ms, ref_ms = facts["makespan"] * 1e3, ref.trace.makespan * 1e3
-        with showing(shown):
-            expect(facts["makespan"] <= 1.1 * ref.trace.makespan,
-                   f"your all-reduce of {format(bytes_of(numel) / 2**20, 'g')} MiB on {n} ranks "
-                   f"takes {yours_ms:.3f} ms, the {what} {ref_ms:.3f} ms: {why}")
+    def judge(all_facts: list[Facts]) -> Evidence:
+        shown = Evidence()
+        for facts, (n, numel) in zip(all_facts, runs):
+            _judge_sums(facts, n, numel)
+            inputs = rank_inputs(n, numel)
+            ref = run_spmd(lambda comm: reference(comm, inputs[comm.rank].clone()), cluster(n))
+            shown = evidence({"yours": facts["trace"],
+                              f"reference ({what})": ref.trace.to_dict()})
+            yours_ms, ref_ms = facts["makespan"] * 1e3, ref.trace.makespan * 1e3
+            where = (f"your all-reduce of {numel} elements ({bytes_of(numel)} bytes) on {n} "
+                     f"ranks of {cluster(n).name} takes {yours_ms:.3f} ms, the {what} "
+                     f"{ref_ms:.3f} ms")
+            with showing(shown):
+                expect(facts["makespan"] <= 1.1 * ref.trace.makespan, f"{where}: {why}")
+                expect(not faster or facts["makespan"] >= 0.9 * ref.trace.makespan,
+                       f"{where}, faster than {faster}")
         return shown
-    return Case(name, 2, compute, judge)
+    return Case(name, points, compute, judge)
 
 
 # ---- 1.6 tree --------------------------------------------------------------------------------
 
-def _children(rank: int, n: int) -> list[int]:
-    return [c for c in (2 * rank + 1, 2 * rank + 2) if c < n]
-
-
-def _reference_tree(comm: Any, tensor: torch.Tensor) -> None:
-    """The grader's binary-tree all-reduce (parent (r - 1) // 2), to time the learner's by."""
-    rank, n = comm.rank, comm.world_size
-    buffer = torch.empty_like(tensor)
-    for child in _children(rank, n):
-        comm.recv(buffer, child)
-        tensor.add_(buffer)
-    if rank > 0:
-        comm.send(tensor, (rank - 1) // 2)
-        comm.recv(tensor, (rank - 1) // 2)
-    for child in _children(rank, n):
-        comm.send(tensor, child)
-
-
 def _judge_tree_traffic(facts: Facts, n: int, numel: int) -> None:
     size = bytes_of(numel)
     for rank, stats in enumerate(facts["stats"]):
-        peers = _children(rank, n) + ([(rank - 1) // 2] if rank > 0 else [])
+        peers = tree_children(rank, n) + ([(rank - 1) // 2] if rank > 0 else [])
         want = {peer: size for peer in sorted(peers)}
         got = {int(k): v for k, v in sorted(stats["sent_to"].items())}
         expect(got == want, f"N={n}: rank {rank} sent {got} (bytes per peer); in the binary "
@@ -248,8 +351,8 @@ def _judge_tree_traffic(facts: Facts, n: int, numel: int) -> None:
                             f"its parent and children {sorted(peers)}")
         expect(stats["messages_sent"] == len(peers) and
                stats["messages_received"] == len(peers),
-               f"N={n}: rank {rank} sent {stats['messages_sent']} and received "
-               f"{stats['messages_received']} messages; with parent and children "
+               f"N={n}: rank {rank} sent {_count(stats['messages_sent'], 'message')} and "
+               f"received {stats['messages_received']}; with parent and children "
                f"{sorted(peers)} it sends and receives {len(peers)}")
 
 
@@ -282,15 +385,28 @@ def _judge_ring_hidden(padded: bool) -> Callable[..., None]:
 
 def _collective_facts(impl: Impl, exercise: str, n: int, shape: tuple[int, ...],
                       seed: int = 0) -> Facts:
+    """compute: what each rank's input and returned value are afterwards, and (``shares``)
+    whether each returned tensor shares memory with the rank's input tensor."""
     inputs = _inputs(n, shape, seed)
+    shares: list[Any] = [None] * n
 
     def program(comm: Any) -> tuple[torch.Tensor, Any]:
         tensor = inputs[comm.rank].clone()
-        return tensor, impl(comm, tensor)
+        got = impl(comm, tensor)
+        parts = got if isinstance(got, (list, tuple)) else [got]
+        shares[comm.rank] = [isinstance(p, torch.Tensor) and _same_memory(p, tensor)
+                             for p in parts]
+        return tensor, got
 
     with from_scratch(impl, exercise):
         result = run_spmd(program, uniform(n))
-    return launch_facts(result)
+    facts = launch_facts(result)
+    facts["shares"] = shares
+    return facts
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _inputs(n: int, shape: tuple[int, ...], seed: int) -> list[torch.Tensor]:
@@ -323,22 +439,32 @@ def _judge_all_gather(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 
                          f"N={n}: rank {rank}'s entry {source} (rank {source}'s tensor)")
 
 
+def _judge_new_tensors(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0) -> None:
+    _judge_all_gather(facts, n, shape, seed)
+    for rank, shares in enumerate(facts["shares"]):
+        for entry, shared in enumerate(shares):
+            expect(not shared, f"N={n}: rank {rank}'s entry {entry} is its input tensor itself "
+                               f"(or a view of it), not a new tensor: changing one changes "
+                               f"the other")
+
+
 def _values_case(name: str, exercise: str, judge_one: Callable[..., None],
-                 runs: list[tuple[int, tuple[int, ...]]]) -> Case:
+                 runs: list[tuple[int, tuple[int, ...]]], points: int = 2) -> Case:
     def compute(impl: Impl) -> list[Facts]:
         return [_collective_facts(impl, exercise, n, shape) for n, shape in runs]
 
     def judge(all_facts: list[Facts]) -> None:
         for facts, (n, shape) in zip(all_facts, runs):
             judge_one(facts, n, shape)
-    return Case(name, 2, compute, judge)
+    return Case(name, points, compute, judge)
 
 
 def _judge_half_traffic(facts: Facts, n: int, want: int, what: str) -> None:
     for rank, stats in enumerate(facts["stats"]):
         expect(set(stats["sent_to"]) == {(rank + 1) % n} and stats["bytes_sent"] == want
                and stats["messages_sent"] == n - 1,
-               f"rank {rank} sent {stats['messages_sent']} messages, {stats['bytes_sent']} "
+               f"rank {rank} sent {_count(stats['messages_sent'], 'message')}, "
+               f"{stats['bytes_sent']} "
                f"bytes to {sorted(stats['sent_to'])}; a ring {what} sends N-1 = {n - 1} "
                f"messages, {want} bytes, to rank {(rank + 1) % n}")
 
@@ -365,7 +491,8 @@ def _half_hidden(exercise: str, judge_one: Callable[..., None]) -> Case:
         judge_one(facts, world_size, (numel,), seed)
         for rank, stats in enumerate(facts["stats"]):
             expect(stats["messages_sent"] == world_size - 1,
-                   f"N={world_size}: rank {rank} sent {stats['messages_sent']} messages, not "
+                   f"N={world_size}: rank {rank} sent "
+                   f"{_count(stats['messages_sent'], 'message')}, not "
                    f"N-1 = {world_size - 1}")
     return _hidden_case(exercise, facts_of, judge_hidden, numel=(1, 30))
 
@@ -388,9 +515,10 @@ CASES: dict[str, list[Case]] = {
         _sums_case("sums in place on 4 ranks", 2, "1.3", [(4, 1000)]),
         _sums_case("any size: uneven chunks, fewer elements than ranks", 2, "1.3",
                    [(3, 10), (5, 3), (2, 1), (1, 4)]),
-        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 3, "1.3"),
-        _time_case("time: every link busy at once", "1.3", all_reduce_ring, "ring", 4, 2**18,
-                   "do all ranks send at the same time?"),
+        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 2, "1.3"),
+        _waits_case("1.3", 1, [(4, 1000), (3, 10)]),
+        _time_case("time: every link busy at once", "1.3", all_reduce_ring, "ring",
+                   [(4, 2**18 + 3)], "do all ranks send at the same time?"),
         _hidden_case("1.3", _all_reduce_facts, _judge_ring_hidden(padded=False)),
     ],
     "1.4": [
@@ -403,7 +531,9 @@ CASES: dict[str, list[Case]] = {
     "1.5": [
         _values_case("every rank gets every tensor", "1.5", _judge_all_gather,
                      [(4, (2, 3)), (3, (5,)), (1, (2,)), (5, (1,))]),
-        _half_traffic_case("traffic: N-1 tensors, to the right neighbour", 2, "1.5",
+        _values_case("new tensors: no entry is the caller's tensor", "1.5",
+                     _judge_new_tensors, [(4, (2, 3)), (1, (2,))], points=1),
+        _half_traffic_case("traffic: N-1 tensors, to the right neighbour", 1, "1.5",
                            _judge_all_gather, "all-gather"),
         _half_hidden("1.5", _judge_all_gather),
     ],
@@ -411,9 +541,12 @@ CASES: dict[str, list[Case]] = {
         _sums_case("sums in place, N = 1 to 7", 2, "1.6",
                    [(1, 4), (2, 5), (3, 6), (4, 4), (5, 3), (6, 7), (7, 10)]),
         _tree_traffic(),
-        _time_case("time: log depth, both subtrees at once", "1.6", _reference_tree,
-                   "binary tree", 7, 2**16, "does every level of the tree wait only for the "
-                   "one below it?"),
+        _time_case("time: both subtrees at once, on a fully connected cluster", "1.6",
+                   binary_tree_all_reduce, "reference binary tree", [(7, 4096), (6, 4096)],
+                   "on this cluster a rank can take both children's messages (and send to "
+                   "both) at once: does it wait for one before it starts on the other, or wait "
+                   "for ranks outside its subtree?", cluster=fully_connected,
+                   faster="a binary tree can be: does it follow the tree?"),
         _hidden_case("1.6", _all_reduce_facts, _judge_tree_hidden, points=2),
     ],
     "1.7": [
@@ -421,8 +554,8 @@ CASES: dict[str, list[Case]] = {
                    [(4, 1000), (3, 10), (5, 3), (2, 1), (1, 4)]),
         _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 4, "1.7",
                       padded=True),
-        _time_case("time: as fast as the ring", "1.7", all_reduce_ring, "ring", 4, 2**18,
-                   "do all ranks send at the same time?"),
+        _time_case("time: as fast as the ring", "1.7", all_reduce_ring, "ring",
+                   [(4, 2**18 + 3)], "do all ranks send at the same time?"),
         _hidden_case("1.7", _all_reduce_facts, _judge_ring_hidden(padded=True), points=2),
     ],
 }
