@@ -44,3 +44,13 @@ def test_demo_exercises_exist() -> None:
             assert EXERCISES[exercise_id].lesson == number
     for number in (1, 2, 3, 4, 5):
         assert LESSONS[number].drives_demos, f"lesson {number}: no demo runs the learner's code"
+
+
+def test_readme_lists_every_lessons_exercises() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for number, lesson in LESSONS.items():
+        ids = [e.id for e in lesson.exercises]
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {number:02d} |"))
+        assert f"{ids[0]} - {ids[-1]}" in row, (row, ids)
