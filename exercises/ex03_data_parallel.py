@@ -105,8 +105,8 @@ def wrap_ddp(comm: Communicator, module: nn.Module, bucket_cap_bytes: int) -> DD
 
     Contract, as ``torch.nn.parallel.DistributedDataParallel`` keeps it:
 
-    - when ``wrap_ddp`` returns, every rank's parameters are rank 0's (one broadcast, at
-      construction only);
+    - when ``wrap_ddp`` returns, every rank's parameters are rank 0's: one broadcast of
+      all of them as one flat tensor, at construction only (never one per parameter);
     - buckets: the parameters, taken in *reverse* ``module.parameters()`` order, are cut
       into consecutive buckets; a bucket takes parameters until the next one would take its
       gradients over ``bucket_cap_bytes`` (a larger parameter gets a bucket of its own), as

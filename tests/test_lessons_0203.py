@@ -105,6 +105,38 @@ def test_comm_windows_label_every_message() -> None:
     assert {"to 4", "to 7", "from 0", "from 3"} <= labels
 
 
+def test_first_step_is_the_single_step_and_steps_overlap() -> None:
+    light = Workload("tiny", (64, 64, 64), 12)
+    args = (light, "8xA100-nvlink", 4, l02.reference_worker_step, l02.reference_server_loop)
+    single = l02.run_ps_program(*args, 1).trace
+    two = l02.run_ps_program(*args, 2).trace
+    assert l02.first_step_seconds(two) == pytest.approx(single.makespan)
+    assert l02.first_step_seconds(single) == pytest.approx(single.makespan)
+    assert two.makespan < 2 * single.makespan
+    assert l02.role_names(4) == ["worker 0", "worker 1", "worker 2", "server"]
+    assert l02.role_names(4, 2) == ["worker 0", "worker 1", "server 2", "server 3"]
+
+
+def test_comm_windows_on_one_axis_label_the_workers_messages() -> None:
+    runs = {n: l02.run_ps_step(SMALL, "8xA100-nvlink", n) for n in (2, 4)}
+    fig = l02.plot_comm_windows({f"N = {n}": (run.trace, l02.role_names(n))
+                                 for n, run in runs.items()}, share_x=True)
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()
+    labels = {t.get_text() for t in fig.axes[1].texts}
+    assert {"to 3", "from 3", "from 0", "to 2"} <= labels
+    assert "worker 0 comm" in [t.get_text() for t in fig.axes[1].get_yticklabels()]
+
+
+def test_widened_messages_split_sends_from_receives_and_keep_the_makespan() -> None:
+    run = l02.run_ssp("8xA100-nvlink", [1e-3, 2e-3], steps=2, staleness_bound=10**6)
+    wide = l02.widen_messages(run.trace, 2e-4)
+    assert wide.makespan == pytest.approx(run.trace.makespan)
+    assert all(e.duration >= 2e-4 - 1e-12 for e in wide.events if e.stream == "comm")
+    assert wide.on(0, "compute") == run.trace.on(0, "compute")
+    fig = l02.plot_role_timelines({"a": (run.trace, l02.role_names(3))})
+    assert "server comm" in [t.get_text() for t in fig.axes[0].get_yticklabels()]
+
+
 def test_loss_curves_draw_one_line_per_run_in_each_panel() -> None:
     fig = l02.plot_loss_curves({"a": [1.0, 0.5, 0.2], "b": [1.0, 0.6, 0.3]},
                                times={"a": [0.1, 0.2, 0.3], "b": [0.2, 0.4, 0.6]}, title="t")
@@ -201,3 +233,20 @@ def test_scaling_study_runs_a_wrapper() -> None:
                                   wrap=l03.wrap_ddp)
     assert set(times["small model, 8xH100-nvswitch"]) == {1, 2}
     assert all(t > 0 for t in times["small model, 8xH100-nvswitch"].values())
+
+
+def test_step_timelines_mark_every_end_and_titles_stay_short() -> None:
+    short = Trace(1, [Event(0, "compute", "forward", 0.0, 2.0)])
+    long = Trace(1, [Event(0, "compute", "forward", 0.0, 3.0)])
+    fig = l03.plot_steps({"short": short, "long": long})
+    for ax, end in zip(fig.axes, (2.0, 3.0)):
+        assert [line.get_xdata()[0] for line in ax.get_lines()
+                if line.get_linestyle() == "--"] == [end]
+    from mpgpu_edu.grading.registry import get
+    from mpgpu_edu.grading.yours import Chosen
+
+    reference = Chosen(l03.wrap_ddp, get("3.5"), False, "DDP wrapper",
+                       'not yet (mp.check("3.5") to use yours)')
+    assert l03.whose(reference) == "reference DDP wrapper (yours: not yet)"
+    mine = Chosen(l03.wrap_ddp, get("3.5"), True, "DDP wrapper", "")
+    assert l03.whose(mine) == "your DDP wrapper"

@@ -17,8 +17,10 @@ EXERCISES = (
         "Walk the indices from len(sizes) - 1 down to 0, keeping the current bucket and its "
         "byte count; close it (append it to the result) when the next size would overflow "
         "it, unless it is empty. Append the last bucket if it is not empty.",
-        "for i in reversed(range(len(sizes))):\n    if current and filled + sizes[i] > "
-        "bucket_bytes:\n        ...close current...\n    current.append(i); filled += ...")),
+        "buckets, current, filled = [], [], 0\nfor i in reversed(range(len(sizes))):\n"
+        "    # would sizes[i] take a non-empty current over bucket_bytes? close current\n"
+        "    ...\n    # then i joins current\n    ...\n# after the loop: current, unless "
+        "empty")),
     ex('3.3', 'backward_with_overlap', 'DDP: overlap communication with backward', 5,
        ("Do not wait for backward to end: a hook fires when a parameter's gradient is "
         "complete, and the all-reduce can start from there on the communication stream, "
@@ -26,9 +28,10 @@ EXERCISES = (
         "Register a post-accumulate-grad hook on every parameter that *starts* an "
         "asynchronous all-reduce and keeps its handle; run backward; remove the hooks; "
         "wait for every handle.",
-        "works = []\nhandles = [p.register_post_accumulate_grad_hook(\n    lambda p: "
-        "works.append(comm.run_async(all_reduce, comm, p.grad, 'mean')))\n    for p in ...]\n"
-        "try: loss.backward()\nfinally: ...remove...\nfor w in works: w.wait()")),
+        "works = []\ndef hook(param):\n    works.append(...)  # param.grad's all-reduce "
+        "(mean), started on the comm stream\nhandles = [p.register_post_accumulate_grad_hook("
+        "hook) for p in ...]\n# backward; remove every handle even if it raises; then wait "
+        "for every work")),
     ex('3.4', 'adam_memory', 'Memory of training with Adam', 4,
        ("Count parameters, not bytes of data: numel() works on the meta device. Every "
         "parameter keeps its weights; only the trainable ones have a gradient and Adam state.",
@@ -47,6 +50,8 @@ EXERCISES = (
         "concatenates the bucket's grads and starts comm.run_async(all_reduce, ...), and "
         "finish(): wait for each started job, copy the flat result into each p.grad, reset "
         "the counters. Register the hook on every parameter in __init__ and keep it.",
+        "# buckets start in order 0, 1, 2, ... (the contract): backward fills the reverse-"
+        "order buckets in that order\n"
         "def _on_grad_ready(self, param):\n    i = self.bucket_of[id(param)]\n"
         "    self.missing[i] -= 1\n    if self.missing[i] == 0:\n        flat = torch.cat([p.grad."
         "reshape(-1) for p in buckets[i]])\n        self.started.append((i, flat, "
@@ -64,8 +69,8 @@ PREDICTIONS = (
                  "the same as one device's", "more than one device's"),
         answer=2,
         why=("Every device keeps a whole replica: all the parameters, all the gradients and "
-             "all of Adam's moments, exactly as one device would (and DDP adds the buffer "
-             "of its gradient buckets). Only the activations shrink with the batch shard. "
+             "all of Adam's moments, exactly as one device would (and DDP adds the scratch "
+             "space of its all-reduce). Only the activations shrink with the batch shard. "
              "Splitting the batch saves compute, never state: ZeRO (lesson 05) splits it.")),
     Prediction(
         key="03.light-on-8",
@@ -75,7 +80,7 @@ PREDICTIONS = (
                  "slower than one card"),
         answer=3,
         why=("Each card computes 1/8 of a small batch, but every step still averages all "
-             "25 MB of gradients over shared PCIe bridges: the all-reduce takes far longer "
+             "24 MiB of gradients over shared PCIe bridges: the all-reduce takes far longer "
              "than the backward it could hide behind. More cards, slower steps.")),
 )
 

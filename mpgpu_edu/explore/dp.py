@@ -91,7 +91,7 @@ def dp_view(devices: int = 4, model: str = "heavy", cluster: str | Cluster = "4x
 
     Returns ``(figure, info)``; ``info`` holds ``step_s``, ``one_device_s``, ``speedup``,
     ``efficiency``, ``idle_fraction`` per device and ``bytes_sent`` per device. ``wrap``: a
-    DDP wrapper whose overlapped step is shown (its ``label``, if any, in the title)."""
+    DDP wrapper whose overlapped step is shown (whose it is on the title's first line)."""
     trace = simulate_step(devices, model, cluster, bucket_mb, overlap, wrap)
     name = cluster if isinstance(cluster, str) else cluster.name
     one = (_one_device_s(model, cluster, bucket_mb, overlap) if isinstance(cluster, str)
@@ -100,7 +100,10 @@ def dp_view(devices: int = 4, model: str = "heavy", cluster: str | Cluster = "4x
     _, mode = step_function(bucket_mb, overlap)
     who = ""
     if wrap is not None and overlap:
-        who = f"{getattr(wrap, 'label', 'your DDP wrapper')}\n"
+        from mpgpu_edu.lessons.l03 import whose
+
+        who = (whose(wrap) if hasattr(wrap, "is_yours")
+               else getattr(wrap, "label", "your DDP wrapper")) + "\n"
     info = {"devices": devices, "model": model, "cluster": name, "mode": mode,
             "step_s": trace.makespan, "one_device_s": one, "speedup": speedup,
             "efficiency": speedup / devices,

@@ -8,6 +8,8 @@ refinements hide.
   gradients, optimizer state, activations and buckets recorded in the memory ledger.
 - ``deep``: a workload of many small layers, where buckets and overlap show.
 - ``hidden_comm_seconds``: communication that ran under compute, costing no time.
+- ``plot_steps``: step timelines stacked on one time axis, a dashed line where each ends.
+- ``whose``: a short title saying whose function a demo ran.
 - ``run_demo``: ``dp.run_demo`` (a DDP variant against one device on the demo model).
 - ``run_training``: real DDP training with every tensor in the memory ledger.
 - ``run_scaling_study``: ``dp.scaling.scaling_study``, the step time on 1 .. 8 devices.
@@ -50,8 +52,9 @@ from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, tra
 from mpgpu_edu.reference import (batch_for_step, compare_to_reference, make_optimizer,
                                  named_params, train_single)
 from mpgpu_edu.trace import Event, Trace
+from mpgpu_edu.viz import plot_timelines_side_by_side
 
-__all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "recipe_step", "run_demo",
+__all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "plot_steps", "whose", "recipe_step", "run_demo",
            "run_recipe", "run_scaling_study", "run_step", "run_training", "run_wrapped_demo",
            "run_wrapped_step", "step_on_meta", "step_only", "train_wrapped", "wrap_ddp",
            "wrapped_step_on_meta", "DDPWrapper"]
@@ -161,6 +164,27 @@ def hidden_comm_seconds(trace: Trace, device: int) -> float:
     for start, end in _merged([(e.start, e.end) for e in trace.on(device, "comm")]):
         hidden += sum(max(0.0, min(end, b) - max(start, a)) for a, b in compute)
     return hidden
+
+
+def plot_steps(traces: dict[str, Trace], devices: Sequence[int] | None = None) -> Any:
+    """``plot_timelines_side_by_side`` of several steps, with a dashed line at the end of
+    *every* step, the longest included (the shared axis ends there too)."""
+    fig = plot_timelines_side_by_side(traces, devices=devices)
+    longest = max(t.makespan for t in traces.values())
+    for ax, trace in zip(fig.axes, traces.values()):
+        if trace.makespan >= longest:
+            ax.axvline(trace.makespan, color="black", linestyle="--", linewidth=1)
+    if fig.axes:
+        fig.axes[0].set_xlim(right=longest * 1.02)  # the longest step's line off the edge
+    return fig
+
+
+def whose(chosen: Any) -> str:
+    """A short figure title for what ``mp.yours`` chose: "your DDP wrapper", or "reference
+    DDP wrapper (yours: not yet)" (``chosen.label`` says more, for a printed line)."""
+    if chosen.is_yours:
+        return chosen.label
+    return f"reference {chosen.what} (yours: {chosen.reason.split(' (')[0]})"
 
 
 # ---- whole runs -------------------------------------------------------------------------------

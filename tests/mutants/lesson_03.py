@@ -116,14 +116,20 @@ class _DDP:
     def __init__(self, comm: Any, module: nn.Module, cap: int, *, op: str = "mean",
                  forward_order: bool = False, sync: bool = False, broadcasts: bool = True,
                  per_parameter: bool = False, at_finish: bool = False,
-                 resets: bool = True) -> None:
+                 resets: bool = True, per_parameter_broadcast: bool = False) -> None:
         self.comm, self.module, self.op = comm, module, op
         self.sync, self.at_finish, self.resets = sync, at_finish, resets
         params = list(module.parameters())
-        if broadcasts:
+        if broadcasts and per_parameter_broadcast:
             with torch.no_grad():
                 for p in params:
                     broadcast(comm, p.data, root=0)
+        elif broadcasts:
+            with torch.no_grad():
+                flat = torch.cat([p.reshape(-1) for p in params])
+                broadcast(comm, flat, root=0)
+                for p, part in zip(params, flat.split([p.numel() for p in params])):
+                    p.copy_(part.view_as(p))
         order = params if forward_order else params[::-1]
         self.buckets: list[list[torch.Tensor]] = []
         filled = 0
@@ -193,6 +199,12 @@ def ddp_forgets_broadcast(comm: Any, module: nn.Module, bucket_cap_bytes: int) -
     return _DDP(comm, module, bucket_cap_bytes, broadcasts=False)
 
 
+def ddp_broadcasts_per_parameter(comm: Any, module: nn.Module, bucket_cap_bytes: int) -> _DDP:
+    """Right in every step, but builds the replicas with one broadcast per parameter (the
+    contract: one broadcast of all of them, as DDP's flat broadcast at construction)."""
+    return _DDP(comm, module, bucket_cap_bytes, per_parameter_broadcast=True)
+
+
 def ddp_no_buckets(comm: Any, module: nn.Module, bucket_cap_bytes: int) -> _DDP:
     """Ignores the cap: one all-reduce per parameter."""
     return _DDP(comm, module, bucket_cap_bytes, per_parameter=True)
@@ -214,5 +226,6 @@ MUTANTS: dict[str, list[str]] = {
     "3.3": ["overlap_after_backward", "overlap_blocking_hooks", "overlap_hooks_left_behind"],
     "3.4": ["adam_memory_forgets_frozen", "adam_memory_one_moment"],
     "3.5": ["ddp_sums", "ddp_forward_buckets", "ddp_waits_in_hook", "ddp_forgets_broadcast",
-            "ddp_no_buckets", "ddp_all_reduce_in_finish", "ddp_only_first_step"],
+            "ddp_broadcasts_per_parameter", "ddp_no_buckets", "ddp_all_reduce_in_finish",
+            "ddp_only_first_step"],
 }

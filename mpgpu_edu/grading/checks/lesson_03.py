@@ -97,6 +97,17 @@ def _averaged(impl: Impl, n: int, widths: tuple[int, ...], n_samples: int,
     return {"grads": result.results, "stats": launch_facts(result)["stats"]}
 
 
+def _expect_mean_close(got: Any, want: torch.Tensor, n: int, what: str) -> None:
+    """``expect_close``, saying so when ``got`` is ``n`` times ``want`` (a sum over the ranks
+    where their mean was due)."""
+    if (n > 1 and isinstance(got, torch.Tensor) and got.shape == want.shape
+            and want.abs().max() > 1e-6
+            and torch.allclose(got.double(), n * want.double(), rtol=1e-5, atol=1e-6)):
+        raise CheckFailure(f"{what}: every value is {n} times the expected one (N = {n} "
+                           "ranks)")
+    expect_close(got, want, what)
+
+
 def _judge_mean(data: dict, n: int, widths: tuple[int, ...], n_samples: int) -> None:
     x, y = _batch(n_samples, widths)
     model = _model(widths)
@@ -106,7 +117,7 @@ def _judge_mean(data: dict, n: int, widths: tuple[int, ...], n_samples: int) -> 
     expect(len(data["grads"]) == n, f"expected results from {n} ranks")
     for rank, grads in enumerate(data["grads"]):
         for name, got, expected in zip(_names(widths), grads, want):
-            expect_close(got, expected, f"N={n}: rank {rank}'s gradient of {name}")
+            _expect_mean_close(got, expected, n, f"N={n}: rank {rank}'s gradient of {name}")
 
 
 def _judge_single_device(data: dict) -> None:
@@ -114,8 +125,9 @@ def _judge_single_device(data: dict) -> None:
     full = _local_grads(_model(WIDTHS), x, y)
     for rank, grads in enumerate(data["grads"]):
         for name, got, want in zip(_names(WIDTHS), grads, full):
-            expect_close(got, want, f"rank {rank}'s gradient of {name} against one device "
-                                    "training on the whole batch")
+            _expect_mean_close(got, want, len(data["grads"]),
+                               f"rank {rank}'s gradient of {name} against one device "
+                               "training on the whole batch")
 
 
 def _judge_traffic(data: dict) -> None:
@@ -474,6 +486,7 @@ def _judge_ddp_values(data: dict, n: int, widths: tuple[int, ...], cap: int, nor
 def _judge_ddp_structure(data: dict, n: int, widths: tuple[int, ...], cap: int,
                          norm: bool = False, steps: int = 3) -> None:
     want = _bucket_numels(widths, norm, cap)
+    total = sum(p.numel() for p in _model(widths, norm=norm).parameters())
     for rank in range(n):
         sent = [numel for r, numel, phase in data["all_reduce"] if r == rank and phase == "steps"]
         per_step = len(sent) // steps if sent else 0
@@ -486,6 +499,12 @@ def _judge_ddp_structure(data: dict, n: int, widths: tuple[int, ...], cap: int,
                            "parameters are broadcast once, when the wrapper is built")
         built = [c for c in data["all_reduce"] if c[0] == rank and c[2] == "construct"]
         expect(not built, f"rank {rank} all-reduced while the wrapper was being built")
+        sent = [numel for r, numel, phase in data["broadcast"]
+                if r == rank and phase == "construct"]
+        expect(sent == [total],
+               f"rank {rank} broadcast {len(sent)} tensor(s) while the wrapper was being built "
+               f"(of {sent[:8]}{' ...' if len(sent) > 8 else ''} elements); the contract "
+               f"says one broadcast, at construction, of all {total} parameter elements")
 
 
 DDP_WIDTHS = (6, 8, 5, 3)  # parameters of 48, 8, 40, 5, 15, 3 elements
@@ -607,7 +626,7 @@ CASES: dict[str, list[Case]] = {
     "3.5": [
         Case("3 ranks from different starts: rank 0's start, then one device's training", 4,
              _ddp_basic, _judge_ddp_basic),
-        Case("buckets: reverse order, one all-reduce each, no broadcast after the start", 4,
+        Case("buckets: reverse order, one all-reduce each; one broadcast, at construction", 4,
              _ddp_basic, _judge_ddp_buckets),
         Case("4 ranks, uneven shards of the batch", 2, _ddp_uneven, _judge_ddp_uneven),
         Case("timeline: all-reduces launched during backward, overlapping it", 4,
