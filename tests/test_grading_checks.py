@@ -462,6 +462,23 @@ def test_a_server_loop_in_rank_order_fails_only_the_arrival_order() -> None:
     assert "from workers [0, 1, 2]" in message and "arrival order: [1, 2, 0]" in message
 
 
+def test_a_server_loop_that_posts_every_irecv_then_waits_in_rank_order_passes() -> None:
+    """Its messages still move as they arrive (the irecvs are all posted): only the order of
+    the additions differs, which the contract leaves free."""
+    def server_loop(comm: Any, params: torch.Tensor, steps: int, lr: float) -> None:
+        workers = [r for r in range(comm.world_size) if r != comm.rank]
+        for _ in range(steps):
+            inbox = {w: torch.empty_like(params) for w in workers}
+            works = [comm.irecv(inbox[w], w) for w in workers]
+            for work in works:
+                work.wait()
+            params.sub_(sum(inbox.values()) / len(workers), alpha=lr)
+            for w in workers:
+                comm.send(params, w)
+
+    assert failing(verdicts("2.3", server_loop)) == set()
+
+
 def test_sharded_step_with_other_shard_sizes_fails_on_traffic() -> None:
     from tests.mutants.lesson_02 import sharded_last_takes_the_rest
 

@@ -21,20 +21,23 @@ EXERCISES = (
         "workers = [r for r in range(comm.world_size) if r != comm.rank]\n"
         "for w in workers:\n    comm.recv(buffer, w); total += buffer\n"
         "sgd_update(params, ..., lr)\nfor w in workers: comm.send(...)")),
-    ex('2.3', 'ps_server_loop', 'Capstone: the server loop, gradients as they arrive', 7,
+    ex('2.3', 'ps_server_loop', 'Capstone: the server loop, gradients as they arrive', 9,
        ("A step of the loop is exercise 2.2, but the gradients are taken in the order they "
         "arrive (comm.recv_any returns who sent), so a slow worker does not hold up a fast "
         "one. The update still waits until every worker's gradient of this step is in.",
-        "For each step: a fresh total and the list of workers still missing; while that "
-        "list is not empty, recv_any from exactly those workers, remove the sender, add the "
-        "buffer. Then one sgd_update with the mean, and send params to every worker "
-        "(isend to all, then wait, or send one by one).",
+        "Two loops, one inside the other: the outer one over the steps; the inner one "
+        "receives until every worker has been heard from this step, asking recv_any only "
+        "for the workers still missing (a worker sends once per step) and adding each "
+        "gradient to a total. Only after the inner loop: the update, then the parameters "
+        "to every worker, every send finished (or waited on) before the next step changes "
+        "params.",
         "for _ in range(steps):\n    total, waiting = torch.zeros_like(params), list(workers)\n"
-        "    while waiting:\n        src = comm.recv_any(buffer, waiting)\n"
-        "        waiting.remove(src); total += buffer\n"
-        "    sgd_update(params, total / len(workers), lr)\n    ...send params to each..."),
+        "    while waiting:\n        src = comm.recv_any(buffer, ...)\n"
+        "        ...  # who is still missing? what goes into total?\n"
+        "    sgd_update(params, ..., lr)\n"
+        "    # send params to every worker (isend + wait on each work, or send)"),
        CAPSTONE),
-    ex('2.4', 'ps_sharded_step', 'Capstone: a parameter server sharded over every rank', 9,
+    ex('2.4', 'ps_sharded_step', 'Capstone: a parameter server sharded over every rank', 10,
        ("Every rank is a worker and the server of shard comm.rank. Two exchanges: gradient "
         "shard k goes to rank k (which averages over all N ranks, itself included, and "
         "updates its shard), then every rank's updated shard goes to everybody. Both "

@@ -41,7 +41,7 @@ from mpgpu_edu.dp.ddp import flatten_grads, forward_backward
 from mpgpu_edu.lessons.l01 import first_devices
 from mpgpu_edu.trace import Trace
 from mpgpu_edu.viz.palette import FONT_SIZE, format_seconds, new_figure, series_color, style
-from mpgpu_edu.viz.timeline import plot_timeline
+from mpgpu_edu.viz.timeline import plot_timeline, time_axis
 
 StepFn = Callable[..., None]
 
@@ -206,11 +206,13 @@ def run_sharded_program(workload: Workload, cluster: Cluster | str, world_size: 
 def ps_view(workers: int = 3, *, workload: Workload, cluster: Cluster | str,
             worker_step: StepFn, server_loop: StepFn, steps: int = 2) -> tuple[Any, dict]:
     """The timeline of ``ps_program`` with ``workers`` workers and a server (the last row),
-    titled with whose code ran; ``info``: ``step_s`` (one step), ``server_recv_s`` (the
-    server's link receiving, per step)."""
+    titled with whose code ran; ``info``: ``total_s`` (all steps), ``step_s`` (their mean),
+    ``first_step_s`` (``first_step_seconds``), ``server_recv_s`` (the server's link
+    receiving, per step)."""
     run = run_ps_program(workload, cluster, workers + 1, worker_step, server_loop, steps)
     trace = run.trace
-    info = {"workers": workers, "step_s": trace.makespan / steps,
+    info = {"workers": workers, "step_s": trace.makespan / steps, "total_s": trace.makespan,
+            "first_step_s": first_step_seconds(trace),
             "server_recv_s": link_seconds(trace, workers, "recv") / steps}
     names = [f"worker {w}" for w in range(workers)] + ["server"]
     whose = [getattr(fn, "label", None) for fn in (worker_step, server_loop)]
@@ -220,14 +222,35 @@ def ps_view(workers: int = 3, *, workload: Workload, cluster: Cluster | str,
     return fig, info
 
 
+def role_names(world_size: int, n_servers: int = 1) -> list[str]:
+    """Row names for a parameter-server timeline: "worker r", and "server r" for the last
+    ``n_servers`` ranks ("server" alone when there is one)."""
+    servers = ps.servers_of(world_size, n_servers)
+    if n_servers == 1:
+        return [f"worker {r}" for r in range(world_size - 1)] + ["server"]
+    return [f"server {r}" if r in servers else f"worker {r}" for r in range(world_size)]
+
+
+def first_step_seconds(trace: Trace) -> float:
+    """When the first step of a one-server run ended: the moment the last worker had the
+    parameters of step 1 (the end of the server's first N - 1 sends). Later steps overlap
+    with it: a worker that gets its parameters early starts its next forward while the
+    server still sends to the others."""
+    server = trace.n_devices - 1
+    sends = sorted(trace.on(server, "comm", "send"), key=lambda e: e.start)[:server]
+    return max((e.end for e in sends), default=trace.makespan)
+
+
 def ps_explorer(workload: Workload, cluster: Cluster | str, worker_step: StepFn,
                 server_loop: StepFn, workers: int = 3) -> Any:
     """A slider over the number of workers (1 .. 7) redrawing ``ps_view``."""
     from mpgpu_edu.explore.live import Explorer, slider
 
     def describe(info: dict) -> str:
-        return (f"<b>{info['workers']} worker(s)</b>: one step {format_seconds(info['step_s'])}"
-                f"; the server's link receives for {format_seconds(info['server_recv_s'])}")
+        return (f"<b>{info['workers']} worker(s)</b>: two steps "
+                f"{format_seconds(info['total_s'])}, the first ends at "
+                f"{format_seconds(info['first_step_s'])}; the server's link receives for "
+                f"{format_seconds(info['server_recv_s'])} a step")
 
     fixed = {"workload": workload, "cluster": cluster, "worker_step": worker_step,
              "server_loop": server_loop}
@@ -244,19 +267,66 @@ def comm_window(trace: Trace) -> Trace:
     return Trace(trace.n_devices, moved, source=trace.source, meta=dict(trace.meta))
 
 
-def plot_comm_windows(panels: Mapping[str, tuple[Trace, Sequence[str]]]) -> Figure:
+def plot_comm_windows(panels: Mapping[str, tuple[Trace, Sequence[str]]],
+                      share_x: bool = False) -> Figure:
     """One panel per ``{title: (trace, device names)}``: the messages of each run
-    (``comm_window``), each panel on its own time axis, so every bar is wide enough to
-    carry its label ("to 4", "from 2"). A title's first line gets the window's length."""
+    (``comm_window``), so every bar is wide enough to carry its label ("to 4", "from 2").
+    Each panel has its own time axis, or with ``share_x`` one axis for all, as long as the
+    longest window (a dashed line marks where a shorter one ends). A title's first line gets
+    the window's length."""
     heights = [0.45 * trace.n_devices + 1.1 for trace, _ in panels.values()]
     fig = new_figure(10, sum(heights))
     axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
-    for ax, (title, (trace, names)) in zip(axes, panels.items()):
-        window = comm_window(trace)
+    windows = [comm_window(trace) for trace, _ in panels.values()]
+    longest = max(w.makespan for w in windows)
+    for ax, window, (title, (_, names)) in zip(axes, windows, panels.items()):
         head, _, rest = title.partition("\n")
         plot_timeline(window, ax=ax, streams=("comm",), device_names=list(names),
                       title=f"{head}: messages for {format_seconds(window.makespan)} "
                             "(from the first one)" + (f"\n{rest}" if rest else ""))
+        if share_x:
+            time_axis(ax, longest)  # one unit and one scale for every panel
+            if window.makespan < longest:
+                ax.axvline(window.makespan, color="black", linestyle="--", linewidth=1)
+    return fig
+
+
+def widen_messages(trace: Trace, seconds: float) -> Trace:
+    """The trace with every message drawn at least ``seconds`` long (for a picture only):
+    a 20 µs message beside milliseconds of compute becomes a bar that can be seen, and a
+    send and a receive that follow each other then overlap, so the timeline puts the send
+    in the upper half of the row and the receive in the lower. Compute events, and the
+    makespan, stay as they are."""
+    end = trace.makespan
+    moved = []
+    for e in trace.events:
+        if e.stream == "comm" and e.duration < seconds:
+            start = max(0.0, min(e.start, end - seconds))
+            e = dataclasses.replace(e, start=start, end=min(start + seconds, end))
+        moved.append(e)
+    return Trace(trace.n_devices, moved, source=trace.source, meta=dict(trace.meta))
+
+
+def plot_role_timelines(panels: Mapping[str, tuple[Trace, Sequence[str]]], *,
+                        streams: Sequence[str] = ("compute", "comm"),
+                        message_px: float = 8.0) -> Figure:
+    """Timelines stacked on one time axis, one per ``{title: (trace, device names)}``, rows
+    named by role ("worker 0", "server"). Messages are drawn at least ``message_px`` pixels
+    wide (``widen_messages``), sends above receives; a title gets its run's makespan."""
+    heights = [0.55 * trace.n_devices * len(streams) + 1.0 for trace, _ in panels.values()]
+    fig = new_figure(10, sum(heights) + 0.5)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=heights)
+    longest = max(trace.makespan for trace, _ in panels.values())
+    seconds = message_px * longest / (10 * fig.dpi * 0.8)
+    for ax, (title, (trace, names)) in zip(axes[:, 0], panels.items()):
+        plot_timeline(widen_messages(trace, seconds), ax=ax, streams=streams,
+                      device_names=list(names),
+                      title=f"{title}: makespan {format_seconds(trace.makespan)}")
+        time_axis(ax, longest)
+        if trace.makespan < longest:
+            ax.axvline(trace.makespan, color="black", linestyle="--", linewidth=1)
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
     return fig
 
 

@@ -103,6 +103,39 @@ def loop_updates_on_arrival(comm: Any, params: torch.Tensor, steps: int, lr: flo
             comm.send(params, w)
 
 
+def loop_updates_each_arrival_by_its_share(comm: Any, params: torch.Tensor, steps: int,
+                                            lr: float) -> None:
+    """Applies each gradient's share, ``sgd_update(params, buffer / (N - 1), lr)``, the
+    moment it arrives. With plain SGD the parameters sent back are the same, but the
+    server's parameters change before every gradient of the step is in (with momentum or
+    Adam the result would differ)."""
+    workers = _workers(comm)
+    buffer = torch.empty_like(params)
+    for _ in range(steps):
+        waiting = list(workers)
+        while waiting:
+            waiting.remove(comm.recv_any(buffer, waiting))
+            params.sub_(buffer / len(workers), alpha=lr)
+        for w in workers:
+            comm.send(params, w)
+
+
+def loop_never_waits_its_sends(comm: Any, params: torch.Tensor, steps: int,
+                               lr: float) -> None:
+    """Sends the parameters with isend and never waits on the works: the next step's
+    update may overwrite params while they are still in flight."""
+    workers = _workers(comm)
+    buffer = torch.empty_like(params)
+    for _ in range(steps):
+        total, waiting = torch.zeros_like(params), list(workers)
+        while waiting:
+            waiting.remove(comm.recv_any(buffer, waiting))
+            total.add_(buffer)
+        params.sub_(total / len(workers), alpha=lr)
+        for w in workers:
+            comm.isend(params, w)
+
+
 def loop_sums(comm: Any, params: torch.Tensor, steps: int, lr: float) -> None:
     """Sum instead of mean, gradients as they arrive."""
     workers = _workers(comm)
@@ -195,6 +228,29 @@ def sharded_never_gathers(comm: Any, params: torch.Tensor, grad: torch.Tensor,
     ps[me].sub_(total / n, alpha=lr)
 
 
+def sharded_never_waits_its_sends(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                                  lr: float) -> None:
+    """Waits on its irecv works only: the isend works are dropped, so a sent shard may still
+    be in flight when the caller changes the tensor."""
+    n, me = comm.world_size, comm.rank
+    others = [r for r in range(n) if r != me]
+    gs, ps = torch.tensor_split(grad, n), torch.tensor_split(params, n)
+    inbox = {r: torch.empty_like(gs[me]) for r in others}
+    for r in others:
+        comm.isend(gs[r].contiguous(), r)
+    for w in [comm.irecv(inbox[r], r) for r in others]:
+        w.wait()
+    ps[me].sub_((gs[me] + sum(inbox.values(), torch.zeros_like(gs[me]))) / n, alpha=lr)
+    mine = ps[me].clone()
+    got = {r: torch.empty_like(ps[r]) for r in others}
+    for r in others:
+        comm.isend(mine, r)
+    for w in [comm.irecv(got[r], r) for r in others]:
+        w.wait()
+    for r in others:
+        ps[r].copy_(got[r])
+
+
 def sharded_blocking_sends_first(comm: Any, params: torch.Tensor, grad: torch.Tensor,
                                  lr: float) -> None:
     """Blocking sends to every other rank before any receive: every rank waits in its first
@@ -216,8 +272,10 @@ def sharded_blocking_sends_first(comm: Any, params: torch.Tensor, grad: torch.Te
 MUTANTS: dict[str, list[str]] = {
     "2.1": ["worker_never_waits", "worker_updates_itself", "worker_sends_to_rank_zero"],
     "2.2": ["server_sums", "server_averages_over_world", "server_updates_per_gradient"],
-    "2.3": ["loop_in_rank_order", "loop_updates_on_arrival", "loop_sums",
-            "loop_one_step_only"],
+    "2.3": ["loop_in_rank_order", "loop_updates_on_arrival",
+            "loop_updates_each_arrival_by_its_share", "loop_never_waits_its_sends",
+            "loop_sums", "loop_one_step_only"],
     "2.4": ["sharded_last_takes_the_rest", "sharded_divides_by_others",
-            "sharded_never_gathers", "sharded_blocking_sends_first"],
+            "sharded_never_gathers", "sharded_never_waits_its_sends",
+            "sharded_blocking_sends_first"],
 }

@@ -252,25 +252,106 @@ def _hidden_training(exercise: str) -> Case:
 # ---- 2.3: the server loop takes gradients as they arrive --------------------------------------
 
 DELAYS = (3e-3, 1e-3, 2e-3)  # seconds of compute of workers 0, 1, 2: worker 0 is the slowest
+UNEVEN_STEPS = 2
+
+
+class _Ledger:
+    """A rank's communicator that writes down, as plain data for the judge, the isend/irecv
+    works it hands out and which were waited on, and (with ``watch``) a copy of the tensor
+    ``watch`` each time a receive completes; everything else goes to the real one."""
+
+    def __init__(self, comm: Any, watch: torch.Tensor | None = None) -> None:
+        self._comm, self._watch_tensor = comm, watch
+        self.started: list[str] = []
+        self.waited: set[int] = set()
+        self.at_receive: list[dict] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comm, name)
+
+    def _received(self, src: Any) -> None:
+        if self._watch_tensor is not None:
+            self.at_receive.append({"src": src, "params": self._watch_tensor.clone()})
+
+    def _work(self, what: str, work: Any, src: int | None = None) -> Any:
+        ledger, index = self, len(self.started)
+        self.started.append(what)
+
+        class Watched:
+            inner, number = work, index
+
+            def wait(self) -> Any:
+                result = work.wait()
+                if index not in ledger.waited and what == "irecv":
+                    ledger._received(src)
+                ledger.waited.add(index)
+                return result
+        return Watched()
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
+        self._comm.recv(tensor, src, tag)
+        self._received(src)
+
+    def recv_any(self, tensor: torch.Tensor, sources: Any, tag: int = 0) -> int:
+        src = self._comm.recv_any(tensor, sources, tag)
+        self._received(src)
+        return src
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Any:
+        return self._work("isend", self._comm.isend(tensor, dst, tag))
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Any:
+        return self._work("irecv", self._comm.irecv(tensor, src, tag), src)
+
+    def wait_any(self, works: Any) -> int:
+        index = self._comm.wait_any([getattr(w, "inner", w) for w in works])
+        number = getattr(works[index], "number", None)
+        if number is not None and number not in self.waited:
+            if self.started[number] == "irecv":
+                self._received(None)
+            self.waited.add(number)
+        return index
+
+    def summary(self) -> dict:
+        unwaited = [what for i, what in enumerate(self.started) if i not in self.waited]
+        return {"isend": self.started.count("isend"), "irecv": self.started.count("irecv"),
+                "isend_unwaited": unwaited.count("isend"),
+                "irecv_unwaited": unwaited.count("irecv"), "at_receive": self.at_receive}
+
+
+def _judge_waits(works: dict, where: str) -> None:
+    for kind in ("isend", "irecv"):
+        left = works[f"{kind}_unwaited"]
+        expect(left == 0,
+               f"{where} started {works[kind]} {kind}(s) and returned without waiting on "
+               f"{left} of them; until its work is waited on, an {kind}'s tensor may still "
+               "be in flight (on gloo or NCCL it can be read or overwritten too early)")
 
 
 def _uneven_workers(impl: Impl) -> dict:
+    """compute: the learner's server loop for two steps against reference workers that need
+    ``DELAYS`` seconds per gradient; the server's communicator is a ``_Ledger`` watching its
+    parameters."""
     n, numel = len(DELAYS) + 1, 100
     params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, 1)
+    ledgers: list[Any] = [None]
 
     def program(comm: Any) -> torch.Tensor:
         mine = params.clone()
         if comm.rank == n - 1:
-            impl(comm, mine, 2, LR)
+            ledgers[0] = _Ledger(comm, watch=mine)
+            impl(ledgers[0], mine, UNEVEN_STEPS, LR)
             return mine
-        for _step in range(2):
+        for _step in range(UNEVEN_STEPS):
             with comm.compute("backward", "gradient", seconds=DELAYS[comm.rank]):
                 pass
             _reference_worker(comm, mine, grads[comm.rank].clone(), n - 1)
         return mine
 
     with from_scratch(impl, "2.3"):
-        return launch_facts(run_spmd(program, n), with_trace=True)
+        facts = launch_facts(run_spmd(program, n), with_trace=True)
+    facts["works"] = ledgers[0].summary()
+    return facts
 
 
 def _judge_uneven(facts: dict) -> None:
@@ -283,24 +364,60 @@ def _judge_uneven(facts: dict) -> None:
     want = sorted(range(n - 1), key=lambda w: DELAYS[w])
     finish = ", ".join(f"{d * 1e3:g}" for d in DELAYS)
     expect(first == want,
-           f"workers 0, 1, 2 finish their gradients after {finish} ms; the server received the first step's gradients from workers {first}, in "
-           f"that order, so a fast worker's message waited for a slower one's (arrival order: "
-           f"{want})")
-    _server_traffic(facts, n, steps=2)
+           f"workers 0, 1, 2 finish their gradients after {finish} ms; the server received "
+           f"the first step's gradients from workers {first}, in that order, so a fast "
+           f"worker's message waited for a slower one's (arrival order: {want})")
+    _server_traffic(facts, n, steps=UNEVEN_STEPS)
+
+
+def _judge_no_early_update(facts: dict) -> None:
+    """The server's parameters, each time one of its receives completed, against the
+    parameters every worker started the step from."""
+    n, numel = len(DELAYS) + 1, 100
+    start, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, 1)
+    mean = torch.stack(grads[: n - 1]).mean(0)
+    seen = facts["works"]["at_receive"]
+    expect(len(seen) == UNEVEN_STEPS * (n - 1),
+           f"in {UNEVEN_STEPS} steps with {n - 1} workers the server should complete "
+           f"{UNEVEN_STEPS * (n - 1)} receives; it completed {len(seen)}")
+    for i, record in enumerate(seen):
+        step, k = divmod(i, n - 1)
+        want = start - step * LR * mean
+        who = "" if record["src"] is None else f" (from worker {record['src']})"
+        expect_close(record["params"], want,
+                     f"step {step}: when gradient {k + 1} of {n - 1}{who} arrived, the "
+                     "server's parameters were no longer those the workers computed this "
+                     "step's gradients at: they changed before every gradient of the step "
+                     "was in")
 
 
 # ---- 2.4: every rank a worker and the server of one shard ------------------------------------
 
-def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0) -> dict:
+def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0,
+                 ledger: bool = False) -> dict:
+    """compute: the learner's sharded step on every rank (with ``ledger``, each rank's
+    communicator a ``_Ledger``: its works, started and waited, go to the judge)."""
     params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
+    ledgers: list[Any] = [None] * n
 
     def program(comm: Any) -> torch.Tensor:
         mine = params.clone()
+        if ledger:
+            comm = ledgers[comm.rank] = _Ledger(comm)
         impl(comm, mine, grads[comm.rank].clone(), LR)
         return mine
 
     with from_scratch(impl, "2.4"):
-        return launch_facts(run_spmd(program, n))
+        facts = launch_facts(run_spmd(program, n))
+    if ledger:
+        facts["works"] = [one.summary() for one in ledgers]
+    return facts
+
+
+def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
+    _judge_sharded(facts, n, numel)
+    for rank, works in enumerate(facts["works"]):
+        _judge_waits(works, f"N={n}: rank {rank}")
 
 
 def _judge_sharded(facts: dict, n: int, numel: int, seed: int = 0) -> None:
@@ -355,8 +472,12 @@ CASES: dict[str, list[Case]] = {
         Case("one step: the mean of every worker's gradient", 1, *_steps("loop", [(4, 3)])),
         Case("trains a linear model like one device, N = 3", 2,
              *_training("2.3", [(3, "linear", 4)])),
-        Case("takes the gradients in the order they arrive", 2,
+        Case("a fast worker's gradient is not held behind a slower one's", 1,
              _uneven_workers, _judge_uneven),
+        Case("no update before every gradient of the step is in", 2,
+             _uneven_workers, _judge_no_early_update),
+        Case("waits: every isend and irecv is waited on", 1,
+             _uneven_workers, lambda facts: _judge_waits(facts["works"], "the server")),
         Case("hidden: other world sizes, models and step counts", 2,
              *_hidden_training("2.3"), hidden=True),
     ],
@@ -366,6 +487,9 @@ CASES: dict[str, list[Case]] = {
         Case("shards that differ in size: N = 3, 10 parameters", 2,
              lambda impl: _run_sharded(impl, 3, 10), lambda f: _judge_sharded(f, 3, 10)),
         Case("trains an MLP like one device, N = 4", 2, *_training("2.4", [(4, "mlp", 3)])),
+        Case("waits: every isend and irecv is waited on, N = 3, 10 parameters", 1,
+             lambda impl: _run_sharded(impl, 3, 10, ledger=True),
+             lambda f: _judge_sharded_waits(f, 3, 10)),
         Case("hidden: other world sizes, models, sizes that do not divide", 3,
              *_hidden_sharded(), hidden=True),
     ],
