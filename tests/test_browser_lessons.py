@@ -106,7 +106,11 @@ def test_lesson_runs_answers_a_prediction_and_moves_a_widget(lab, browser, relat
         lab_page = LabPage(page, lab, OUT / Path(relative).stem)
         started = time.monotonic()
         with lab_page.step(f"open {relative}"):
-            lab_page.open_notebook(relative)
+            # A workspace of its own, reset: the earlier lessons' tabs are not restored.
+            page.goto(lab.url(f"/lab/workspaces/{Path(relative).stem}/tree/{relative}?reset"),
+                      wait_until="domcontentloaded", timeout=90_000)
+            page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").first \
+                .wait_for(state="visible", timeout=90_000)
             lab_page.wait_kernel_idle(timeout=120)
             wait_until(lambda: len(lab_page.prompts()) == len(code), 30,
                        f"the page to show the file's {len(code)} code cells")
