@@ -48,20 +48,31 @@ def _gloo(n: int) -> Topology:
     return topo.uniform(n, link.alpha_s, link.beta_Bps, spec_name=link.name)
 
 
+def _workstation(n: int, sockets: int = 1) -> Topology:
+    return topo.pcie_host(n, LINKS["pcie4-x16"], LINKS["host-ddr4-8ch"], sockets,
+                          LINKS["upi-xeon"] if sockets > 1 else None)
+
+
+def _rails(intra: str, nic: str) -> Topology:
+    return topo.multi_node(2, 8, LINKS[intra], LINKS[nic], nics_per_node=8)
+
+
+# PCIe boxes: every card on its own x16 uplink to a CPU; "-switch": four cards behind one
+# PCIe switch uplink. Multi-node: DGX/HGX nodes with one NIC per GPU (rail-optimised).
 _PRESETS: dict[str, _Preset] = {
-    "4xRTX4090-pcie": _Preset("RTX4090-24GB",
-                              lambda: topo.pcie_host_bridge(4, LINKS["pcie4-x16"], bridges=1)),
-    "8xRTX4090-pcie": _Preset("RTX4090-24GB",
-                              lambda: topo.pcie_host_bridge(8, LINKS["pcie4-x16"], bridges=2)),
+    "4xRTX4090-pcie": _Preset("RTX4090-24GB", lambda: _workstation(4)),
+    "4xRTX4090-pcie-switch": _Preset("RTX4090-24GB",
+                                     lambda: topo.pcie_switch(4, LINKS["pcie4-x16"],
+                                                              LINKS["host-ddr4-8ch"], 4)),
+    "8xRTX4090-pcie": _Preset("RTX4090-24GB", lambda: _workstation(8, sockets=2)),
     "4xA100-nvlink": _Preset("A100-80GB", lambda: topo.nvswitch(4, LINKS["nvlink3"])),
     "8xA100-nvlink": _Preset("A100-80GB", lambda: topo.nvswitch(8, LINKS["nvlink3"])),
     "4xH100-nvswitch": _Preset("H100-SXM-80GB",
                                lambda: topo.nvswitch(4, LINKS["nvlink4-nvswitch"])),
     "8xH100-nvswitch": _Preset("H100-SXM-80GB",
                                lambda: topo.nvswitch(8, LINKS["nvlink4-nvswitch"])),
-    "2x8xH100-ib": _Preset("H100-SXM-80GB",
-                           lambda: topo.multi_node(2, 8, LINKS["nvlink4-nvswitch"],
-                                                   LINKS["ib-ndr"])),
+    "2x8xA100-ib": _Preset("A100-80GB", lambda: _rails("nvlink3", "ib-hdr")),
+    "2x8xH100-ib": _Preset("H100-SXM-80GB", lambda: _rails("nvlink4-nvswitch", "ib-ndr")),
     "2xCPU-gloo": _Preset("CPU-16GB", lambda: _gloo(2)),
     "4xCPU-gloo": _Preset("CPU-16GB", lambda: _gloo(4)),
 }
