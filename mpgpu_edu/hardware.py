@@ -129,8 +129,8 @@ LINKS: dict[str, LinkSpec] = {
                 "to protocol overhead (sjeaugey, NVIDIA/nccl-tests#212), i.e. ~240; 8x "
                 "A100-SXM4-80GB all_reduce_perf measured ~200 GB/s busbw "
                 "(NVIDIA/nccl-tests#149) and 8x A100 sendrecv_perf 195 GB/s per direction "
-                "(li-plus/playground, cuda/nccl.md); 230 sits in that range. alpha: a few us, "
-                "not calibrated"),
+                "(li-plus/playground, cuda/nccl.md); 230 sits in that range. alpha 3 us: the "
+                "NVLink4 figure (no A100 small-message measurement cited)"),
     ),
     "nvlink4-nvswitch": LinkSpec(
         name="nvlink4-nvswitch", alpha_s=3e-6, beta_Bps=370e9, peak_Bps=450e9,
@@ -139,7 +139,8 @@ LINKS: dict[str, LinkSpec] = {
                 "protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of "
                 "370GB/s', the busbw of 8x H100 with NCCL_ALGO=RING (sjeaugey, "
                 "NVIDIA/nccl-tests#212; NVLink SHARP, not modelled, reaches ~480 busbw). "
-                "alpha: a few us, not calibrated"),
+                "alpha 3 us: sendrecv_perf over NVLink takes ~3 us for small messages "
+                "(NVIDIA/nccl#1487, 2x H100) and 3.7 us at 1 KiB (NVIDIA/nccl#1984, H800)"),
     ),
     "ib-hdr": LinkSpec(
         name="ib-hdr", alpha_s=5e-6, beta_Bps=24e9, peak_Bps=25e9,

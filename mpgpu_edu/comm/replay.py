@@ -10,13 +10,13 @@ Cost model:
   when it ran (FLOPs / (peak x efficiency), or given explicitly).
 - a transfer is ready when both its send and its receive are posted. Its route names two kinds
   of resources (see ``cluster.topology``):
-  * *ports* (a GPU's NVLink port in one direction, a card's PCIe uplink in one direction, a
-    NIC): one transfer at a time. A transfer starts once every port on its route is free,
-    and transfers that share a port queue in the order they became ready.
+  * *ports* (a device's port on the textbook uniform cluster, a card's PCIe uplink in one
+    direction): one transfer at a time. A transfer starts once every port on its route is
+    free, and transfers that share a port queue in the order they became ready.
   * *shared caps* (host memory behind staged PCIe copies, a PCIe switch's uplink, the link
-    between two CPU sockets): every transfer crossing one gets a fair share of its bandwidth
-    at every moment (max-min fair, "processor sharing"), so a newcomer slows the others down
-    and a finished transfer speeds them up.
+    between two CPU sockets, a GPU's NVSwitch port, a NIC): every transfer crossing one gets
+    a fair share of its bandwidth at every moment (max-min fair, "processor sharing"), so a
+    newcomer slows the others down and a finished transfer speeds them up.
   A transfer moves its bytes at ``min(beta, its fair shares)`` and completes ``alpha`` after
   its last byte: alone on its route, ``end = start + alpha + bytes / beta``.
 - a blocking send or receive returns when its transfer completes; ``wait`` likewise.
@@ -130,7 +130,7 @@ def _fair_rates(flows: list[_Transfer]) -> list[float]:
         for i in open_:
             if rates[i] is not None:
                 for name, _ in flows[i].route.shares:
-                    room[name] -= level
+                    room[name] = max(0.0, room[name] - level)  # rounding never goes below 0
     return [float(r) for r in rates]
 
 
