@@ -39,6 +39,8 @@ def test_every_card_has_its_own_uplink_and_shares_host_memory() -> None:
     assert route.beta_Bps == UPLINK.beta_Bps and route.alpha_s == UPLINK.alpha_s
     assert set(t.route(2, 3).resources).isdisjoint(route.resources)
     assert t.groups() == {"bridge0": (0, 1, 2, 3)}
+    # Figures can show both numbers of every wire.
+    assert {(i.beta_Bps, i.peak_Bps) for i in t.links()} == {(24e9, 31.5e9)}
 
 
 def test_two_sockets_cross_the_socket_link() -> None:

@@ -46,13 +46,15 @@ class LinkInfo:
     """One wire, for figures. ``a`` and ``b`` name vertices: ``"gpu3"`` is physical device
     3; other names are switches, bridges or the host. ``shared_resource`` names the
     resource that every transfer over this wire competes for, or None when each device has
-    its own port."""
+    its own port. ``beta_Bps`` is the effective bandwidth the simulator uses, ``peak_Bps``
+    the spec sheet's (0 when not known)."""
 
     a: str
     b: str
     spec_name: str
     beta_Bps: float
     shared_resource: str | None = None
+    peak_Bps: float = 0.0
 
 
 class Topology:
@@ -120,7 +122,8 @@ def nvswitch(n: int, link: LinkSpec) -> Topology:
     The 4-GPU HGX A100 board wires each pair directly with a third of the links instead of
     using a switch; modelling it as a switch gives one pair up to 3x too much bandwidth but
     keeps the per-GPU total right."""
-    links = [LinkInfo(f"gpu{g}", "nvswitch0", link.name, link.beta_Bps) for g in range(n)]
+    links = [LinkInfo(f"gpu{g}", "nvswitch0", link.name, link.beta_Bps, None, link.peak_Bps)
+             for g in range(n)]
     return Topology("nvswitch", n, lambda s, d: _switched(s, d, link.alpha_s, link.beta_Bps),
                     links, {"nvswitch0": tuple(range(n))})
 
@@ -154,9 +157,9 @@ def pcie_host(n: int, uplink: LinkSpec, memory: LinkSpec, sockets: int = 1,
         return Route(alpha, uplink.beta_Bps, (f"gpu{s}.up", f"gpu{d}.down"), shares)
 
     links = [LinkInfo(f"gpu{g}", f"bridge{socket_of[g]}", uplink.name, uplink.beta_Bps,
-                      f"host{socket_of[g]}.memory") for g in range(n)]
+                      f"host{socket_of[g]}.memory", uplink.peak_Bps) for g in range(n)]
     links += [LinkInfo(f"bridge{a}", "host", socket_link.name, socket_link.beta_Bps,
-                       f"socket{a}to{1 - a}")
+                       f"socket{a}to{1 - a}", socket_link.peak_Bps)
               for a in range(sockets) if sockets == 2 and socket_link is not None]
     groups = {f"bridge{a}": tuple(g for g in range(n) if socket_of[g] == a)
               for a in range(sockets)}
@@ -183,9 +186,10 @@ def pcie_switch(n: int, uplink: LinkSpec, memory: LinkSpec, per_switch: int) -> 
         return Route(uplink.alpha_s, uplink.beta_Bps, (f"gpu{s}.up", f"gpu{d}.down"), shares)
 
     switches = sorted(set(switch_of))
-    links = [LinkInfo(f"gpu{g}", f"switch{switch_of[g]}", uplink.name, uplink.beta_Bps)
-             for g in range(n)]
-    links += [LinkInfo(f"switch{k}", "host", uplink.name, uplink.beta_Bps, f"switch{k}.up")
+    links = [LinkInfo(f"gpu{g}", f"switch{switch_of[g]}", uplink.name, uplink.beta_Bps,
+                      None, uplink.peak_Bps) for g in range(n)]
+    links += [LinkInfo(f"switch{k}", "host", uplink.name, uplink.beta_Bps, f"switch{k}.up",
+                       uplink.peak_Bps)
               for k in switches]
     groups = {f"switch{k}": tuple(g for g in range(n) if switch_of[g] == k) for k in switches}
     return Topology("pcie_switch", n, route_of, links, groups)
@@ -221,9 +225,10 @@ def multi_node(nodes: int, per_node: int, intra_link: LinkSpec, nic: LinkSpec,
                      ((f"{nic_of(s)}.out", nic.beta_Bps), (f"{nic_of(d)}.in", nic.beta_Bps)))
 
     links = [LinkInfo(f"gpu{g}", f"node{g // per_node}.nvswitch", intra_link.name,
-                      intra_link.beta_Bps) for g in range(n)]
+                      intra_link.beta_Bps, None, intra_link.peak_Bps) for g in range(n)]
     links += [LinkInfo(f"node{k}.nvswitch", "network", nic.name, nic.beta_Bps,
-                       f"node{k}.nic{j}") for k in range(nodes) for j in range(nics_per_node)]
+                       f"node{k}.nic{j}", nic.peak_Bps)
+              for k in range(nodes) for j in range(nics_per_node)]
     groups = {f"node{k}": tuple(range(k * per_node, (k + 1) * per_node)) for k in range(nodes)}
     return Topology("multi_node", n, route_of, links, groups)
 
