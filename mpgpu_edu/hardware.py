@@ -7,9 +7,11 @@ alpha-beta model: sending ``n`` bytes takes ``alpha_s + n / beta_Bps`` seconds, 
 direction* (links are full duplex).
 
 Peak numbers are what the hardware can do at best; real training reaches a fraction of
-them, which ``Cluster.efficiency`` accounts for. A link carries both: ``beta_Bps`` is
-effective (what NCCL reaches, from published nccl-tests results), which the simulator uses;
-``peak_Bps`` the spec sheet's line rate; its ``source`` cites both.
+them: each GPU's ``efficiency`` is one published measurement of that fraction, and its
+``effective_memory_Bps`` one measurement of the DRAM bandwidth that elementwise ops see.
+A link carries both: ``beta_Bps`` is effective (what NCCL reaches, from published nccl-tests
+results), which the simulator uses; ``peak_Bps`` the spec sheet's line rate; its ``source``
+cites both.
 
 Memory is in binary units: a "24 GB" card holds 24 GiB of DRAM (chips come in powers of
 two), of which CUDA reports a little less as usable.
@@ -27,13 +29,24 @@ DTYPES = ("fp32", "bf16", "fp16")
 class GPUSpec:
     """A device profile: dense peak FLOP/s per dtype (``"fp32"``, ``"bf16"``, ``"fp16"``),
     memory in bytes, and where the numbers come from. ``label`` is the marketing name used
-    in messages (falls back to ``name``)."""
+    in messages (falls back to ``name``).
+
+    The roofline: an op takes the longer of its FLOPs over ``peak * efficiency`` and its
+    bytes over ``effective_memory_Bps``, plus ``launch_overhead_s``. ``memory_Bps`` is the
+    spec sheet's DRAM bandwidth, ``effective_memory_Bps`` what a streaming kernel measures;
+    ``efficiency`` is the fraction of peak FLOP/s that published training runs reach.
+    ``compute_source`` cites those three numbers and the launch overhead."""
 
     name: str
     peak_flops: dict[str, float] = field(hash=False)
     memory_bytes: int
     source: str
     label: str = ""
+    memory_Bps: float = 0.0
+    effective_memory_Bps: float = 0.0
+    efficiency: float = 0.5
+    launch_overhead_s: float = 5e-6
+    compute_source: str = ""
 
     @property
     def display_name(self) -> str:
@@ -63,6 +76,19 @@ class LinkSpec:
 # "fp32" is plain FP32 on the CUDA cores: PyTorch leaves TF32 matmuls off by default.
 # "bf16"/"fp16" are dense Tensor Core rates with FP32 accumulation, as used in mixed-precision
 # training; spec sheets often print the 2:4-sparsity rate, which is twice these.
+# Launch overhead: an eager PyTorch op costs a few microseconds of CPU dispatch plus the
+# cudaLaunchKernel call before the GPU starts it, however small the op (NVIDIA Technical Blog,
+# A. Gray, "Getting Started with CUDA Graphs", 2019: a few us per short kernel, which is
+# what CUDA Graphs remove). 5 us is the figure used for every GPU.
+_LAUNCH = ("launch ~5 us per kernel: eager PyTorch dispatch plus cudaLaunchKernel (NVIDIA "
+           "Technical Blog, 'Getting Started with CUDA Graphs', 2019)")
+# Effective HBM3 bandwidth of an H100 SXM: a device-to-device copy measured 2,903 GB/s,
+# 86.7% of the 3,350 GB/s peak (Voltage Park / AI @ Georgia Tech, github.com/aigatech/
+# vpbenchmarking, README, "Memory Bandwidth - Single Node (8x H100)"). No measurement of the
+# same kind is cited here for the A100 and the RTX 4090: their effective figure applies the
+# same 86.7% to their spec sheet peak, and says so.
+_STREAM_FRACTION = 2903e9 / 3350e9
+
 GPUS: dict[str, GPUSpec] = {
     "RTX4090-24GB": GPUSpec(
         name="RTX4090-24GB",
@@ -72,6 +98,13 @@ GPUS: dict[str, GPUSpec] = {
         source=("NVIDIA Ada Lovelace GPU Architecture whitepaper (v2.1), Appendix A, RTX 4090: "
                 "82.6 TFLOPS FP32; 165.2 TFLOPS FP16/BF16 Tensor with FP32 accumulate "
                 "(dense; 330.4 with sparsity); 24 GB GDDR6X"),
+        memory_Bps=1008e9,
+        effective_memory_Bps=1008e9 * _STREAM_FRACTION,
+        efficiency=0.52,
+        compute_source=("memory: peak 1,008 GB/s GDDR6X (Ada whitepaper, Appendix A); effective "
+                        "assumed 86.7% of peak, the fraction measured on an H100 (no RTX 4090 "
+                        "measurement cited). efficiency 0.52 assumed as the A100's (no "
+                        "published training MFU for the RTX 4090 cited). " + _LAUNCH),
     ),
     "A100-80GB": GPUSpec(
         name="A100-80GB",
@@ -80,6 +113,15 @@ GPUS: dict[str, GPUSpec] = {
         memory_bytes=80 * GIB,
         source=("NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: 19.5 TFLOPS FP32; "
                 "312 TFLOPS BF16/FP16 Tensor Core (dense; 624 with sparsity); 80 GB HBM2e"),
+        memory_Bps=2039e9,
+        effective_memory_Bps=2039e9 * _STREAM_FRACTION,
+        efficiency=0.52,
+        compute_source=("memory: peak 2,039 GB/s HBM2e (A100 datasheet, 80GB SXM); effective "
+                        "assumed 86.7% of peak, the fraction measured on an H100 (no A100 "
+                        "measurement cited). efficiency 0.52: GPT 1T on 3,072 A100s reached "
+                        "163 TFLOP/s per GPU, 52% of peak (Narayanan et al., 'Efficient "
+                        "Large-Scale Language Model Training on GPU Clusters Using "
+                        "Megatron-LM', SC 2021). " + _LAUNCH),
     ),
     "H100-SXM-80GB": GPUSpec(
         name="H100-SXM-80GB",
@@ -89,6 +131,14 @@ GPUS: dict[str, GPUSpec] = {
         source=("NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 67 TFLOPS FP32; "
                 "1,979 TFLOPS BF16/FP16 Tensor Core with sparsity, i.e. 989.5 dense; "
                 "80 GB HBM3"),
+        memory_Bps=3350e9,
+        effective_memory_Bps=2903e9,
+        efficiency=0.40,
+        compute_source=("memory: peak 3,350 GB/s HBM3 (H100 datasheet, SXM); effective 2,903 "
+                        "GB/s measured device-to-device (github.com/aigatech/vpbenchmarking). "
+                        "efficiency 0.40: Llama 3 405B pre-training reached 38-43% BF16 model "
+                        "FLOPs utilisation on 8,192-16,384 H100s (Dubey et al., 'The Llama 3 "
+                        "Herd of Models', 2024, Table 4). " + _LAUNCH),
     ),
     # Not a GPU: the device profile of one CPU process, so the gloo presets use the same code.
     "CPU-16GB": GPUSpec(
@@ -99,6 +149,13 @@ GPUS: dict[str, GPUSpec] = {
         source=("rough default for one process on a laptop CPU: a few cores with AVX2 FMA "
                 "(~200 GFLOP/s FP32; half precision is emulated on most CPUs, so slower); "
                 "16 GiB of RAM. `mpgpu-edu calibrate` measures this machine instead"),
+        memory_Bps=20e9,
+        effective_memory_Bps=10e9,
+        efficiency=0.5,
+        compute_source=("rough default, not a measurement: one core streams ~10 GB/s of a "
+                        "dual-channel DDR4 system's ~20-40 GB/s; efficiency 0.5; launch ~5 us "
+                        "of eager PyTorch dispatch per op. `mpgpu-edu calibrate` measures "
+                        "the memory bandwidth and the per-op overhead of this machine"),
     ),
 }
 

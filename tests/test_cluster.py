@@ -92,7 +92,9 @@ def test_every_preset_is_consistent(name: str) -> None:
     assert cluster.logical_to_physical == list(range(n))
     assert cluster.gpu.source and cluster.gpu.memory_bytes > 0
     assert all(v > 0 for v in cluster.gpu.peak_flops.values())
-    assert cluster.efficiency == 0.5 and cluster.launch_overhead_s > 0
+    assert cluster.efficiency == cluster.gpu.efficiency and 0 < cluster.efficiency < 1
+    assert cluster.launch_overhead_s > 0 and cluster.memory_Bps > 0
+    assert cluster.gpu.compute_source
     for info in cluster.topology.links():
         assert info.beta_Bps > 0
     for src in range(n):
@@ -154,7 +156,7 @@ class _FakeTorchDtype:
 def test_compute_seconds() -> None:
     cluster = Cluster.preset("4xH100-nvswitch")
     peak = GPUS["H100-SXM-80GB"].peak_flops["bf16"]
-    expected = 1e12 / (peak * 0.5) + cluster.launch_overhead_s
+    expected = 1e12 / (peak * cluster.gpu.efficiency) + cluster.launch_overhead_s
     assert cluster.compute_seconds(1e12, "bf16") == pytest.approx(expected)
     assert cluster.compute_seconds(1e12, _FakeTorchDtype()) == pytest.approx(expected)
     assert cluster.compute_seconds(0) == cluster.launch_overhead_s
