@@ -39,7 +39,7 @@ _EXTRA: dict[Any, Callable[..., float]] = {
                                                               v.shape),
 }
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
-         "alias", "lift_fresh", "set_", "resize_", "_local_scalar_dense", "_to_copy_meta",
+         "alias", "lift_fresh", "set_", "resize_", "_local_scalar_dense",
          "is_nonzero", "equal"}
 
 
