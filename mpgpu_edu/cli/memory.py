@@ -3,8 +3,20 @@
     mpgpu-edu memory --model llama-7b --optimizer adam --precision mixed \\
         --strategy zero3 --devices 8 --gpu RTX4090-24GB
 
-Prints a per-device table, the formula behind each line and, with ``--gpu`` or
+Prints a per-device table (binary GiB and decimal GB side by side: a "24 GB" card holds
+24 GiB, a "7B" model in fp16 is 14 GB), the formula behind each line and, with ``--gpu`` or
 ``--gpu-memory``, whether it fits. ``--json`` prints one object instead.
+
+With ``--model``, ``--batch`` and ``--seq`` it adds the activations of Korthikanti et al.
+2022 (see ``mpgpu_edu.memory.models.layer_activation_bytes``)::
+
+    mpgpu-edu memory --model llama-7b --batch 1 --seq 4096 --attention flash --recompute none
+
+``--attention eager`` (the default, what the lessons print) keeps the s x s attention scores;
+``flash`` (what current training uses) does not. ``--recompute selective`` drops the scores
+too, ``full`` keeps only each layer's input. ``--logits`` adds the embedding and the output
+layer (fp32 logits for the loss). Under ``--strategy tensor`` the activations are split over
+the ``--devices`` as Megatron's tensor parallelism splits them (no sequence parallelism).
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from mpgpu_edu.memory.estimate import (
     estimate_memory,
     explain,
 )
-from mpgpu_edu.memory.models import PRESETS, activation_bytes, spec_params
+from mpgpu_edu.memory.models import ATTENTIONS, PRESETS, RECOMPUTES, activation_terms, spec_params
 
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
@@ -59,6 +71,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, help="micro-batch per device (with --model and --seq: "
                    "activations from Korthikanti et al. 2022, all layers, added per device)")
     p.add_argument("--seq", type=int, help="sequence length (with --batch)")
+    p.add_argument("--attention", metavar="{" + ",".join(ATTENTIONS) + "}",
+                   help="with --batch/--seq: eager keeps the s x s scores (default); flash, "
+                   "what current training uses, does not")
+    p.add_argument("--recompute", metavar="{" + ",".join(RECOMPUTES) + "}",
+                   help="with --batch/--seq: none (default); selective recomputes the "
+                   "attention core; full keeps only each layer's input")
+    p.add_argument("--logits", action="store_true",
+                   help="with --batch/--seq: add the embedding and the output layer "
+                   "(fp32 logits for the loss, 4*s*b*vocab bytes)")
     p.add_argument("--gpu", help="a GPU profile from mpgpu_edu.hardware, e.g. RTX4090-24GB")
     p.add_argument("--gpu-memory", help="device memory to check against, e.g. 24GiB or 80GiB")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -80,16 +101,33 @@ def _n_params(args: argparse.Namespace) -> int:
     return parse_count(args.params)
 
 
-def _activations(args: argparse.Namespace) -> int:
+def _activation_terms(args: argparse.Namespace) -> dict | None:
+    """The activation terms from --batch/--seq (None without them), with their settings."""
     if args.batch is None and args.seq is None:
-        return parse_size(args.activations) if args.activations is not None else 0
+        if args.attention is not None or args.recompute is not None or args.logits:
+            raise UsageError("--attention, --recompute and --logits need --model, --batch "
+                             "and --seq")
+        return None
     if args.activations is not None:
         raise UsageError("give --activations or --batch/--seq, not both")
     if args.model is None or args.batch is None or args.seq is None:
         raise UsageError("--batch and --seq need each other and --model")
     if args.batch <= 0 or args.seq <= 0:
         raise UsageError(f"--batch and --seq must be positive, got {args.batch}, {args.seq}")
-    return activation_bytes(args.model, args.batch, args.seq, args.precision)
+    attention = _choice(args.attention or "eager", ATTENTIONS, "attention")
+    recompute = _choice(args.recompute or "none", RECOMPUTES, "recompute")
+    t = args.devices if args.strategy == "tensor" else 1
+    terms = activation_terms(args.model, args.batch, args.seq, args.precision, attention,
+                             recompute, t)
+    total = terms["layers"] + (terms["embedding"] + terms["output"] if args.logits else 0)
+    return {"attention": attention, "recompute": recompute, "tensor_parallel": t,
+            "logits": bool(args.logits), **terms, "total": total}
+
+
+def _activations(args: argparse.Namespace, terms: dict | None) -> int:
+    if terms is not None:
+        return terms["total"]
+    return parse_size(args.activations) if args.activations is not None else 0
 
 
 def _gpu_memory(args: argparse.Namespace) -> tuple[str | None, int | None]:
@@ -111,7 +149,7 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[str | None, int | None]:
     return args.gpu, int(GPUS[args.gpu].memory_bytes)
 
 
-def _estimate(args: argparse.Namespace) -> MemoryEstimate:
+def _estimate(args: argparse.Namespace) -> tuple[MemoryEstimate, dict | None]:
     n_params = _n_params(args)
     _choice(args.optimizer, OPTIMIZERS, "optimizer")
     _choice(args.precision, PRECISIONS, "precision")
@@ -121,19 +159,51 @@ def _estimate(args: argparse.Namespace) -> MemoryEstimate:
     if args.strategy == "single" and args.devices != 1:
         raise UsageError(f"strategy 'single' uses one device, got --devices {args.devices}: "
                          "choose dp, zero1..3, pipeline or tensor")
+    terms = _activation_terms(args)
     return estimate_memory(n_params, args.optimizer, args.precision, args.strategy,
-                           args.devices, _activations(args))
+                           args.devices, _activations(args, terms)), terms
 
 
-def _text(est: MemoryEstimate, model: str | None, gpu: str | None, capacity: int | None) -> str:
+def format_decimal(n: float) -> str:
+    """``format_decimal(14e9) == "14.00 GB"``: decimal units, as spec sheets and model names."""
+    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _both(n: int) -> str:
+    return f"{format_bytes(n):>12} {format_decimal(n):>12}"
+
+
+def _activation_lines(terms: dict, model: str) -> list[str]:
+    """How the activations were counted, for the formulas block."""
+    where = (f", split over {terms['tensor_parallel']} tensor-parallel devices"
+             if terms["tensor_parallel"] > 1 else "")
+    n_layers = terms["layers"] // terms["per_layer"]
+    lines = [f"activations: {terms['attention']} attention, recompute {terms['recompute']}"
+             f"{where} (Korthikanti et al. 2022)",
+             f"  per layer {format_bytes(terms['per_layer'])} x {n_layers} layers of {model} "
+             f"= {format_bytes(terms['layers'])}"]
+    extra = f"embedding {format_bytes(terms['embedding'])}, output layer with fp32 logits " \
+            f"{format_bytes(terms['output'])}"
+    lines.append(f"  {'+ ' + extra if terms['logits'] else extra + ' (not added: --logits)'}")
+    return lines
+
+
+def _text(est: MemoryEstimate, model: str | None, gpu: str | None, capacity: int | None,
+          terms: dict | None = None) -> str:
     name = f"{model} ({est.n_params:,} parameters)" if model else f"{est.n_params:,} parameters"
     lines = [f"{name}, {est.optimizer}, {est.precision} precision, {est.strategy} on "
-             f"{est.devices} device{'s' if est.devices > 1 else ''}", "", "per device:"]
+             f"{est.devices} device{'s' if est.devices > 1 else ''}", "",
+             f"per device:    {'binary':>12} {'decimal':>12}"]
     for category, nbytes in est.per_device.items():
-        lines.append(f"  {category:<13} {format_bytes(nbytes):>12}")
-    lines += [f"  {'total':<13} {format_bytes(est.per_device_total):>12}",
-              f"all devices:    {format_bytes(est.total_all_devices):>12}", "", "formulas:"]
+        lines.append(f"  {category:<13} {_both(nbytes)}")
+    lines += [f"  {'total':<13} {_both(est.per_device_total)}",
+              f"all devices:    {_both(est.total_all_devices)}", "", "formulas:"]
     lines += [f"  {line}" for line in explain(est).splitlines()]
+    if terms is not None:
+        lines += [f"  {line}" for line in _activation_lines(terms, model or "")]
     lines += ["", f"convention: {est.convention}"]
     if capacity is not None:
         need, left = format_bytes(est.per_device_total), capacity - est.per_device_total
@@ -147,13 +217,18 @@ def _text(est: MemoryEstimate, model: str | None, gpu: str | None, capacity: int
 
 
 def run(args: argparse.Namespace) -> int:
-    est = _estimate(args)
+    est, terms = _estimate(args)
     gpu, capacity = _gpu_memory(args)
     if args.json:
         out = est.to_dict()
         out.update(model=args.model, gpu=gpu, gpu_memory_bytes=capacity,
-                   fits=None if capacity is None else est.fits(capacity))
+                   fits=None if capacity is None else est.fits(capacity),
+                   activation_terms=terms,
+                   per_device_total_gib=est.per_device_total / 2**30,
+                   per_device_total_gb=est.per_device_total / 1e9,
+                   total_all_devices_gib=est.total_all_devices / 2**30,
+                   total_all_devices_gb=est.total_all_devices / 1e9)
         print(json.dumps(out, indent=2))
     else:
-        print(_text(est, args.model, gpu, capacity))
+        print(_text(est, args.model, gpu, capacity, terms))
     return 0

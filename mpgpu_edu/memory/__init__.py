@@ -2,8 +2,9 @@
 
 ``estimate`` answers on paper, for models too large to allocate (bytes per parameter times
 parameters, split by a strategy); ``models`` counts parameters of model presets from their
-shapes. Lesson 03 (data parallel replicates everything) and lessons 05-06 (ZeRO, fitting
-real models) use both.
+shapes, and the activations a forward pass keeps (eager or flash attention, recomputation).
+Lesson 03 (data parallel replicates everything) and lessons 05-06 (ZeRO, fitting real models)
+use both.
 """
 
 from mpgpu_edu.memory.estimate import (
@@ -16,11 +17,15 @@ from mpgpu_edu.memory.estimate import (
     explain,
 )
 from mpgpu_edu.memory.models import (
+    ATTENTIONS,
     PRESETS,
+    RECOMPUTES,
     DecoderSpec,
     activation_bytes,
+    activation_terms,
     count_params,
     get_preset,
+    layer_activation_bytes,
     meta_model,
     param_breakdown,
     spec_params,
@@ -28,6 +33,7 @@ from mpgpu_edu.memory.models import (
 
 __all__ = [
     "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "MemoryEstimate", "bytes_per_param",
-    "estimate_memory", "explain", "PRESETS", "DecoderSpec", "activation_bytes",
-    "count_params", "get_preset", "meta_model", "param_breakdown", "spec_params",
+    "estimate_memory", "explain", "ATTENTIONS", "PRESETS", "RECOMPUTES", "DecoderSpec",
+    "activation_bytes", "activation_terms", "count_params", "get_preset",
+    "layer_activation_bytes", "meta_model", "param_breakdown", "spec_params",
 ]

@@ -15,7 +15,8 @@ same shapes as a real ``nn.Module`` on the meta device (shapes, no storage), and
 
 ``activation_bytes`` estimates what one forward pass keeps for the backward pass, with the
 per-layer formula of Korthikanti et al., "Reducing Activation Recomputation in Large
-Transformer Models" (2022), section 4.1.
+Transformer Models" (2022), section 4: eager or flash attention, no, selective or full
+recomputation, tensor parallelism; ``activation_terms`` adds the embedding and the logits.
 
 Sources: GPT-2, Radford et al. (2019) and the released checkpoints; LLaMA, Touvron et al.,
 "LLaMA: Open and Efficient Foundation Language Models" (2023), table 2.
@@ -147,26 +148,106 @@ def meta_model(spec: str | DecoderSpec) -> nn.Module:
     return model
 
 
-def activation_bytes(spec: str | DecoderSpec, batch: int, seq: int,
-                     precision: str = "mixed") -> int:
-    """Bytes of activations one forward pass keeps for backward, over all layers.
+ATTENTIONS = ("eager", "flash")
+RECOMPUTES = ("none", "selective", "full")
 
-    Per layer, with s = ``seq``, b = ``batch``, h = d_model, a = heads (Korthikanti et al. 2022,
-    eq. 1; no recomputation, no tensor or sequence parallelism)::
 
-        mixed (16-bit activations):  s*b*h * (34 + 5*a*s/h)
-        fp32:                        s*b*h * (66 + 9*a*s/h)
-
-    The fp32 line is the same accounting with 4-byte tensors; dropout masks stay 1 byte. The
-    paper's layer is GPT's (4h MLP, dropout); for SwiGLU models without dropout it is an
-    estimate. Embeddings and the output logits are left out.
-    """
+def _activation_args(spec: str | DecoderSpec, batch: int, seq: int, precision: str,
+                     attention: str, recompute: str, tensor_parallel: int) -> DecoderSpec:
+    """The preset, once every argument of the activation formulas is checked."""
     spec = get_preset(spec)
     if batch <= 0 or seq <= 0:
         raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
     if precision not in ("fp32", "mixed"):
         raise ValueError(f"unknown precision {precision!r}: choose fp32 or mixed")
-    s, b, h, a = seq, batch, spec.d_model, spec.n_heads
-    linear, quadratic = (34, 5) if precision == "mixed" else (66, 9)
-    per_layer = s * b * h * linear + quadratic * a * s * s * b     # s*b*h*(c1 + c2*a*s/h)
-    return spec.n_layers * per_layer
+    if attention not in ATTENTIONS:
+        raise ValueError(f"unknown attention {attention!r}: choose one of {', '.join(ATTENTIONS)}")
+    if recompute not in RECOMPUTES:
+        raise ValueError(f"unknown recompute {recompute!r}: choose one of {', '.join(RECOMPUTES)}")
+    t = tensor_parallel
+    if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+        raise ValueError(f"tensor_parallel must be a positive whole number, got {t!r}")
+    return spec
+
+
+def layer_activation_bytes(spec: str | DecoderSpec, batch: int, seq: int,
+                           precision: str = "mixed", attention: str = "eager",
+                           recompute: str = "none", tensor_parallel: int = 1) -> int:
+    """Bytes one transformer layer keeps for backward on one device.
+
+    Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022),
+    section 4, counted tensor by tensor with s = ``seq``, b = ``batch``, h = d_model, a = heads,
+    t = ``tensor_parallel`` (no sequence parallelism) and e = 2 bytes per element (mixed) or 4
+    (fp32); dropout masks are 1 byte::
+
+        replicated on every rank   two norm inputs, attention input, MLP input    4e sbh
+                                   two dropout masks                              2  sbh
+        split over t ranks         Q and K, V, projection input                   4e sbh / t
+                                   MLP up output, activation output               8e sbh / t
+        the attention scores       softmax output, dropout mask, dropout output  (2e+1) as^2b / t
+
+    With e = 2 and t = 1 that is the paper's eq. 1, sbh (34 + 5as/h); with t ranks its eq. 2,
+    sbh (10 + 24/t + 5as/(ht)). The score term is the one that grows with s^2:
+
+    - ``attention="flash"`` never writes the s x s scores to memory (it recomputes them in
+      backward from a per-row statistic, 4 bytes x a x s x b, left out here), and
+      ``recompute="selective"`` (the paper's name for recomputing the attention core) drops
+      them too: both leave sbh (10 + 24/t), 34 sbh at t = 1. Flash attention is what current
+      training uses; the default, eager, matches what the lessons print.
+    - ``recompute="full"`` keeps only each layer's input, e sbh (the paper's 2 sbh), and runs
+      the layer's forward again in backward.
+
+    The paper's layer is GPT's (4h MLP, dropout); for SwiGLU models without dropout it is an
+    estimate, and the convention everyone quotes.
+    """
+    spec = _activation_args(spec, batch, seq, precision, attention, recompute, tensor_parallel)
+    s, b, h, a, t = seq, batch, spec.d_model, spec.n_heads, tensor_parallel
+    e = 2 if precision == "mixed" else 4
+    if recompute == "full":
+        return e * s * b * h
+    replicated = (4 * e + 2) * s * b * h
+    split = 12 * e * s * b * h
+    if attention == "eager" and recompute == "none":
+        split += (2 * e + 1) * a * s * s * b
+    return replicated + -(-split // t)                  # ceil: the fullest rank
+
+
+def activation_terms(spec: str | DecoderSpec, batch: int, seq: int, precision: str = "mixed",
+                     attention: str = "eager", recompute: str = "none",
+                     tensor_parallel: int = 1) -> dict[str, int]:
+    """Activation bytes on one device by part: ``per_layer`` and ``layers`` (all of them, see
+    ``layer_activation_bytes``), ``embedding`` and ``output``.
+
+    Outside the layers (Korthikanti et al. 2022, section 4.3): the embedding's dropout mask,
+    sbh bytes; before the vocabulary, the final norm's input and the output projection's input,
+    e sbh each, and the logits, which the cross-entropy loss keeps in fp32: 4 s b V bytes
+    (split over t ranks, as Megatron splits the vocabulary). For LLaMA-7B at 4k tokens the fp32
+    logits alone are 0.49 GiB per sequence.
+    """
+    spec = _activation_args(spec, batch, seq, precision, attention, recompute, tensor_parallel)
+    s, b, h, t = seq, batch, spec.d_model, tensor_parallel
+    e = 2 if precision == "mixed" else 4
+    per_layer = layer_activation_bytes(spec, batch, seq, precision, attention, recompute, t)
+    return {"per_layer": per_layer, "layers": spec.n_layers * per_layer,
+            "embedding": s * b * h,
+            "output": 2 * e * s * b * h + -(-4 * s * b * spec.vocab_size // t)}
+
+
+def activation_bytes(spec: str | DecoderSpec, batch: int, seq: int, precision: str = "mixed",
+                     attention: str = "eager", recompute: str = "none",
+                     tensor_parallel: int = 1) -> int:
+    """Bytes of activations one forward pass keeps for backward, over all layers, on one device.
+
+    Per layer (see ``layer_activation_bytes``), with the defaults (eager attention, no
+    recomputation, one device; Korthikanti et al. 2022, eq. 1)::
+
+        mixed (16-bit activations):  s*b*h * (34 + 5*a*s/h)
+        fp32:                        s*b*h * (66 + 9*a*s/h)
+
+    ``attention="flash"`` or ``recompute="selective"``: 34 sbh (66 in fp32);
+    ``recompute="full"``: 2 sbh (4 in fp32). Embeddings and the output logits are left out:
+    ``activation_terms`` gives them.
+    """
+    per_layer = layer_activation_bytes(spec, batch, seq, precision, attention, recompute,
+                                       tensor_parallel)
+    return get_preset(spec).n_layers * per_layer
