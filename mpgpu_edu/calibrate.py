@@ -21,6 +21,16 @@ an exchange took 1.8-2.9x as long as one message from 4 MiB up, where NVLink wou
 So a gloo profile loads as a ``shared_host`` topology, in which every transfer holds one
 resource, the host's copy bandwidth; an nccl profile as a uniform one (a port per device).
 
+The reductions. A ring all-reduce is not only messages: every reduce-scatter step adds the
+received chunk into the rank's own (read two chunks, write one), and on a CPU that add streams
+through the same memory the copies use. Without it the simulated ring came out 19-48% faster
+than the measured one from 4 MiB up on a 2-core machine. So each repeat also times one
+``add_`` of two fp32 tensors per size of ``ADD_SIZES`` on every rank at once (as in a ring
+step, where all ranks add together), and the same relative-error fit gives
+``t(n) = op_overhead + n / memory_Bps`` with ``n`` = 3 x the tensor's bytes. The profile
+carries both, and ``load_calibrated`` charges every op with them (the roofline of
+``mpgpu_edu.cluster``), so the simulated ring pays its adds as ours does.
+
 Checking the model. The same job also times our ring all-reduce and torch.distributed's, on
 all ranks, and every repeat runs all of it, messages and all-reduces, one after another: on a
 machine whose load changes from minute to minute, the calibration and the all-reduces it is
@@ -50,6 +60,7 @@ from mpgpu_edu.hardware import GPUS
 FORMAT = "mpgpu-edu calibration 1"
 ALLREDUCE_SIZES = [4**k * 2**10 for k in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
 DEFAULT_SIZES = [0, *ALLREDUCE_SIZES]
+ADD_SIZES = [2**12, 2**16, 2**20, 2**24]  # bytes of each operand of one add_
 DEFAULT_REPEATS = 10
 WARMUP = 2
 
@@ -64,12 +75,14 @@ def default_profile_path() -> Path:
 
 
 def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: int,
-            warmup: int = WARMUP) -> dict[str, list[list[float]]]:
+            warmup: int = WARMUP, add_sizes: Sequence[int] = ADD_SIZES
+            ) -> dict[str, list[list[float]]]:
     """SPMD. Each repeat: for every size, ranks 0 and 1 ping-pong a message (one way = round
-    trip / 2) and then exchange one (both send at once); then every rank runs our ring
+    trip / 2) and then exchange one (both send at once); every rank times one ``add_`` of
+    two fp32 tensors of each of ``add_sizes`` bytes; then every rank runs our ring
     all-reduce and torch.distributed's on each of ``allreduce_sizes`` (fp32, bytes), in an
     order that alternates. Returns this rank's seconds per size and repeat: ``one_way`` and
-    ``exchange`` (filled on rank 0 only), ``ring`` and ``builtin``."""
+    ``exchange`` (filled on rank 0 only), ``add``, ``ring`` and ``builtin``."""
     from mpgpu_edu.bench import builtin_all_reduce, check_sum, rotated, timed
     from mpgpu_edu.collectives import all_reduce_ring
 
@@ -79,6 +92,9 @@ def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: in
     ops = {"ring": all_reduce_ring, "builtin": builtin_all_reduce}
     out = {key: [[] for _ in sizes] for key in ("one_way", "exchange")}
     out.update({key: [[] for _ in allreduce_sizes] for key in ops})
+    addends = [(torch.zeros(max(n // 4, 1), device=comm.device),
+                torch.ones(max(n // 4, 1), device=comm.device)) for n in add_sizes]
+    out["add"] = [[] for _ in add_sizes]
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread per rank, as in mpgpu_edu.bench
     try:
@@ -92,6 +108,11 @@ def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: in
                 if r >= warmup and comm.rank == 0:
                     out["one_way"][i].append(seconds[0])
                     out["exchange"][i].append(seconds[1])
+            comm.barrier()  # every rank adds at once, as in a ring step
+            for i, (mine, received) in enumerate(addends):
+                seconds = _timed_add(comm, mine, received)
+                if r >= warmup:
+                    out["add"][i].append(seconds)
             for i, tensor in enumerate(tensors):
                 for name in rotated(list(ops), r):
                     wall, _ = timed(comm, ops[name], tensor)
@@ -119,6 +140,15 @@ def _bounce(comm: Any, message: torch.Tensor, into: torch.Tensor) -> tuple[float
     return (middle - start) / 2, time.perf_counter() - middle
 
 
+def _timed_add(comm: Any, mine: torch.Tensor, received: torch.Tensor) -> float:
+    """Seconds of one ``mine.add_(received)``, as a ring's reduce-scatter step runs it."""
+    comm.sync()
+    start = time.perf_counter()
+    mine.add_(received)
+    comm.sync()
+    return time.perf_counter() - start
+
+
 def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """``(alpha_s, beta_Bps)`` of ``t(n) = alpha + n / beta`` through ``(bytes, seconds)``
     points, by least squares on relative error (see the module's docstring). Exact when the
@@ -143,11 +173,14 @@ def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]
 
 def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = DEFAULT_REPEATS, backend: str = "gloo",
-              allreduce_sizes: Sequence[int] = ALLREDUCE_SIZES) -> dict:
+              allreduce_sizes: Sequence[int] = ALLREDUCE_SIZES,
+              add_sizes: Sequence[int] = ADD_SIZES) -> dict:
     """Run ``measure`` on ``world_size`` worker processes and fit alpha and beta: the profile
     (``alpha_s``, ``beta_Bps``, ``topology``, ``points`` with the median one-way and exchange
     seconds per size, ``allreduce`` with the median ring and builtin seconds per size, the
-    slowest rank each repeat, ``backend``, ``world_size``, ``repeats``, ``date``, ``torch``,
+    slowest rank each repeat, ``memory_Bps`` and ``op_overhead_s`` fitted to ``add_points``
+    (bytes an add moves, its median seconds on the slowest rank; both ``None`` when the
+    times do not fit), ``backend``, ``world_size``, ``repeats``, ``date``, ``torch``,
     ``cpus``, ``loadavg``)."""
     from mpgpu_edu.bench import combine, fp32_sizes
     from mpgpu_edu.comm import launch
@@ -158,12 +191,21 @@ def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
         raise ValueError("repeats must be >= 1 and sizes >= 0 bytes")
     allreduce_sizes = fp32_sizes(allreduce_sizes)
     moved = 4 * sum(sizes) + 2 * world_size * sum(allreduce_sizes)
-    result = launch(measure, world_size, list(sizes), allreduce_sizes, repeats,
-                    backend=backend, timeout=60.0 + moved * (repeats + WARMUP) / 1e7)
+    if len(set(add_sizes)) < 2 or any(n < 4 for n in add_sizes):
+        raise ValueError("add_sizes needs two or more distinct sizes of at least 4 bytes")
+    moved += 3 * world_size * sum(add_sizes)
+    result = launch(measure, world_size, list(sizes), allreduce_sizes, repeats, WARMUP,
+                    list(add_sizes), backend=backend,
+                    timeout=60.0 + moved * (repeats + WARMUP) / 1e7)
     mine = result.results[0]
     points = [(n, statistics.median(ts)) for n, ts in zip(sizes, mine["one_way"])]
     alpha, beta = fit_alpha_beta(points)
-    medians = combine([{k: r[k] for k in ("ring", "builtin")} for r in result.results])
+    medians = combine([{k: r[k] for k in ("ring", "builtin", "add")} for r in result.results])
+    add_points = [(3 * 4 * max(n // 4, 1), t) for n, t in zip(add_sizes, medians["add"])]
+    try:
+        overhead, memory = fit_alpha_beta(add_points)
+    except ValueError:  # a machine too noisy to tell: the profile leaves adds unmodelled
+        overhead, memory = None, None
     return {"format": FORMAT, "backend": backend, "world_size": world_size,
             "alpha_s": alpha, "beta_Bps": beta,
             "fit": "t(n) = alpha + n / beta, least squares on relative error",
@@ -172,6 +214,10 @@ def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
                        for (n, t), x in zip(points, mine["exchange"])],
             "allreduce": {"sizes": allreduce_sizes, "ring_s": medians["ring"],
                           "builtin_s": medians["builtin"]},
+            "memory_Bps": memory, "op_overhead_s": overhead,
+            "memory_fit": ("t(n) = op_overhead + n / memory_Bps, n = bytes one add_ reads "
+                           "and writes (3 x an operand), least squares on relative error"),
+            "add_points": [{"bytes": n, "seconds": t} for n, t in add_points],
             "repeats": repeats,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "cpus": os.cpu_count(),
@@ -200,6 +246,12 @@ def read_profile(path: str | Path) -> dict:
             and alpha >= 0 and beta > 0):
         raise ValueError(f"{str(path)!r}: alpha_s must be >= 0 and beta_Bps > 0, got "
                          f"{alpha!r} and {beta!r}")
+    memory, overhead = profile.get("memory_Bps"), profile.get("op_overhead_s")
+    if memory is not None and not (isinstance(memory, (int, float)) and memory > 0):
+        raise ValueError(f"{str(path)!r}: memory_Bps must be > 0 (or absent), got {memory!r}")
+    if overhead is not None and not (isinstance(overhead, (int, float)) and overhead >= 0):
+        raise ValueError(f"{str(path)!r}: op_overhead_s must be >= 0 (or absent), got "
+                         f"{overhead!r}")
     if profile.get("topology", "uniform") not in ("uniform", "shared_host"):
         raise ValueError(f"{str(path)!r}: topology must be 'uniform' or 'shared_host', got "
                          f"{profile['topology']!r}")
@@ -223,7 +275,10 @@ def load_calibrated(path: str | Path | None = None, world_size: int | None = Non
     has the measured alpha and beta, wired as the profile's ``topology`` says (``shared_host``
     for gloo, ``uniform``: a port in and out per device). ``gpu`` names the device profile
     for compute (default ``CPU-16GB`` for a gloo profile; name one for an nccl profile).
-    Compute costs peak x 1.0 with no launch overhead, as in ``Cluster.uniform``."""
+    FLOPs cost peak x 1.0; every op pays the profile's measured ``op_overhead_s`` and moves
+    its bytes at ``memory_Bps``, so a reduction's adds cost what they cost here. A profile
+    without them (older, or too noisy to fit) leaves memory traffic free and ops without
+    overhead, as in ``Cluster.uniform``."""
     profile = read_profile(path or default_profile_path())
     n = world_size or int(profile["world_size"])
     backend = profile.get("backend", "gloo")
@@ -234,8 +289,10 @@ def load_calibrated(path: str | Path | None = None, world_size: int | None = Non
     name = f"loopback-{backend} (calibrated)"
     wiring = (shared_host(n, alpha, beta, name) if profile.get("topology") == "shared_host"
               else topology.uniform(n, alpha, beta, spec_name=name))
+    memory = profile.get("memory_Bps") or 0.0
+    overhead = (profile.get("op_overhead_s") or 0.0) if memory else 0.0
     return Cluster(f"calibrated-{n}x{backend}", GPUS[gpu or "CPU-16GB"], wiring,
-                   efficiency=1.0, launch_overhead_s=0.0)
+                   efficiency=1.0, launch_overhead_s=overhead, memory_Bps=memory)
 
 
 def _ring_on_meta(comm: Any, numel: int) -> None:

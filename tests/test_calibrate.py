@@ -137,3 +137,38 @@ def test_calibrate_end_to_end_writes_a_profile_that_loads(tmp_path, capsys) -> N
     b = compared["builtin_s"][0]
     assert compared["error_builtin"][0] == pytest.approx((p - b) / b)
     assert cal.load_calibrated(out).route(0, 1).beta_Bps == saved["beta_Bps"]
+    # the adds: four sizes, each point 3 x an operand's bytes; a fit, or none on a noisy box
+    assert [p["bytes"] for p in saved["add_points"]] == [3 * n for n in cal.ADD_SIZES]
+    assert all(p["seconds"] > 0 for p in saved["add_points"])
+    if saved["memory_Bps"] is not None:
+        assert saved["memory_Bps"] > 0 and saved["op_overhead_s"] >= 0
+        assert cal.load_calibrated(out).memory_Bps == saved["memory_Bps"]
+
+
+def test_a_profile_with_memory_charges_the_rings_adds(tmp_path) -> None:
+    """Ring all-reduce of S bytes on N ranks with a port each: the closed form plus, in each
+    of the N - 1 reduce-scatter steps, one add of a chunk of s = S/N bytes (read 2s, write
+    s): (N - 1)(op_overhead + 3 s / memory_Bps)."""
+    path = cal.save_profile(profile(topology="uniform", memory_Bps=5e9, op_overhead_s=4e-6),
+                            tmp_path / "m.json")
+    cluster = cal.load_calibrated(path, 3)
+    assert (cluster.memory_Bps, cluster.launch_overhead_s) == (5e9, 4e-6)
+    nbytes = 3 * 2**20
+    add = 4e-6 + 3 * (nbytes / 3) / 5e9
+    want = cost.ring_allreduce_time(3, nbytes, 25e-6, 3e9) + 2 * add
+    assert cal.predict_ring(cluster, nbytes) == pytest.approx(want, rel=1e-9)
+
+
+def test_a_profile_without_memory_leaves_adds_free(tmp_path) -> None:
+    cluster = cal.load_calibrated(cal.save_profile(profile(), tmp_path / "old.json"))
+    assert (cluster.memory_Bps, cluster.launch_overhead_s) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"memory_Bps": 0.0}, "memory_Bps"), ({"memory_Bps": 1e9, "op_overhead_s": -1.0},
+                                          "op_overhead_s"),
+])
+def test_bad_memory_numbers_say_what_is_wrong(tmp_path, extra, message) -> None:
+    path = cal.save_profile(profile(**extra), tmp_path / "bad.json")
+    with pytest.raises(ValueError, match=message):
+        cal.load_calibrated(path)

@@ -28,9 +28,10 @@ def test_json_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert (r["schedule"], r["stages"], r["microbatches"], r["cluster"]) == (
         "gpipe", 4, 8, "8xH100-nvswitch")
     assert r["bubble_fraction_formula"] == pytest.approx(3 / 11)
-    # Sends cost a few microseconds against 2 ms stages: close to the formula, a bit above.
+    # Sends cost a few microseconds against 2 ms stages, and the copies between the stages'
+    # regions count as compute: close to the formula.
     formula = r["bubble_fraction_formula"]
-    assert formula <= r["bubble_fraction"] < formula + 0.01
+    assert formula - 0.01 < r["bubble_fraction"] < formula + 0.01
     assert len(r["idle_fraction_per_device"]) == 4
     assert r["makespan_s"] == pytest.approx(11 * 2 * 3e-3, rel=0.01)  # (M+P-1)(f+b)
     assert r["peak_activations"] == [8, 8, 8, 8]

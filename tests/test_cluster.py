@@ -8,8 +8,9 @@ from mpgpu_edu.cluster import Cluster, MemoryLedger, Route
 from mpgpu_edu.cluster import topology as topo
 from mpgpu_edu.hardware import GPUS, LINKS
 
-PRESETS = ["4xRTX4090-pcie", "8xRTX4090-pcie", "4xA100-nvlink", "8xA100-nvlink",
-           "4xH100-nvswitch", "8xH100-nvswitch", "2x8xH100-ib", "2xCPU-gloo", "4xCPU-gloo"]
+PRESETS = ["4xRTX4090-pcie", "4xRTX4090-pcie-switch", "8xRTX4090-pcie", "4xA100-nvlink",
+           "8xA100-nvlink", "4xH100-nvswitch", "8xH100-nvswitch", "2x8xA100-ib", "2x8xH100-ib",
+           "2xCPU-gloo", "4xCPU-gloo"]
 
 
 # --- topology ------------------------------------------------------------------------------
@@ -22,62 +23,42 @@ def test_uniform_routes_use_own_ports() -> None:
     assert t.route(0, 1).seconds(10**9) == pytest.approx(1e-5 + 1.0)
 
 
-def test_nvswitch_ring_shares_no_resource() -> None:
+def test_nvswitch_ring_shares_no_port() -> None:
     link = LINKS["nvlink4-nvswitch"]
     t = topo.nvswitch(8, link)
     ring = [t.route(i, (i + 1) % 8) for i in range(8)]
-    resources = [r for route in ring for r in route.resources]
-    assert len(resources) == len(set(resources))
+    ports = [name for route in ring for name, _ in route.shares]
+    assert len(ports) == len(set(ports))
+    assert t.route(2, 5).shares == (("gpu2.out", link.beta_Bps), ("gpu5.in", link.beta_Bps))
     assert all(route.beta_Bps == link.beta_Bps and route.alpha_s == link.alpha_s
                for route in ring)
     assert t.groups() == {"nvswitch0": tuple(range(8))}
     assert {info.b for info in t.links()} == {"nvswitch0"}
 
 
-def test_pcie_bridge_is_shared() -> None:
-    link = LINKS["pcie4-x16"]
-    t = topo.pcie_host_bridge(4, link)
-    route = t.route(0, 1)
-    assert route.resources == ("gpu0.out", "bridge0.fabric", "gpu1.in")
-    assert route.beta_Bps == link.beta_Bps
-    # Two transfers between different pairs still meet at the bridge.
-    assert "bridge0.fabric" in t.route(2, 3).resources
-    shared = {info.shared_resource for info in t.links()}
-    assert shared == {"bridge0.fabric"}
-
-
-def test_pcie_two_bridges() -> None:
-    link = LINKS["pcie4-x16"]
-    t = topo.pcie_host_bridge(8, link, bridges=2)
-    assert t.groups() == {"bridge0": (0, 1, 2, 3), "bridge1": (4, 5, 6, 7)}
-    assert t.route(4, 5).resources == ("gpu4.out", "bridge1.fabric", "gpu5.in")
-    across = t.route(1, 6)
-    assert across.resources == ("gpu1.out", "bridge0.fabric", "bridge1.fabric", "gpu6.in")
-    assert across.alpha_s == pytest.approx(2 * link.alpha_s)
-    with pytest.raises(ValueError, match="bridges"):
-        topo.pcie_host_bridge(4, link, bridges=5)
-
-
-def test_uneven_bridges_cover_every_device() -> None:
-    t = topo.pcie_host_bridge(5, LINKS["pcie4-x16"], bridges=2)
-    members = sorted(d for group in t.groups().values() for d in group)
-    assert members == [0, 1, 2, 3, 4]
+def test_pcie_cards_share_host_memory_only() -> None:
+    # Each card has its own uplink (ports); staged copies meet in host memory (a shared cap).
+    t = topo.pcie_host(4, LINKS["pcie4-x16"], LINKS["host-ddr4-8ch"])
+    assert t.route(0, 1).resources == ("gpu0.up", "gpu1.down")
+    assert t.route(2, 3).shares == t.route(0, 1).shares
+    assert {info.shared_resource for info in t.links()} == {"host0.memory"}
 
 
 def test_multi_node_routes() -> None:
     intra, inter = LINKS["nvlink4-nvswitch"], LINKS["ib-ndr"]
-    t = topo.multi_node(2, 4, intra, inter)
+    t = topo.multi_node(2, 4, intra, inter, nics_per_node=4)
     assert t.n_devices == 8
     assert t.groups() == {"node0": (0, 1, 2, 3), "node1": (4, 5, 6, 7)}
     inside = t.route(1, 2)
-    assert inside == Route(intra.alpha_s, intra.beta_Bps, ("gpu1.out", "gpu2.in"))
+    assert inside.shares == (("gpu1.out", intra.beta_Bps), ("gpu2.in", intra.beta_Bps))
     between = t.route(1, 6)
-    assert between.resources == ("gpu1.out", "node0.nic.out", "node1.nic.in", "gpu6.in")
+    assert [name for name, _ in between.shares] == ["node0.nic1.out", "node1.nic2.in"]
     assert between.alpha_s == pytest.approx(intra.alpha_s + inter.alpha_s)
     assert between.beta_Bps == min(intra.beta_Bps, inter.beta_Bps)
     back = t.route(6, 1)
-    assert back.resources == ("gpu6.out", "node1.nic.out", "node0.nic.in", "gpu1.in")
-    assert {info.shared_resource for info in t.links()} == {None, "node0.nic", "node1.nic"}
+    assert [name for name, _ in back.shares] == ["node1.nic2.out", "node0.nic1.in"]
+    assert {info.shared_resource for info in t.links()} == (
+        {None} | {f"node{k}.nic{j}" for k in range(2) for j in range(4)})
 
 
 def test_route_errors() -> None:
@@ -105,20 +86,23 @@ def test_presets_list() -> None:
 @pytest.mark.parametrize("name", PRESETS)
 def test_every_preset_is_consistent(name: str) -> None:
     cluster = Cluster.preset(name)
-    n = int(name.split("x")[0]) * (8 if name == "2x8xH100-ib" else 1)
+    n = int(name.split("x")[0]) * (8 if name.startswith("2x8x") else 1)
     assert cluster.name == name
     assert cluster.n_physical == cluster.world_size == n
     assert cluster.logical_to_physical == list(range(n))
     assert cluster.gpu.source and cluster.gpu.memory_bytes > 0
     assert all(v > 0 for v in cluster.gpu.peak_flops.values())
-    assert cluster.efficiency == 0.5 and cluster.launch_overhead_s > 0
+    assert cluster.efficiency == cluster.gpu.efficiency and 0 < cluster.efficiency < 1
+    assert cluster.launch_overhead_s > 0 and cluster.memory_Bps > 0
+    assert cluster.gpu.compute_source
     for info in cluster.topology.links():
         assert info.beta_Bps > 0
     for src in range(n):
         for dst in range(n):
             if src != dst:
                 route = cluster.route(src, dst)
-                assert route.alpha_s > 0 and route.beta_Bps > 0 and route.resources
+                assert route.alpha_s > 0 and route.beta_Bps > 0
+                assert route.resources or route.shares
     assert name in cluster.describe()
 
 
@@ -133,7 +117,7 @@ def test_visible_devices_map_logical_to_physical() -> None:
     assert cluster.n_physical == 8
     assert cluster.visible == [2, 3]
     assert cluster.physical(0) == 2 and cluster.physical(1) == 3
-    assert cluster.route(0, 1).resources == ("gpu2.out", "gpu3.in")
+    assert [name for name, _ in cluster.route(0, 1).shares] == ["gpu2.out", "gpu3.in"]
     with pytest.raises(ValueError, match="world_size is 2"):
         cluster.physical(2)
     assert cluster.visible_warnings() == []
@@ -172,7 +156,7 @@ class _FakeTorchDtype:
 def test_compute_seconds() -> None:
     cluster = Cluster.preset("4xH100-nvswitch")
     peak = GPUS["H100-SXM-80GB"].peak_flops["bf16"]
-    expected = 1e12 / (peak * 0.5) + cluster.launch_overhead_s
+    expected = 1e12 / (peak * cluster.gpu.efficiency) + cluster.launch_overhead_s
     assert cluster.compute_seconds(1e12, "bf16") == pytest.approx(expected)
     assert cluster.compute_seconds(1e12, _FakeTorchDtype()) == pytest.approx(expected)
     assert cluster.compute_seconds(0) == cluster.launch_overhead_s

@@ -14,6 +14,7 @@ from mpgpu_edu.explore import (  # noqa: E402
     Explorer, dp_explorer, dp_view, memory_calculator, memory_view, pipeline_explorer,
     pipeline_view, ring_stepper, ring_view, visible_devices_sandbox, visible_view,
 )
+from mpgpu_edu.hardware import LINKS  # noqa: E402
 from mpgpu_edu.memory.estimate import estimate_memory  # noqa: E402
 from mpgpu_edu.memory.models import spec_params  # noqa: E402
 
@@ -49,7 +50,8 @@ def test_pipeline_view_memory_curve_peaks_at_the_held_microbatches() -> None:
 
 def test_pipeline_sends_cost_link_time_and_widen_the_bubble() -> None:
     _, info = pipeline_view(4, 8, "gpipe", "4xRTX4090-pcie", send_bytes=16 * MIB)
-    assert info["send_s"] == pytest.approx(10e-6 + 16 * MIB / 25e9)
+    link = LINKS["pcie4-x16"]  # one card's own uplink: one send alone is alpha + S / beta
+    assert info["send_s"] == pytest.approx(link.alpha_s + 16 * MIB / link.beta_Bps)
     assert info["bubble_fraction"] > info["bubble_formula"]
 
 

@@ -110,8 +110,9 @@ def test_first_step_is_the_single_step_and_steps_overlap() -> None:
     args = (light, "8xA100-nvlink", 4, l02.reference_worker_step, l02.reference_server_loop)
     single = l02.run_ps_program(*args, 1).trace
     two = l02.run_ps_program(*args, 2).trace
-    assert l02.first_step_seconds(two) == pytest.approx(single.makespan)
-    assert l02.first_step_seconds(single) == pytest.approx(single.makespan)
+    # the step ends with the server's last send; the workers then load the parameters
+    assert l02.first_step_seconds(two) == pytest.approx(l02.first_step_seconds(single))
+    assert l02.first_step_seconds(single) <= single.makespan
     assert two.makespan < 2 * single.makespan
     assert l02.role_names(4) == ["worker 0", "worker 1", "worker 2", "server"]
     assert l02.role_names(4, 2) == ["worker 0", "worker 1", "server 2", "server 3"]
@@ -123,7 +124,9 @@ def test_comm_windows_on_one_axis_label_the_workers_messages() -> None:
                                  for n, run in runs.items()}, share_x=True)
     assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()
     labels = {t.get_text() for t in fig.axes[1].texts}
-    assert {"to 3", "from 3", "from 0", "to 2"} <= labels
+    # the window also spans the server's averaging (its bytes over memory bandwidth), so the
+    # shortest bars may be too narrow for a label: the workers' sends keep theirs
+    assert {"to 3", "to 2"} <= labels
     assert "worker 0 comm" in [t.get_text() for t in fig.axes[1].get_yticklabels()]
 
 
@@ -225,7 +228,9 @@ def test_wrapped_step_overlaps_like_the_package_step_without_the_broadcast() -> 
     assert l03.hidden_comm_seconds(step, 0) > 0.0
     package = l03.run_step(workload, "4xRTX4090-pcie", functools.partial(
         dp.ddp_step_overlapped, bucket_bytes=bucket), optimizer="sgd")
-    assert step.makespan == pytest.approx(package.trace.makespan, rel=0.02)
+    # the two differ in their copies (the package flattens each bucket and copies it back),
+    # which now cost their bytes over memory bandwidth
+    assert step.makespan == pytest.approx(package.trace.makespan, rel=0.15)
 
 
 def test_scaling_study_runs_a_wrapper() -> None:

@@ -41,7 +41,8 @@ def test_balancing_the_uneven_model_beats_equal_layer_counts() -> None:
 def test_naive_step_keeps_one_device_busy_at_a_time() -> None:
     result = l04.run_step(naive(4))
     forward, backward = l04.BATCH_SECONDS
-    assert result.trace.makespan == pytest.approx(4 * (forward + backward), rel=1e-3)
+    # plus a few copies and launches outside the stages' regions (activations handed on)
+    assert result.trace.makespan == pytest.approx(4 * (forward + backward), rel=3e-3)
     for device in range(4):
         assert result.trace.idle_fraction(device) == pytest.approx(0.75, abs=1e-3)
     lines = l04.describe_messages(result).splitlines()

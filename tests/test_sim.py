@@ -7,9 +7,10 @@ import time
 import pytest
 import torch
 
-from mpgpu_edu.cluster import Cluster, SimulatedOutOfMemoryError
+from mpgpu_edu.cluster import Cluster, Route, SimulatedOutOfMemoryError, Topology
 from mpgpu_edu.comm import (DeadlockError, LaunchTimeoutError, MessageMismatchError, RankError,
                             UnmatchedMessageError, launch)
+from mpgpu_edu.hardware import GPUS
 
 ALPHA, BETA = 1e-5, 1e9
 
@@ -341,11 +342,45 @@ def test_retime_on_another_cluster():
     assert slow.makespan == pytest.approx(ALPHA + 10000 / BETA, rel=1e-12)
 
 
-def test_shared_pcie_bridge_makes_transfers_queue():
-    result = launch(ring_shift, "4xRTX4090-pcie", 2**20)
+def test_shared_pcie_switch_slows_concurrent_transfers():
+    result = launch(ring_shift, "4xRTX4090-pcie-switch", 2**20)
     route = result.cluster.route(0, 1)
     one = route.alpha_s + 4 * 2**20 / route.beta_Bps
-    assert result.trace.makespan > 2 * one  # four transfers share one bridge
+    assert result.trace.makespan > 2 * one  # four transfers share one switch uplink
+
+
+def _one_cap(cap_Bps: float) -> Cluster:
+    """Three devices whose transfers all share one cap; each link alone is faster."""
+    def route_of(s: int, d: int) -> Route:
+        return Route(0.0, 10 * cap_Bps, (), (("cap", cap_Bps),))
+
+    topology = Topology("one-cap", 3, route_of, [], {"all": (0, 1, 2)})
+    return Cluster("one-cap", GPUS["H100-SXM-80GB"], topology, efficiency=1.0,
+                   launch_overhead_s=0.0)
+
+
+def _late_second_sender(comm, nbytes):
+    t = torch.empty(nbytes // 4, device="meta")
+    if comm.rank == 0:
+        comm.send(t, 2)
+    elif comm.rank == 1:
+        with comm.compute("wait", seconds=0.5):
+            pass
+        comm.send(t, 2)
+    else:
+        other = torch.empty(nbytes // 4, device="meta")
+        a, b = comm.irecv(t, 0), comm.irecv(other, 1)
+        a.wait()
+        b.wait()
+
+
+def test_a_shared_cap_is_shared_fairly_not_queued():
+    # 1 GB through a 1 GB/s cap from t=0; a second 1 GB joins at t=0.5. Processor sharing:
+    # both at 0.5 GB/s until the first finishes at 1.5, then the second alone until 2.0.
+    # First-come-first-served would give 1.0 and 2.0.
+    trace = launch(_late_second_sender, _one_cap(1e9), 10**9).trace
+    ends = sorted(e.end for e in trace.on(2, "comm", "recv"))
+    assert ends == pytest.approx([1.5, 2.0], rel=1e-12)
 
 
 def test_zero_visible_devices_is_refused_clearly():

@@ -60,7 +60,7 @@ def test_pcie_map_hangs_every_gpu_off_one_shared_bridge() -> None:
     assert gids(fig, "logical:") == [f"logical:{i}" for i in range(4)]
     assert gids(fig, "arrow:") == [f"arrow:{p}->{p}" for p in range(4)]
     assert gids(fig, "fabric:") == ["fabric:bridge0"]
-    assert texts(fig, "link-label") == ["PCIe 4 x16, 25 GB/s, shared"]
+    assert texts(fig, "link-label") == ["PCIe 4 x16, 24 GB/s, shared"]
     assert len(gids(fig, "link")) == 4  # one wire per GPU up to the bridge
     assert "cuda:2 = GPU 2" in texts(fig, "logical-name")
     assert "(RTX 4090)" in texts(fig, "logical-model")
@@ -77,7 +77,7 @@ def test_visible_devices_are_renumbered_and_the_others_greyed_out() -> None:
     assert gids(fig, "physical:") == ["physical:2", "physical:6"]
     assert gids(fig, "arrow:") == ["arrow:2->1", "arrow:6->0"]
     assert texts(fig, "logical-name") == ["cuda:0 = GPU 6", "cuda:1 = GPU 2"]
-    assert texts(fig, "link-label") == ["NVLink 3: 300 GB/s per GPU"]
+    assert texts(fig, "link-label") == ["NVLink 3: 230 GB/s per GPU"]
     assert "'6,2'" in texts(fig, "visible-label")[0]
     hidden = next(p for p in fig.axes[0].patches if p.get_gid() == "hidden:0")
     assert hidden.get_linestyle() == "--"
@@ -88,8 +88,8 @@ def test_nodes_are_joined_by_the_network_link() -> None:
     assert gids(fig, "node:") == ["node:node0", "node:node1"]
     assert "fabric:network" in gids(fig, "fabric:")
     labels = texts(fig, "link-label")
-    assert labels.count("NVLink 4: 450 GB/s per GPU") == 2
-    assert any(label.startswith("InfiniBand NDR: 50 GB/s per node") for label in labels)
+    assert labels.count("NVLink 4: 370 GB/s per GPU") == 2
+    assert any(label.startswith("InfiniBand NDR: 47 GB/s") for label in labels)
     assert len(gids(fig, "logical:")) == 16
 
 

@@ -9,7 +9,9 @@ error gives ``t(n) = alpha + n / beta`` (``mpgpu_edu.calibrate``). They also exc
 turns. The profile is written as JSON (default ``.mpgpu/calibration.json`` in the repository)
 and loads as a simulated cluster with ``mpgpu_edu.calibrate.load_calibrated(path)``. Then ring
 all-reduce is simulated on that cluster and measured on the worker processes, per size: the
-table shows how far the model is from reality, and from torch.distributed's all-reduce.
+table shows how far the model is from reality, and from torch.distributed's all-reduce. Every
+rank also times ``add_`` at a few sizes: the fit gives this machine's memory bandwidth and
+per-op overhead, with which the simulated ring pays for its reduction adds.
 ``--json`` prints the profile and the comparison as one object.
 """
 
@@ -84,6 +86,7 @@ def text(report: dict) -> str:
     lines = [f"{report['backend']}, ranks 0 and 1 of {report['world_size']}: alpha "
              f"{alpha * 1e6:.1f} us, beta {beta / 1e9:.3f} GB/s ({report['fit']}); "
              f"topology {report['topology']}",
+             _memory_line(report),
              f"profile written to {report['profile_path']}",
              "", "ping-pong, one way, and exchange (both send at once), medians",
              f"{'size':>10}  {'one way ms':>11}  {'fit ms':>9}  {'fit error':>9}  "
@@ -106,6 +109,14 @@ def text(report: dict) -> str:
     lines.append(f"error = (predicted - measured) / measured. Load average {load} "
                  f"(1, 5, 15 min; {report['cpus']} CPUs)")
     return "\n".join(lines)
+
+
+def _memory_line(report: dict) -> str:
+    memory, overhead = report.get("memory_Bps"), report.get("op_overhead_s")
+    if not memory:
+        return "adds: the times did not fit a line; the simulated ring's adds are free"
+    return (f"adds (every rank at once): memory {memory / 1e9:.2f} GB/s, "
+            f"{overhead * 1e6:.1f} us per op ({report['memory_fit']})")
 
 
 def _size(nbytes: int) -> str:

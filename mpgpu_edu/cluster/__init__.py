@@ -5,13 +5,16 @@ process sees physical GPUs 2 and 3, as ``cuda:0`` and ``cuda:1`` (logical ids 0 
 ``world_size == 2``). Everything a strategy asks of the cluster takes logical ids; the
 cluster translates them to physical ones, as CUDA does.
 
-Cost model. Compute: ``flops / (peak * efficiency) + launch_overhead_s`` per compute region.
-Communication: a ``Route`` (alpha, beta, the resources it holds), see ``topology``.
+Cost model. Compute, per op (the roofline): ``max(flops / (peak * efficiency),
+bytes / memory_Bps) + launch_overhead_s``, summed over the ops a region runs; adds and copies
+have no FLOPs but their bytes. Communication: a ``Route`` (alpha, beta, the resources it
+holds), see ``topology``.
 
-``efficiency`` is the fraction of peak FLOP/s that training reaches. Presets use 0.5: large
-well-tuned training runs report about 40-60% (PaLM: 46% model FLOPs utilisation, Chowdhery
-et al. 2022, "PaLM: Scaling Language Modeling with Pathways", section 4.1).
-``Cluster.uniform`` uses 1.0 and no launch overhead, so its numbers match closed forms.
+``efficiency`` is the fraction of peak FLOP/s that training reaches, ``memory_Bps`` the
+effective memory bandwidth, ``launch_overhead_s`` the fixed cost of one kernel: presets take
+all three from their GPU's profile, where each is cited (``GPUSpec.compute_source``).
+``Cluster.uniform`` uses efficiency 1.0, free memory traffic and no launch overhead, so its
+numbers match closed forms.
 """
 
 from __future__ import annotations
@@ -30,8 +33,6 @@ __all__ = ["CATEGORIES", "Cluster", "LinkInfo", "MemoryLedger", "Route",
            "SimulatedOutOfMemoryError", "Topology", "check_visible", "device_ids_to_physical",
            "format_bytes", "parse_visible"]
 
-PRESET_EFFICIENCY = 0.5
-PRESET_LAUNCH_OVERHEAD_S = 5e-6  # one kernel launch, roughly
 
 _DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
                   "half": "fp16"}
@@ -48,20 +49,31 @@ def _gloo(n: int) -> Topology:
     return topo.uniform(n, link.alpha_s, link.beta_Bps, spec_name=link.name)
 
 
+def _workstation(n: int, sockets: int = 1) -> Topology:
+    return topo.pcie_host(n, LINKS["pcie4-x16"], LINKS["host-ddr4-8ch"], sockets,
+                          LINKS["upi-xeon"] if sockets > 1 else None)
+
+
+def _rails(intra: str, nic: str) -> Topology:
+    return topo.multi_node(2, 8, LINKS[intra], LINKS[nic], nics_per_node=8)
+
+
+# PCIe boxes: every card on its own x16 uplink to a CPU; "-switch": four cards behind one
+# PCIe switch uplink. Multi-node: DGX/HGX nodes with one NIC per GPU (rail-optimised).
 _PRESETS: dict[str, _Preset] = {
-    "4xRTX4090-pcie": _Preset("RTX4090-24GB",
-                              lambda: topo.pcie_host_bridge(4, LINKS["pcie4-x16"], bridges=1)),
-    "8xRTX4090-pcie": _Preset("RTX4090-24GB",
-                              lambda: topo.pcie_host_bridge(8, LINKS["pcie4-x16"], bridges=2)),
+    "4xRTX4090-pcie": _Preset("RTX4090-24GB", lambda: _workstation(4)),
+    "4xRTX4090-pcie-switch": _Preset("RTX4090-24GB",
+                                     lambda: topo.pcie_switch(4, LINKS["pcie4-x16"],
+                                                              LINKS["host-ddr4-8ch"], 4)),
+    "8xRTX4090-pcie": _Preset("RTX4090-24GB", lambda: _workstation(8, sockets=2)),
     "4xA100-nvlink": _Preset("A100-80GB", lambda: topo.nvswitch(4, LINKS["nvlink3"])),
     "8xA100-nvlink": _Preset("A100-80GB", lambda: topo.nvswitch(8, LINKS["nvlink3"])),
     "4xH100-nvswitch": _Preset("H100-SXM-80GB",
                                lambda: topo.nvswitch(4, LINKS["nvlink4-nvswitch"])),
     "8xH100-nvswitch": _Preset("H100-SXM-80GB",
                                lambda: topo.nvswitch(8, LINKS["nvlink4-nvswitch"])),
-    "2x8xH100-ib": _Preset("H100-SXM-80GB",
-                           lambda: topo.multi_node(2, 8, LINKS["nvlink4-nvswitch"],
-                                                   LINKS["ib-ndr"])),
+    "2x8xA100-ib": _Preset("A100-80GB", lambda: _rails("nvlink3", "ib-hdr")),
+    "2x8xH100-ib": _Preset("H100-SXM-80GB", lambda: _rails("nvlink4-nvswitch", "ib-ndr")),
     "2xCPU-gloo": _Preset("CPU-16GB", lambda: _gloo(2)),
     "4xCPU-gloo": _Preset("CPU-16GB", lambda: _gloo(4)),
 }
@@ -73,8 +85,12 @@ class Cluster:
     ``CUDA_VISIBLE_DEVICES=visible_value``."""
 
     def __init__(self, name: str, gpu: GPUSpec, topology: Topology, visible: str | None = None,
-                 efficiency: float = PRESET_EFFICIENCY,
-                 launch_overhead_s: float = PRESET_LAUNCH_OVERHEAD_S) -> None:
+                 efficiency: float | None = None, launch_overhead_s: float | None = None,
+                 memory_Bps: float | None = None) -> None:
+        efficiency = gpu.efficiency if efficiency is None else efficiency
+        if launch_overhead_s is None:
+            launch_overhead_s = gpu.launch_overhead_s
+        memory_Bps = gpu.effective_memory_Bps if memory_Bps is None else memory_Bps
         if not 0 < efficiency <= 1:
             raise ValueError(f"efficiency is a fraction of peak in (0, 1], got {efficiency}")
         if launch_overhead_s < 0:
@@ -84,8 +100,12 @@ class Cluster:
         self.topology = topology
         self.visible_value = visible
         self.visible = parse_visible(visible, topology.n_devices)
+        if memory_Bps < 0:
+            raise ValueError(f"memory_Bps must be >= 0 (0: memory traffic is free), got "
+                             f"{memory_Bps}")
         self.efficiency = efficiency
         self.launch_overhead_s = launch_overhead_s
+        self.memory_Bps = memory_Bps
 
     @classmethod
     def preset(cls, name: str, visible: str | None = None) -> Cluster:
@@ -100,10 +120,11 @@ class Cluster:
     def uniform(cls, n: int, alpha_s: float, beta_Bps: float, gpu: str | GPUSpec = "H100-SXM-80GB",
                 efficiency: float = 1.0) -> Cluster:
         """``n`` devices, each with its own port of latency ``alpha_s`` and bandwidth
-        ``beta_Bps``: the textbook model, with no launch overhead."""
+        ``beta_Bps``: the textbook model, with no launch overhead and free memory traffic
+        (adds and copies cost 0 s), so that closed forms hold exactly."""
         spec = gpu if isinstance(gpu, GPUSpec) else _gpu(gpu)
         return cls(f"uniform-{n}", spec, topo.uniform(n, alpha_s, beta_Bps), None,
-                   efficiency=efficiency, launch_overhead_s=0.0)
+                   efficiency=efficiency, launch_overhead_s=0.0, memory_Bps=0.0)
 
     @staticmethod
     def presets() -> list[str]:
@@ -113,7 +134,7 @@ class Cluster:
     def with_visible(self, value: str | None) -> Cluster:
         """The same machine seen through ``CUDA_VISIBLE_DEVICES=value``."""
         return Cluster(self.name, self.gpu, self.topology, value, self.efficiency,
-                       self.launch_overhead_s)
+                       self.launch_overhead_s, self.memory_Bps)
 
     @property
     def world_size(self) -> int:
@@ -146,8 +167,25 @@ class Cluster:
         ``"fp32"``, ``"bf16"``, ``"fp16"`` or the matching ``torch.dtype``."""
         if flops < 0:
             raise ValueError(f"flops must be >= 0, got {flops}")
-        peak = self.gpu.peak_flops[_dtype_key(dtype)]
-        return flops / (peak * self.efficiency) + self.launch_overhead_s
+        return self.flop_seconds(flops, dtype) + self.launch_overhead_s
+
+    def flop_seconds(self, flops: float, dtype: object = "fp32") -> float:
+        """``flops / (peak[dtype] * efficiency)``: the compute side of the roofline."""
+        return flops / (self.gpu.peak_flops[_dtype_key(dtype)] * self.efficiency)
+
+    def memory_seconds(self, nbytes: float) -> float:
+        """``nbytes / memory_Bps``: the memory side of the roofline (0 when memory is free,
+        ``memory_Bps == 0``)."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        return nbytes / self.memory_Bps if self.memory_Bps else 0.0
+
+    def op_seconds(self, flops: float, nbytes: float, dtype: object = "fp32") -> float:
+        """One kernel on the roofline: ``max(flop_seconds, memory_seconds) +
+        launch_overhead_s``. An add of two n-byte tensors moves 3n bytes (two reads, one
+        write) and has no FLOPs in torch's count."""
+        return (max(self.flop_seconds(flops, dtype), self.memory_seconds(nbytes))
+                + self.launch_overhead_s)
 
     def capacity_bytes(self, logical: int) -> int:
         """Memory of logical device ``logical``, in bytes."""
@@ -179,8 +217,9 @@ class Cluster:
                                    for g, ids in self.topology.groups().items()),
             f"visible (CUDA_VISIBLE_DEVICES {value}): {seen}; world_size {self.world_size}",
             "compute: peak " + ", ".join(f"{d} {peak[d] / 1e12:g} TFLOP/s" for d in DTYPES)
-            + f"; efficiency {self.efficiency:g}; "
-            f"launch overhead {self.launch_overhead_s * 1e6:g} us per region",
+            + f"; efficiency {self.efficiency:g}; memory "
+            + (f"{self.memory_Bps / 1e9:g} GB/s" if self.memory_Bps else "free")
+            + f"; launch overhead {self.launch_overhead_s * 1e6:g} us per kernel",
         ]
         return "\n".join(lines)
 

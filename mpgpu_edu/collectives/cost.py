@@ -5,8 +5,10 @@ The model (alpha-beta, Hockney 1994): one message of ``nbytes`` between two devi
 The forms assume the uniform topology of ``Cluster.uniform(n, alpha_s, beta_Bps)``: each
 device has its own port out and its own port in, so messages with distinct senders and
 distinct receivers run side by side. On that cluster the simulator gives exactly these
-numbers (tests check it to 1e-9). On a shared fabric (one PCIe bridge for all GPUs) messages
-queue for it and the simulator is slower than these forms: that gap is contention.
+numbers (tests check it to 1e-9). Where messages share a cap (host memory behind staged PCIe
+copies, a PCIe switch's uplink) they divide its bandwidth: ``staged_*`` below give the forms
+for k concurrent messages each getting ``min(beta, C / k)``; the gap to the forms above is
+contention. ``rail_ring_allreduce_time`` is the multi-channel ring over NIC rails.
 
 Conventions:
 - ``n`` ranks, ``nbytes`` (S) the size of the tensor each rank holds.
@@ -125,6 +127,48 @@ def allreduce_time(algo: str, n: int, nbytes: float, alpha_s: float, beta_Bps: f
         raise ValueError(f"unknown all-reduce algorithm {algo!r}: choose one of "
                          + ", ".join(ALLREDUCE_TIME))
     return ALLREDUCE_TIME[algo](n, nbytes, alpha_s, beta_Bps)
+
+
+def shared_rate(beta_Bps: float, shared_Bps: float, k: int) -> float:
+    """Bandwidth of each of ``k`` equal messages crossing one cap of ``shared_Bps`` at once,
+    each also limited to its own link's ``beta_Bps``: ``min(beta, C / k)`` (fair share)."""
+    if k < 1:
+        raise ValueError(f"k (concurrent messages) must be >= 1, got {k}")
+    return min(beta_Bps, shared_Bps / k)
+
+
+def staged_ring_allreduce_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float,
+                               shared_Bps: float) -> float:
+    """Ring all-reduce when all N messages of a step share one cap ``C`` (consumer GPUs whose
+    copies are staged in host memory): ``2 (N - 1)(alpha + S / (N min(beta, C / N)))``."""
+    _check_n(n)
+    return 2 * (n - 1) * message_time(nbytes / n, alpha_s, shared_rate(beta_Bps, shared_Bps, n))
+
+
+def staged_naive_allreduce_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float,
+                                shared_Bps: float) -> float:
+    """Naive all-reduce through a cap ``C``: one message at a time, so only ``min(beta, C)``
+    matters: ``2 (N - 1)(alpha + S / min(beta, C))``."""
+    return naive_allreduce_time(n, nbytes, alpha_s, shared_rate(beta_Bps, shared_Bps, 1))
+
+
+def rail_ring_allreduce_time(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
+                             intra_beta_Bps: float, nic_alpha_s: float,
+                             nic_beta_Bps: float) -> float:
+    """Multi-channel ring all-reduce with one ring per rail (``multichannel``) on ``nodes``
+    nodes of ``per_node`` GPUs, one NIC per GPU. N = nodes x per_node ranks, C = per_node
+    channels, chunks of c = S / (C N) bytes. In each of the 2(N - 1) steps every GPU sends
+    C - 1 chunks over NVLink (its port shared by them) and one through its NIC, at once; the
+    step lasts as long as the slower: ``max((C - 1) c / B_nvl + a_nvl,
+    c / min(B_nic, B_nvl) + a_nvl + a_nic)``. Bus bandwidth tends to
+    ``min(C B_nic, C / (C - 1) B_nvl)``. With one node it is C rings inside a node."""
+    _check_n(nodes)
+    _check_n(per_node)
+    n, c = nodes * per_node, nbytes / (per_node * nodes * per_node)
+    nvlink = (per_node - 1) * c / intra_beta_Bps + intra_alpha_s
+    network = c / min(nic_beta_Bps, intra_beta_Bps) + intra_alpha_s + nic_alpha_s
+    step = max(nvlink, network) if nodes > 1 else per_node * c / intra_beta_Bps + intra_alpha_s
+    return 2 * (n - 1) * step
 
 
 def algbw(nbytes: float, seconds: float) -> float:

@@ -8,10 +8,17 @@ trace, does not depend on threads.
 Cost model:
 - compute: a rank's compute stream runs one region at a time; the region's seconds were fixed
   when it ran (FLOPs / (peak x efficiency), or given explicitly).
-- a transfer is ready when both its send and its receive are posted. It then waits until every
-  resource on its route (a GPU's port, a shared PCIe bridge, a NIC) is free, holds them for
-  ``bytes / beta`` and completes ``alpha`` later: ``end = start + alpha + bytes / beta``.
-  Transfers that share a resource queue in the order they became ready: that is contention.
+- a transfer is ready when both its send and its receive are posted. Its route names two kinds
+  of resources (see ``cluster.topology``):
+  * *ports* (a device's port on the textbook uniform cluster, a card's PCIe uplink in one
+    direction): one transfer at a time. A transfer starts once every port on its route is
+    free, and transfers that share a port queue in the order they became ready.
+  * *shared caps* (host memory behind staged PCIe copies, a PCIe switch's uplink, the link
+    between two CPU sockets, a GPU's NVSwitch port, a NIC): every transfer crossing one gets
+    a fair share of its bandwidth at every moment (max-min fair, "processor sharing"), so a
+    newcomer slows the others down and a finished transfer speeds them up.
+  A transfer moves its bytes at ``min(beta, its fair shares)`` and completes ``alpha`` after
+  its last byte: alone on its route, ``end = start + alpha + bytes / beta``.
 - a blocking send or receive returns when its transfer completes; ``wait`` likewise.
 """
 
@@ -25,12 +32,106 @@ from mpgpu_edu.comm import ops
 from mpgpu_edu.trace import Event, MemoryEvent, Trace
 
 
-@dataclass
+@dataclass(eq=False)
 class _Transfer:
     send: ops.Post | None = None
     recv: ops.Post | None = None
     posted: list[float] = field(default_factory=list)
     end: float | None = None
+    route: Any = None
+    start: float = 0.0
+    rate: float = 0.0
+    since: float = 0.0  # when ``rate`` was last set; ``left`` bytes remained then
+    left: float = 0.0
+
+    @property
+    def finish(self) -> float:
+        """When the last byte leaves, at the current rate."""
+        return self.since + self.left / self.rate if self.left else self.since
+
+
+class _Network:
+    """The transfers in flight: port queues (first come, first served) and shared caps (fair
+    share). ``now`` only moves forward; the replay advances it before each lane runs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.queues: dict[str, list[_Transfer]] = {}
+        self.active: list[_Transfer] = []
+
+    def next_time(self) -> float:
+        """When the next transfer in flight sends its last byte (inf when none is)."""
+        return min((t.finish for t in self.active), default=float("inf"))
+
+    def add(self, t: _Transfer, route: Any, now: float) -> None:
+        """``t`` became ready at ``now`` (no earlier than the network's clock)."""
+        self._move_to(now)
+        t.route = route
+        for port in route.resources:
+            self.queues.setdefault(port, []).append(t)
+        if self._at_heads(t):
+            self._start(t)
+        self._share()
+
+    def complete_due(self) -> list[_Transfer]:
+        """Advance to ``next_time()``; return the transfers whose last byte left then, and start
+        the ones that were queued behind them."""
+        self._move_to(self.next_time())
+        done = [t for t in self.active if t.finish <= self.now]
+        self.active = [t for t in self.active if t.finish > self.now]
+        for t in done:
+            for port in t.route.resources:
+                self.queues[port].pop(0)  # a transfer in flight heads each of its queues
+        for t in done:
+            for port in t.route.resources:
+                waiting = self.queues[port]
+                if waiting and waiting[0] not in self.active and self._at_heads(waiting[0]):
+                    self._start(waiting[0])
+        self._share()
+        return done
+
+    def _at_heads(self, t: _Transfer) -> bool:
+        return all(self.queues[port][0] is t for port in t.route.resources)
+
+    def _start(self, t: _Transfer) -> None:
+        t.start = t.since = self.now
+        t.left, t.rate = float(t.send.nbytes), 0.0
+        self.active.append(t)
+
+    def _move_to(self, time: float) -> None:
+        self.now = max(self.now, time)  # bytes left are settled only when a rate changes
+
+    def _share(self) -> None:
+        """Max-min fair rates: raise every unfixed transfer's rate together until it meets its
+        own route's ``beta`` or fills a shared cap; fix those, repeat."""
+        rates = _fair_rates(self.active)
+        for t, rate in zip(self.active, rates):
+            if rate != t.rate:
+                if t.rate:
+                    t.left = max(0.0, t.left - (self.now - t.since) * t.rate)
+                t.since, t.rate = self.now, rate
+
+
+def _fair_rates(flows: list[_Transfer]) -> list[float]:
+    """Max-min fair (progressive filling) rates of ``flows`` over their shared caps."""
+    rates: list[float | None] = [None] * len(flows)
+    room = {name: cap for t in flows for name, cap in t.route.shares}
+    while any(r is None for r in rates):
+        open_ = [i for i, r in enumerate(rates) if r is None]
+        users = {name: [i for i in open_ if name in dict(flows[i].route.shares)]
+                 for name in room}
+        level = min([flows[i].route.beta_Bps for i in open_]
+                    + [room[name] / len(ids) for name, ids in users.items() if ids])
+        for i in open_:
+            full = [name for name, _ in flows[i].route.shares
+                    if room[name] / len(users[name]) <= level]
+            if flows[i].route.beta_Bps <= level or full:
+                rates[i] = level
+        for i in open_:
+            if rates[i] is not None:
+                for name, _ in flows[i].route.shares:
+                    room[name] = max(0.0, room[name] - level)  # rounding never goes below 0
+    return [float(r) for r in rates]
 
 
 @dataclass
@@ -52,7 +153,7 @@ class _Replay:
         self.transfers: dict[tuple, _Transfer] = {}
         self.handle_of: dict[int, tuple] = {}
         self.posted_at: dict[int, float] = {}
-        self.free: dict[str, float] = {}
+        self.network = _Network()
         self.compute_free = [0.0] * n_devices
         self.submitted: dict[tuple[int, int], float] = {}
         self.finished: dict[tuple[int, int], float] = {}
@@ -65,7 +166,14 @@ class _Replay:
     def run(self, partial: bool = False) -> None:
         """Time every op; ``partial``: the op lists are a running program's so far, and a
         lane may end blocked on a message not yet matched."""
-        while self.heap:
+        while True:
+            due = self.network.next_time()
+            if due < float("inf") and (not self.heap or due <= self.heap[0][0]):
+                for t in self.network.complete_due():
+                    self._complete(t)
+                continue
+            if not self.heap:
+                break
             clock, rank, lane_id = heapq.heappop(self.heap)
             lane = self.lanes[(rank, lane_id)]
             lane.clock = max(lane.clock, clock)
@@ -153,21 +261,19 @@ class _Replay:
             self._schedule(t, max(t.posted))
 
     def _schedule(self, t: _Transfer, ready: float) -> None:
+        self.network.add(t, self.cluster.route(t.send.src, t.send.dst), ready)
+
+    def _complete(self, t: _Transfer) -> None:
+        """``t`` sent its last byte at the network's clock; it completes ``alpha`` later."""
         src, dst, nbytes = t.send.src, t.send.dst, t.send.nbytes
-        route = self.cluster.route(src, dst)
-        start = max([ready] + [self.free.get(r, 0.0) for r in route.resources])
-        hold = nbytes / route.beta_Bps
-        for r in route.resources:
-            self.free[r] = start + hold
-        t.end = start + route.alpha_s + hold
+        t.end = t.since + t.route.alpha_s + t.left / t.rate
         label = f"tag {t.send.tag}" if t.send.tag else ""
-        self.events.append(Event(src, "comm", "send", start, t.end, label or f"to {dst}",
+        self.events.append(Event(src, "comm", "send", t.start, t.end, label or f"to {dst}",
                                  nbytes=nbytes, peer=dst))
-        self.events.append(Event(dst, "comm", "recv", start, t.end, label or f"from {src}",
+        self.events.append(Event(dst, "comm", "recv", t.start, t.end, label or f"from {src}",
                                  nbytes=nbytes, peer=src))
         self._wake(("handle", t.send.handle), t.end)
         self._wake(("handle", t.recv.handle), t.end)
-
 
 def time_so_far(op_lists: dict[tuple[int, int], list[ops.Op]], cluster: Any,
                 n_devices: int) -> tuple[dict[int, float], dict[int, float]]:

@@ -45,7 +45,11 @@ class Actor:
         self.state = "running"  # running | blocked | idle | done
         self.pending = ""
         self.ready: Callable[[], bool] = lambda: True
-        self.region: list[Any] | None = None  # [counter, kind, label, flops already emitted]
+        self.region: tuple[str, str] | None = None  # (kind, label) of the open region
+        self.counter: FlopCount | None = None  # counts every op this thread runs
+        self.emitted = (0.0, 0, 0.0)  # the counter's (flops, kernels, extra s) already timed
+        self.emitted_by_dtype: dict[str, float] = {}
+        self.flush: Callable[[], None] = lambda: None  # time what is left, at the end
 
     @property
     def name(self) -> str:
@@ -146,6 +150,7 @@ class Router:
             actor.state, actor.pending, actor.ready = "running", "", lambda: True
 
     def finish(self, actor: Actor) -> None:
+        actor.flush()
         with self.cond:
             actor.state = "done"
             self._check_deadlock()
@@ -324,7 +329,15 @@ class SimCommunicator(Communicator):
         return getattr(self._local, "actor", self.host)
 
     def bind(self, actor: Actor) -> None:
+        """Make ``actor`` this thread's, and count every op the thread runs from now on: ops
+        outside compute regions (the adds of a reduction, bucket copies) are timed as
+        ``compute`` events labelled ``elementwise`` at the next message or wait."""
         self._local.actor = actor
+        if actor.counter is None:
+            actor.counter = FlopCount(self.cluster, skip=self.router.cond._is_owned)
+            actor.counter.factories = False
+            actor.counter.__enter__()  # the thread's own mode stack: gone with the thread
+            actor.flush = lambda: self.flush_region(actor)
 
     # ---- point to point ---------------------------------------------------------------------
     def _post(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
@@ -395,37 +408,60 @@ class SimCommunicator(Communicator):
         if actor.region is not None:  # nested: counted by the outer region
             yield
             return
-        if seconds is not None:
-            yield
-            if seconds > 0:
-                actor.ops.append(ops.Compute(float(seconds), kind, label, 0.0))
-            return
-        counter = FlopCount()
-        actor.region = [counter, kind, label, {}]
+        self.flush_region(actor)  # elementwise work before the region is not the region's
+        counter, pushed = actor.counter, False
+        if counter is None:  # a thread that was never bound: count this region alone
+            counter, pushed = FlopCount(self.cluster, skip=self.router.cond._is_owned), True
+            actor.counter = counter
+            counter.__enter__()
+        actor.region = (kind, label)
+        counter.active, counter.factories = seconds is None, True
         try:
-            with counter:
-                yield
+            yield
         finally:
-            self.flush_region(actor)
+            counter.active, counter.factories = True, False
+            if seconds is None:
+                self.flush_region(actor)
+            elif seconds > 0:
+                actor.ops.append(ops.Compute(float(seconds), kind, label, 0.0))
             actor.region = None
+            if pushed:
+                counter.__exit__(None, None, None)
+                actor.counter = None
+                actor.emitted, actor.emitted_by_dtype = (0.0, 0, 0.0), {}
 
     def flush_region(self, actor: Actor) -> None:
-        """Close the compute done so far in an open region, so that a message posted in the
-        middle of it (e.g. from a backward hook) starts at the right moment."""
-        if actor.region is None:
+        """Time the ops counted since the last flush as one ``Compute``: the open region's,
+        or, outside regions, ``compute``/``elementwise`` (a reduction's adds, a bucket's
+        copies). Called before every message and wait, so that the work lands before the
+        message it precedes.
+
+        Seconds: ``sum over dtypes of flops / (peak * efficiency)``, plus, for the ops whose
+        bytes take longer than their FLOPs, the difference (the roofline, see ``flops``),
+        plus ``launch_overhead_s`` per kernel."""
+        counter = actor.counter
+        if counter is None or actor.region is not None and not counter.active:
             return
-        counter, kind, label, emitted = actor.region
-        # compute_seconds adds one launch overhead per call: pay it once per segment
-        overhead = getattr(self.cluster, "launch_overhead_s", 0.0)
-        seconds, flops = 0.0, 0.0
-        for dtype, total in counter.by_dtype.items():
-            new = total - emitted.get(dtype, 0.0)
+        flops0, kernels0, extra0 = actor.emitted
+        by_dtype = dict(counter.by_dtype)
+        actor.emitted = (sum(by_dtype.values()), counter.kernels, counter.memory_extra_s)
+        flops, kernels = actor.emitted[0] - flops0, counter.kernels - kernels0
+        if kernels <= 0:
+            return
+        seconds = counter.memory_extra_s - extra0
+        seconds += kernels * getattr(self.cluster, "launch_overhead_s", 0.0)
+        for dtype, total in by_dtype.items():
+            new = total - actor.emitted_by_dtype.get(dtype, 0.0)
             if new > 0:
-                seconds += self.cluster.compute_seconds(new, dtype) - overhead
-                flops += new
-            emitted[dtype] = total
-        if flops > 0:
-            seconds += overhead
+                seconds += self.cluster.flop_seconds(new, dtype)
+        actor.emitted_by_dtype = by_dtype
+        if actor.region is None and actor.lane == ops.STREAM:
+            # A comm stream's adds (the reductions of an overlapped all-reduce) run beside the
+            # compute stream on a GPU; the replay has one compute stream per rank, on which
+            # they would wait for backward to finish. Left untimed until it has a second one.
+            return
+        kind, label = actor.region or ("compute", "elementwise")
+        if seconds > 0 or flops > 0:
             actor.ops.append(ops.Compute(seconds, kind, label, flops))
 
     # ---- the communication stream -------------------------------------------------------------

@@ -89,7 +89,7 @@ def fully_connected(n: int) -> Cluster:
              for b in range(a + 1, n)]
     topology = Topology("fully_connected", n, route_of, links, {"all": tuple(range(n))})
     return Cluster(f"fully-connected-{n}", uniform(n).gpu, topology, None,
-                   efficiency=1.0, launch_overhead_s=0.0)
+                   efficiency=1.0, launch_overhead_s=0.0, memory_Bps=0.0)
 
 
 class _WaitLedger:
