@@ -1,8 +1,10 @@
 """The headless tour: every strategy of the course on one simulated cluster, as files.
 
 ``run_demo(out, preset)`` runs one training step of each strategy on the first four devices of
-a preset (default ``4xRTX4090-pcie``: four consumer GPUs sharing one PCIe host bridge, where
-communication costs show) and writes, into ``out``:
+a preset (default ``4xRTX4090-pcie``: four consumer GPUs, each on its own PCIe 4 x16 link
+to the CPU, with no peer-to-peer, so every GPU-to-GPU copy is staged through host memory,
+whose bandwidth concurrent copies share: slow enough that communication costs show) and
+writes, into ``out``:
 
 - ``summary.json``: per run, the step time, each device's idle share, the bubble (pipelines),
   and each device's peak memory, in total and by category;
@@ -117,6 +119,22 @@ def demo_cluster(preset: str) -> Cluster:
         raise ValueError(f"the demo needs a preset with at least 2 devices; {preset} has "
                          f"{machine.n_physical}")
     return machine.with_visible(",".join(str(d) for d in range(n)))
+
+
+def interconnect(cluster: Cluster) -> str:
+    """How the cluster's devices are linked, in one phrase: its links at their effective
+    bandwidth, and what a copy from device 0 to device 1 shares with other copies."""
+    from mpgpu_edu.viz.devicemap import link_name
+
+    links = sorted({(info.spec_name, info.beta_Bps) for info in cluster.topology.links()})
+    text = "links: " + ", ".join(f"{link_name(name)} {beta / 1e9:g} GB/s" for name, beta in links)
+    shared = [name for name, _ in cluster.route(0, 1).shares]
+    if any(name.startswith("switch") for name in shared):
+        text += "; every card behind one shared switch uplink"
+    elif any(name.endswith(".memory") for name in shared):
+        text += ("; each card its own link to the CPU, GPU-to-GPU copies staged through host "
+                 "memory, which concurrent copies share")
+    return text
 
 
 def pipeline_setup(n_stages: int) -> tuple[torch.nn.Sequential, Placement, tuple]:
@@ -243,7 +261,7 @@ def run_demo(out: str | Path, preset: str = DEFAULT_CLUSTER,
     out.mkdir(parents=True, exist_ok=True)
     cluster = demo_cluster(preset)
     progress(f"cluster {cluster.name}: devices {cluster.visible} of {cluster.n_physical}, "
-             f"{cluster.gpu.display_name}")
+             f"{cluster.gpu.display_name}; {interconnect(cluster)}")
     runs, placement = strategy_runs(cluster, progress)
     for run in runs:
         run.trace.save_chrome(out / f"trace_{run.name}.json")

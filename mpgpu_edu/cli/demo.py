@@ -31,8 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"where to write the files (default ./{DEFAULT_OUT}; created if "
                         "missing)")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, metavar="PRESET",
-                   help=f"cluster preset (default {DEFAULT_CLUSTER}: four GPUs sharing one "
-                        "PCIe bridge, where communication shows); the first four devices "
+                   help=f"cluster preset (default {DEFAULT_CLUSTER}: four consumer GPUs, "
+                        "each on its own PCIe link, copies between them staged through "
+                        "host memory, so communication shows); the first four devices "
                         "are used")
     p.add_argument("--json", action="store_true", help="print summary.json on stdout")
     p.set_defaults(func=run)

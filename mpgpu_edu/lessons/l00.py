@@ -76,7 +76,9 @@ def input_pipeline(comm: Communicator, steps: int, load_seconds: float,
 
 def pipeline_cluster(loaders: int) -> Cluster:
     """``loaders`` CPU workers and one GPU; each worker reaches the GPU over its own PCIe 4
-    x16 link (alpha 10 us, 25 GB/s)."""
+    x16 link, at the preset link's figures (``LINKS["pcie4-x16"]``: alpha 11 us, 24 GB/s
+    effective of 31.5 GB/s peak). A uniform cluster: the workers' copies do not share the
+    GPU's uplink or host memory, so the copy time is the single-link lower bound."""
     link = LINKS["pcie4-x16"]
     return Cluster.uniform(loaders + 1, alpha_s=link.alpha_s, beta_Bps=link.beta_Bps,
                            gpu="RTX4090-24GB")

@@ -15,8 +15,13 @@ microbatches of the same size, with mixed-precision Adam (bf16 activations and g
   parallelism).
 - hybrid (DP x PP): ``hybrid_dp`` replicas of an N / hybrid_dp stage pipeline.
 
-Times are on the cluster's link between devices 0 and 1, every device with its own port (a
-shared PCIe bridge is slower still, lesson 01), and nothing overlapped with compute.
+Times are closed forms on the route between devices 0 and 1 (its alpha and effective
+bandwidth), as if every device sent at that speed at once; nothing overlaps with compute and
+the additions inside the all-reduces are not counted. On a switched fabric (NVSwitch) the
+simulator, which charges those additions, comes close; the closed form is a lower bound where
+concurrent transfers share something: on the consumer PCIe presets GPU-to-GPU copies are staged through
+host memory, a cap split among concurrent transfers, and on two sockets the ring crosses the
+slower socket link; on ``4xRTX4090-pcie-switch`` all four cards share one switch uplink.
 
 The programs that go wrong, all SPMD and importable (gloo workers import them by name):
 ``both_send_first`` (deadlocks), ``straggler`` (logs; one slow rank), ``bad_shard`` (one rank
@@ -576,7 +581,8 @@ def straggler_steps(comm: Communicator, slow_rank: int, steps: int = 3,
 
 
 def straggler_cluster(world_size: int) -> Cluster:
-    """The cluster the straggler runs on: every device its own port, 10 us, 1 GB/s."""
+    """The cluster the straggler runs on: the textbook ``Cluster.uniform``, every device its
+    own port at 10 us and 1 GB/s, additions free, so the logs show the straggler alone."""
     return Cluster.uniform(world_size, alpha_s=1e-5, beta_Bps=1e9)
 
 
