@@ -1,7 +1,9 @@
 """Lesson 01's demos: what a message costs, what each collective does, and what all-reduce
 costs on real topologies.
 
-- ``message_seconds`` / ``plot_message_time``: alpha + n / beta for the link profiles.
+- ``message_seconds`` / ``plot_message_time``: alpha + n / beta for the link profiles;
+  ``describe_links``: each profile's peak and effective bandwidth side by side.
+- ``describe_route``: a route's latency, bandwidth and the caps it shares.
 - ``send_one``: the smallest SPMD program, one message from rank 0 to rank 1.
 - ``run_collective`` / ``describe_collective``: one collective on small integer tensors, every
   rank's tensor before and after.
@@ -14,6 +16,8 @@ costs on real topologies.
 - ``ring_figure``: the ring before a step, in exercise 1.4's order (rank r ends with chunk r).
 - ``plot_bytes_per_rank``: who sends how much, per algorithm.
 - ``step_seconds``: compute plus gradient all-reduce per step on N devices (pitfall 1).
+- ``bus_bandwidth``, ``PUBLISHED_BUSBW``, ``compare_with_published``: a simulated all-reduce
+  as nccl-tests reports it, against the published figure cited in the link's ``source``.
 - ``speedup_choice``, ``growth_choice``: which answer of a prediction a measured ratio bears
   out.
 
@@ -29,6 +33,7 @@ import torch
 from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.cluster.topology import Route
 from mpgpu_edu.collectives import (ALGORITHMS, all_gather, all_reduce, broadcast, gather,
                                    reduce, reduce_scatter, scatter)
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
@@ -56,16 +61,48 @@ def message_seconds(link: str, nbytes: int) -> float:
     return LINKS[link].seconds(nbytes)
 
 
+def describe_links(names: Sequence[str]) -> str:
+    """One line per link profile: latency, peak (spec sheet) and effective (what NCCL reaches,
+    the one the simulator uses) bandwidth, the fraction of peak, and the size at which one
+    message spends as long in latency as in bandwidth (alpha x beta)."""
+    lines = []
+    for name in names:
+        link = LINKS[name]
+        peak = (f"peak {link.peak_Bps / 1e9:5.1f} GB/s, effective {link.beta_Bps / 1e9:5.1f} "
+                f"GB/s ({link.beta_Bps / link.peak_Bps:4.0%} of peak)" if link.peak_Bps else
+                f"effective {link.beta_Bps / 1e9:5.1f} GB/s (no peak figure)")
+        lines.append(f"{name:17} alpha {link.alpha_s * 1e6:3.0f} µs | {peak} | alpha x beta "
+                     f"{format_bytes(link.alpha_s * link.beta_Bps):>8}")
+    return "\n".join(lines)
+
+
 def plot_message_time(links: Sequence[str], sizes: Sequence[int]) -> Figure:
     """Time of one message against its size, log-log, one line per link profile: flat where
     the latency alpha dominates, slope 1 where the bandwidth beta does."""
-    results = {f"{link_name(name)} ({LINKS[name].beta_Bps / 1e9:g} GB/s)":
+    results = {f"{link_name(name)} ({LINKS[name].beta_Bps / 1e9:g} GB/s effective)":
                {n: message_seconds(name, n) for n in sizes} for name in links}
     fig = plot_allreduce_vs_size(results, title="one message: alpha + n / beta")
     ax = fig.axes[0]
     ax.set_xlabel("message size (log scale)")
     ax.set_ylabel("time of one message (log scale)")
     return fig
+
+
+def alone_Bps(route: Route) -> float:
+    """The bandwidth a transfer on ``route`` gets when nothing else is in flight: its own
+    ``beta_Bps``, or the smallest shared cap it crosses if that is lower (a socket link)."""
+    return min([route.beta_Bps] + [cap for _, cap in route.shares])
+
+
+def describe_route(cluster: Cluster | str, src: int, dst: int) -> str:
+    """A route in one line: latency, bandwidth alone (``alone_Bps``), the ports it holds and
+    the caps it shares with concurrent transfers."""
+    cluster = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
+    route = cluster.route(src, dst)
+    held = ", ".join(route.resources) or "no ports of its own"
+    shared = ", ".join(f"{name} {cap / 1e9:g}" for name, cap in route.shares) or "none"
+    return (f"{cluster.name:21} cuda:{src} -> cuda:{dst}: alpha {route.alpha_s * 1e6:2.0f} µs, "
+            f"alone {alone_Bps(route) / 1e9:3.0f} GB/s | holds {held} | shares (GB/s) {shared}")
 
 
 # ---- SPMD: the smallest program ----------------------------------------------------------------
@@ -297,6 +334,37 @@ def step_seconds(workload: Workload, cluster: Cluster | str, sizes: Iterable[int
         out[n] = compute + comm
     return out
 
+
+
+# ---- simulated against published -------------------------------------------------------------
+
+# nccl-tests all_reduce_perf bus bandwidth at large messages, as cited in the ``source`` of the
+# link each preset's GPUs talk over (mpgpu_edu/hardware.py).
+PUBLISHED_BUSBW: dict[str, tuple[float, str]] = {
+    "8xA100-nvlink": (200e9, "~200 GB/s busbw, 8x A100-SXM4-80GB all_reduce_perf "
+                             "(NVIDIA/nccl-tests#149, cited in LINKS['nvlink3'].source)"),
+    "8xH100-nvswitch": (370e9, "370 GB/s busbw, 8x H100 with NCCL_ALGO=RING "
+                               "(NVIDIA/nccl-tests#212, cited in "
+                               "LINKS['nvlink4-nvswitch'].source)"),
+}
+
+
+def bus_bandwidth(nbytes: float, world_size: int, seconds: float) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce: ``S / t x 2(N - 1) / N``, the rate each
+    rank's link must carry, comparable across N (and the link's bandwidth for an ideal
+    ring)."""
+    return nbytes / seconds * 2 * (world_size - 1) / world_size
+
+
+def compare_with_published(preset: str, nbytes: int, algo: AllReduce = "ring"
+                           ) -> tuple[float, float, float, str]:
+    """(simulated bus bandwidth, published, relative error, citation) of the all-reduce
+    ``algo`` of ``nbytes`` on ``preset``, against ``PUBLISHED_BUSBW[preset]``."""
+    published, citation = PUBLISHED_BUSBW[preset]
+    cluster = Cluster.preset(preset)
+    seconds = run_all_reduce(algo, cluster, nbytes).trace.makespan
+    simulated = bus_bandwidth(nbytes, cluster.world_size, seconds)
+    return simulated, published, simulated / published - 1, citation
 
 
 # ---- predictions: which answer a measurement bears out ------------------------------------
