@@ -100,3 +100,14 @@ def test_tp_explorer_follows_the_cluster_and_shows_errors() -> None:
     explorer.controls["devices"].value = 6
     assert "has 4 devices" in explorer.error and explorer.figure is good
     assert "cannot draw this" in explorer.summary.value
+
+
+def test_tp_explorer_offers_the_switch_and_it_waits_longer_than_own_uplinks() -> None:
+    explorer = tp_explorer(devices=4, d_model=1024)
+    assert "4xRTX4090-pcie-switch" in explorer.controls["cluster"].options
+    _, own = tp_view(4, "4xRTX4090-pcie")
+    _, switch = tp_view(4, "4xRTX4090-pcie-switch")
+    _, nvlink = tp_view(4, "4xA100-nvlink")
+    # staged through host memory the all-reduces already wait far longer than on NVLink;
+    # behind one shared switch uplink longer still
+    assert nvlink["all_reduce_s"] * 5 < own["all_reduce_s"] < switch["all_reduce_s"]

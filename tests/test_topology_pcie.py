@@ -123,3 +123,25 @@ def test_two_sockets_are_slower_than_one() -> None:
     bus_two = cost.busbw(size, makespan(two, "ring", size), 8)
     assert bus_two < bus_one
     assert bus_two <= UPI.beta_Bps  # the ring crosses the socket link each step
+
+
+def test_a_route_alone_moves_at_its_narrowest_cap() -> None:
+    """Across the socket link a lone 1 MiB copy takes alpha + bytes / 10 GB/s, and the route
+    says so (``route.seconds`` is what the simulator measures)."""
+    import torch
+
+    from mpgpu_edu.cluster import Cluster
+    from mpgpu_edu.comm import launch
+
+    cluster = Cluster.preset("8xRTX4090-pcie", visible="4,0")
+    route = cluster.route(0, 1)
+
+    def program(comm) -> None:
+        buffer = torch.zeros(2**20, dtype=torch.uint8)
+        if comm.rank == 0:
+            comm.send(buffer, 1)
+        else:
+            comm.recv(buffer, 0)
+
+    assert route.beta_Bps == min(rate for _, rate in route.shares)
+    assert abs(launch(program, cluster).trace.makespan - route.seconds(2**20)) < 1e-12

@@ -36,6 +36,13 @@ class Route:
     resources: tuple[str, ...]
     shares: tuple[tuple[str, float], ...] = ()
 
+    def __post_init__(self) -> None:
+        # A transfer alone still moves no faster than the narrowest cap it crosses (a socket
+        # link slower than the PCIe links around it): ``beta_Bps`` is the rate when alone.
+        caps = [rate for _, rate in self.shares if rate > 0]
+        if caps and min(caps) < self.beta_Bps:
+            object.__setattr__(self, "beta_Bps", min(caps))
+
     def seconds(self, nbytes: int) -> float:
         """Time of one message of ``nbytes`` on this route when nothing else uses it."""
         return self.alpha_s + nbytes / self.beta_Bps

@@ -92,16 +92,21 @@ PREDICTIONS = (
              "outputs are summed (g). The backward needs one too, of x's gradient (f).")),
     Prediction(
         key="05.tp-pcie",
-        question=("The same MLP block (8192 tokens x 4096 features) on 4 RTX 4090s that share "
-                  "one PCIe host bridge, instead of 4 A100s on NVLink: what share of the step "
-                  "does device 0 sit idle?"),
+        question=("The same MLP block (8192 tokens x 4096 features) on 4 RTX 4090s on PCIe, "
+                  "instead of 4 A100s on NVLink. Each card has its own x16 uplink, but with no "
+                  "peer-to-peer every copy between cards is staged through host memory, which "
+                  "the four share. What share of the step does device 0 sit idle?"),
         choices=("under 10%", "between 10% and 50%", "more than half"),
-        answer=2,
-        why=("The all-reduces move the same 192 MiB per device on both machines, but on this "
-             "preset every message queues through one shared bridge at PCIe speed, while the "
-             "matrix products are fast: the devices wait longer than they compute. Cards "
-             "with their own uplinks wait less, but PCIe stays several times slower than "
-             "NVLink, which is why tensor parallelism stays inside an NVLink machine.")),
+        answer=1,
+        why=("The all-reduces move the same 192 MiB per device on both machines, but on the "
+             "RTX 4090s every ring step is four copies staged through host memory at once, "
+             "sharing it fairly: each gets less than its own uplink, and the all-reduces take "
+             "more than ten times as long as on NVLink. The RTX 4090's matrix products are "
+             "slower too (about half the A100's bf16 peak), which hides part of that wait, so "
+             "device 0 waits about a third of the step, not most of it: most of it only when "
+             "the four cards also share one switch uplink (4xRTX4090-pcie-switch). A third of "
+             "every layer lost to talking is still why tensor parallelism stays inside an "
+             "NVLink machine.")),
 )
 
 LESSON = Lesson(5, 'tensor and hybrid parallel', 'ex05_tensor_and_hybrid',
