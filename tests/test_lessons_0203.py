@@ -105,7 +105,7 @@ def test_comm_windows_label_every_message() -> None:
     assert {"to 4", "to 7", "from 0", "from 3"} <= labels
 
 
-def test_first_step_is_the_single_step_and_steps_overlap() -> None:
+def test_first_step_is_the_single_step() -> None:
     light = Workload("tiny", (64, 64, 64), 12)
     args = (light, "8xA100-nvlink", 4, l02.reference_worker_step, l02.reference_server_loop)
     single = l02.run_ps_program(*args, 1).trace

@@ -54,14 +54,16 @@ def test_link_names_and_counts() -> None:
 
 
 # ---- the device map --------------------------------------------------------------------------
-def test_pcie_map_hangs_every_gpu_off_one_shared_bridge() -> None:
+def test_pcie_map_gives_every_gpu_its_own_uplink_to_shared_host_memory() -> None:
     fig = plot_device_map(Cluster.preset("4xRTX4090-pcie"))
     assert gids(fig, "physical:") == [f"physical:{p}" for p in range(4)]
     assert gids(fig, "logical:") == [f"logical:{i}" for i in range(4)]
     assert gids(fig, "arrow:") == [f"arrow:{p}->{p}" for p in range(4)]
     assert gids(fig, "fabric:") == ["fabric:bridge0"]
-    assert texts(fig, "link-label") == ["PCIe 4 x16, 24 GB/s, shared"]
-    assert len(gids(fig, "link")) == 4  # one wire per GPU up to the bridge
+    assert texts(fig, "fabric-name") == ["CPU root complex"]
+    assert texts(fig, "link-label") == [
+        "PCIe 4 x16: 24 GB/s per card; copies via host memory, 76.8 GB/s shared"]
+    assert len(gids(fig, "link")) == 4  # one uplink per GPU to the CPU
     assert "cuda:2 = GPU 2" in texts(fig, "logical-name")
     assert "(RTX 4090)" in texts(fig, "logical-model")
 
@@ -69,6 +71,16 @@ def test_pcie_map_hangs_every_gpu_off_one_shared_bridge() -> None:
 def test_two_bridges_meet_at_the_host() -> None:
     fig = plot_device_map(Cluster.preset("8xRTX4090-pcie"))
     assert gids(fig, "fabric:") == ["fabric:bridge0", "fabric:bridge1", "fabric:host"]
+    assert texts(fig, "fabric-name")[-1] == (
+        "between the CPUs a copy crosses the UPI socket link, 10 GB/s shared")
+
+
+def test_cards_behind_one_pcie_switch_share_its_uplink() -> None:
+    fig = plot_device_map(Cluster.preset("4xRTX4090-pcie-switch"))
+    assert gids(fig, "fabric:") == ["fabric:switch0"]
+    assert texts(fig, "fabric-name") == ["PCIe switch"]
+    assert texts(fig, "link-label") == [
+        "PCIe 4 x16: one 24 GB/s uplink to the CPU, shared by 4 cards"]
 
 
 def test_visible_devices_are_renumbered_and_the_others_greyed_out() -> None:
@@ -89,7 +101,7 @@ def test_nodes_are_joined_by_the_network_link() -> None:
     assert "fabric:network" in gids(fig, "fabric:")
     labels = texts(fig, "link-label")
     assert labels.count("NVLink 4: 370 GB/s per GPU") == 2
-    assert any(label.startswith("InfiniBand NDR: 47 GB/s") for label in labels)
+    assert "InfiniBand NDR: 47 GB/s per NIC, 8 NICs per node, one per GPU rail" in labels
     assert len(gids(fig, "logical:")) == 16
 
 

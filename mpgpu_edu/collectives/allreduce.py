@@ -12,7 +12,10 @@ different orders) and differ in who sends how much, when:
 
 The ring's bandwidth term barely grows with N: it is the choice for large tensors (NCCL's
 default); the tree's few rounds win for small ones, where alpha dominates. Closed forms and
-their derivations: ``mpgpu_edu.collectives.cost``.
+their derivations: ``mpgpu_edu.collectives.cost``. The cost lines hold on the uniform
+textbook cluster, where additions are free; a preset also charges every addition on the
+roofline (bytes over memory bandwidth, plus a kernel launch), and its links may be shared
+(host memory on PCIe workstations, a switch uplink), so measured times there sit above them.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ def all_reduce_naive(comm: Communicator, tensor: torch.Tensor, op: str = "sum") 
     Not used in practice, but a good start: it is what a parameter server does. Rank 0
     receives the N - 1 tensors one by one, then sends the result N - 1 times, while the
     other ranks' links sit idle.
-    Cost: 2(N - 1)(alpha + S / beta); rank 0 receives (N - 1) S bytes and sends (N - 1) S
-    bytes, every other rank sends and receives S."""
+    Cost: 2(N - 1)(alpha + S / beta), plus rank 0's N - 1 additions on a preset (free on the
+    uniform cluster); rank 0 receives (N - 1) S bytes and sends (N - 1) S bytes, every other
+    rank sends and receives S."""
     check_op(op, tensor)
     reduce(comm, tensor, root=0, op=op)  # the mean is taken once, on rank 0
     broadcast(comm, tensor, root=0)
@@ -60,9 +64,9 @@ def all_reduce_ring(comm: Communicator, tensor: torch.Tensor, op: str = "sum",
     steps every rank sends one chunk to its right neighbour and adds the chunk from its left
     one; then rank r holds the full sum of chunk (r + 1) % N (the picture of
     ``mpgpu_edu.viz.ring``). In N - 1 all-gather steps the full sums travel round the ring.
-    Cost: 2(N - 1) steps, each alpha + S / (N beta): 2(N - 1) alpha + 2(N - 1)/N S / beta;
-    every rank sends and receives 2(N - 1)/N S bytes (exactly so when N divides the number
-    of elements).
+    Cost: 2(N - 1) steps, each alpha + S / (N beta): 2(N - 1) alpha + 2(N - 1)/N S / beta
+    on the uniform cluster (a preset adds N - 1 chunk additions on the roofline); every rank
+    sends and receives 2(N - 1)/N S bytes (exactly so when N divides the number of elements).
 
     ``buffer``: optional scratch space of at least ceil(numel / N) elements that the caller
     keeps between calls (a fresh buffer is fresh memory the first receive must fault in)."""

@@ -10,7 +10,10 @@ Every function is SPMD: every rank of ``comm`` calls it with the same arguments 
 - ``op`` is ``"sum"`` or ``"mean"`` (``"mean"``: the sum divided by ``world_size``, so it
   needs a floating-point dtype).
 
-Cost lines use the alpha-beta model: a message of S bytes takes ``alpha + S / beta``.
+Cost lines use the alpha-beta model: a message of S bytes takes ``alpha + S / beta``, on
+the uniform textbook cluster (``Cluster.uniform``), where additions are free. A preset charges
+each addition on the roofline as well (its bytes over the GPU's memory bandwidth, plus a
+kernel launch), so a reduction there takes a little longer than its cost line.
 The plain versions are *linear*: the root talks to the other N - 1 ranks one at a time, so
 they take N - 1 message times. ``broadcast_tree`` and ``reduce_tree`` are the refinement:
 a binomial tree finishes in ceil(log2 N) rounds (MPICH's algorithms; Thakur, Rabenseifner
@@ -92,7 +95,8 @@ def reduce(comm: Communicator, tensor: torch.Tensor, root: int = 0, op: str = "s
     order) into one buffer and adds each into its own. This linear form is the first half
     of ``all_reduce_naive``.
     Cost (linear): the root receives N - 1 messages one at a time: (N - 1)(alpha + S / beta),
-    and (N - 1) S bytes arrive over the root's one link. Additions cost no simulated time."""
+    and (N - 1) S bytes arrive over the root's one link. The root's N - 1 additions are free on
+    the uniform textbook cluster; a preset charges them on the roofline (memory bandwidth)."""
     _check_root(comm, root)
     check_op(op, tensor)
     with flat_view(tensor) as flat:
@@ -188,7 +192,8 @@ def reduce_tree(comm: Communicator, tensor: torch.Tensor, root: int = 0,
     number from the root ``v`` has bit j set sends its partial sum to ``v - m`` and is done;
     the others add what ``v + m`` sends them. As in ``reduce``, only the root's tensor
     changes.
-    Cost: ceil(log2 N)(alpha + S / beta); every rank sends at most once."""
+    Cost: ceil(log2 N)(alpha + S / beta); every rank sends at most once (plus, on a preset,
+    the additions on the roofline)."""
     _check_root(comm, root)
     check_op(op, tensor)
     n, v = comm.world_size, (comm.rank - root) % comm.world_size

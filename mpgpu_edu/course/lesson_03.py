@@ -80,7 +80,8 @@ PREDICTIONS = (
                  "slower than one card"),
         answer=3,
         why=("Each card computes 1/8 of a small batch, but every step still averages all "
-             "24 MiB of gradients over shared PCIe bridges: the all-reduce takes far longer "
+             "24 MiB of gradients over PCIe, staged through shared host memory and across "
+             "the link between the box's two CPUs: the all-reduce takes far longer "
              "than the backward it could hide behind. More cards, slower steps.")),
 )
 

@@ -2,10 +2,11 @@
 
 Strong scaling: the global batch stays the same, so with N devices each computes 1/N of it,
 but every step still all-reduces the whole gradient. A light workload (little compute per
-byte of gradient) on PCIe, where every GPU-to-GPU copy crosses the same host bridge, spends
-more time averaging than it saves computing: more devices make it *slower* (the seed's first
-pitfall). A heavy workload on NVSwitch hides the all-reduce behind compute and scales almost
-perfectly.
+byte of gradient) on consumer PCIe cards, where every GPU-to-GPU copy is staged through the
+host memory all the cards share (and, on the two-socket 8-card box, crosses the ~10 GB/s link
+between the CPUs), spends more time averaging than it saves computing: more devices make it
+*slower* (the seed's first pitfall). A heavy workload on NVSwitch hides the all-reduce behind
+compute and scales almost perfectly.
 
 Each point runs the real ``ddp_step_overlapped`` (hooks, buckets, ring all-reduce on the comm
 stream) once on the simulator, with *meta* tensors: shapes without data, so FLOPs and bytes

@@ -233,9 +233,10 @@ def role_names(world_size: int, n_servers: int = 1) -> list[str]:
 
 def first_step_seconds(trace: Trace) -> float:
     """When the first step of a one-server run ended: the moment the last worker had the
-    parameters of step 1 (the end of the server's first N - 1 sends). Later steps overlap
-    with it: a worker that gets its parameters early starts its next forward while the
-    server still sends to the others."""
+    parameters of step 1 (the end of the server's first N - 1 sends). The workers' own
+    elementwise work after that (zeroing their gradients) is not counted, so a one-step run's
+    makespan is a little longer. The sends share the server's port and end together, so no
+    worker starts its next step early."""
     server = trace.n_devices - 1
     sends = sorted(trace.on(server, "comm", "send"), key=lambda e: e.start)[:server]
     return max((e.end for e in sends), default=trace.makespan)

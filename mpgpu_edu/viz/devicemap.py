@@ -2,9 +2,11 @@
 
 ``plot_device_map`` draws three rows, top to bottom:
 
-- the interconnect, labelled with its bandwidth: a PCIe host bridge that every GPU under it
-  *shares*, an NVSwitch with its own port per GPU, or nodes joined by InfiniBand. A thicker
-  line is a faster link;
+- the interconnect, labelled with its effective bandwidth: a CPU's PCIe root complex, where
+  every card has its own uplink but GPU-to-GPU copies are staged in host memory, which they
+  *share* (two CPUs are joined by a slower socket link); a PCIe switch whose one uplink its
+  cards *share*; an NVSwitch with its own port per GPU; or nodes joined by InfiniBand, one
+  NIC per GPU rail. A thicker line is a faster link;
 - the physical GPUs, numbered as ``nvidia-smi`` numbers them; the ones CUDA_VISIBLE_DEVICES
   hides are greyed out;
 - the logical devices ``cuda:0, cuda:1, ...`` the process sees, each with an arrow from the
@@ -49,7 +51,8 @@ PHYS_H, GAP_H = 0.55, 0.95   # heights in inches: a physical box, the arrows' ga
 FABRIC_GAP, FABRIC_H = 0.5, 0.5
 _LINK_NAMES = {"pcie4-x16": "PCIe 4 x16", "pcie5-x16": "PCIe 5 x16", "nvlink3": "NVLink 3",
                "nvlink4-nvswitch": "NVLink 4", "ib-hdr": "InfiniBand HDR",
-               "ib-ndr": "InfiniBand NDR", "loopback-gloo": "gloo over TCP loopback"}
+               "ib-ndr": "InfiniBand NDR", "upi-xeon": "UPI socket link",
+               "loopback-gloo": "gloo over TCP loopback"}
 
 
 def short_gpu_name(gpu: GPUSpec | str) -> str:
@@ -169,7 +172,14 @@ def _fabric(ax: Axes, cluster: Cluster, y: float) -> float:
         beta, spec = gpu_links[0].beta_Bps, link_name(gpu_links[0].spec_name)
         _port_lines(ax, devices, y, base, beta, visible, "link")
         if topo.kind == "pcie_host_bridge":
-            title, note = f"PCIe host bridge {g}", f"{spec}, {_gbps(beta)}, shared"
+            memory = _share(cluster, devices, "memory")
+            title = "CPU root complex" + (f" {g}" if len(groups) > 1 else "")
+            note = (f"{spec}: {_gbps(beta)} per card; copies via host memory, "
+                    f"{_gbps(memory)} shared")
+        elif topo.kind == "pcie_switch":
+            uplink = _share(cluster, devices, ".up")
+            title = "PCIe switch" + (f" {g}" if len(groups) > 1 else "")
+            note = f"{spec}: one {_gbps(uplink)} uplink to the CPU, shared by {len(devices)} cards"
         elif topo.kind == "uniform":
             title, note = "network", f"{spec}: {_gbps(beta)} per device, own port"
         else:
@@ -184,19 +194,31 @@ def _fabric(ax: Axes, cluster: Cluster, y: float) -> float:
     if topo.kind == "multi_node":
         top = _nodes(ax, cluster, y, top)
     elif topo.kind == "pcie_host_bridge" and len(groups) > 1:
-        top = _host(ax, groups, top, links[-1].beta_Bps)
+        top = _host(ax, groups, top, links[-1])
     return top
 
 
-def _host(ax: Axes, groups: Mapping[str, Sequence[int]], y: float, beta: float) -> float:
-    """Several bridges: a transfer between them goes through the CPUs, paying both bridges."""
+def _share(cluster: Cluster, devices: Sequence[int], part: str) -> float:
+    """The cap (bytes/s) of the shared resource whose name contains ``part`` on a copy between
+    two cards of ``devices`` (host memory, a switch uplink); 0 if there is none."""
+    if len(devices) < 2:
+        return 0.0
+    route = cluster.topology.route(devices[0], devices[1])
+    return next((cap for name, cap in route.shares if part in name), 0.0)
+
+
+def _host(ax: Axes, groups: Mapping[str, Sequence[int]], y: float, socket: Any) -> float:
+    """Two CPUs: a copy between their cards also crosses the socket link (``socket``, a
+    ``LinkInfo``), shared by every copy between the sockets in that direction."""
+    beta = socket.beta_Bps
     base = y + FABRIC_GAP
     centres = [(min(d) + max(d) + 1) / 2 for d in groups.values()]
     for c in centres:
         ax.plot([c, c], [y, base], color="#333333", linewidth=_link_width(beta), gid="link")
     _box(ax, centres[0] - 1, base, centres[-1] - centres[0] + 2, FABRIC_H, "fabric:host")
     _text(ax, (centres[0] + centres[-1]) / 2, base + FABRIC_H / 2,
-          "host CPUs: between bridges a copy crosses both bridges", "fabric-name")
+          f"between the CPUs a copy crosses the {link_name(socket.spec_name)}, "
+          f"{_gbps(beta)} shared", "fabric-name")
     return base + FABRIC_H
 
 
@@ -216,6 +238,7 @@ def _nodes(ax: Axes, cluster: Cluster, y_physical_top: float, y: float) -> float
               ha="left", va="bottom", fontweight="bold")
         centres.append((first + last + 1) / 2)
     beta, spec = network[0].beta_Bps, link_name(network[0].spec_name)
+    nics = sum(1 for info in network if info.a == network[0].a)
     for c in centres:
         ax.plot([c, c], [y, base], color="#333333", linewidth=_link_width(beta), gid="link")
     _box(ax, centres[0] - 1.5, base, centres[-1] - centres[0] + 3, FABRIC_H, "fabric:network",
@@ -223,7 +246,9 @@ def _nodes(ax: Axes, cluster: Cluster, y_physical_top: float, y: float) -> float
     _text(ax, (centres[0] + centres[-1]) / 2, base + FABRIC_H * 0.68, "network switch",
           "fabric-name", fontweight="bold")
     _text(ax, (centres[0] + centres[-1]) / 2, base + FABRIC_H * 0.3,
-          f"{spec}: {_gbps(beta)} per node, shared by its GPUs", "link-label",
+          (f"{spec}: {_gbps(beta)} per NIC, {nics} NICs per node, one per GPU rail"
+           if nics > 1 else f"{spec}: {_gbps(beta)} per node, one NIC shared by its GPUs"),
+          "link-label",
           size=FONT_SIZE - 2)
     return base + FABRIC_H
 
