@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from mpgpu_edu.cluster import PRESET_EFFICIENCY, Cluster  # noqa: E402
+from mpgpu_edu.cluster import Cluster  # noqa: E402
 from mpgpu_edu.comm import launch  # noqa: E402
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp  # noqa: E402
 from mpgpu_edu.hardware import GPUS  # noqa: E402
@@ -137,8 +137,9 @@ def ledger_step(comm: Any, sizes: tuple[int, ...], batch: int, dtype: torch.dtyp
 def simulate_step(profile: str, sizes: tuple[int, ...], batch: int,
                   dtype: torch.dtype) -> dict:
     """Ledger peak, activations, FLOPs and simulated seconds of one steady-state step."""
-    cluster = Cluster("gpu_check", GPUS[profile], Cluster.uniform(1, 1e-5, 1e10).topology,
-                      efficiency=PRESET_EFFICIENCY)
+    # The profile's own efficiency, memory bandwidth and launch cost: the roofline the
+    # presets use.
+    cluster = Cluster("gpu_check", GPUS[profile], Cluster.uniform(1, 1e-5, 1e10).topology)
     run = launch(ledger_step, cluster, sizes, batch, dtype)
     events = run.trace.on(0, stream="compute")
     half = events[len(events) // 2:]                          # the second step
@@ -304,7 +305,8 @@ def render(r: dict[str, Any], command: str) -> str:
         "Memory in bytes (estimate: `estimate_memory`, 16 B per fp32 Adam parameter plus the "
         "ledger's activations; ledger: the simulator's peak; measured: "
         "`torch.cuda.max_memory_allocated` of the second step). Times in seconds, medians; "
-        f"simulated at the presets' efficiency {PRESET_EFFICIENCY}; implied efficiency = "
+        "simulated on the profile's roofline (its efficiency, memory bandwidth and launch "
+        "cost, as the presets use them); implied efficiency = "
         "FLOPs / (measured time x the profile's peak). Bandwidth in GB/s (10^9 bytes/s).",
         MARKER])
 
