@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from mpgpu_edu.bench import (DEFAULT_REPEATS, MAX_LOAD_PER_CORE, QUICK_REPEATS,  # noqa: E402
-                             QUICK_SIZES, bench_allreduce, check_idle, size_label, table)
+                             QUICK_SIZES, bench_allreduce, check_idle, replace_section,
+                             size_label, table)
 from mpgpu_edu.cli.bench import DEFAULT_SIZES, parse_algos, parse_sizes  # noqa: E402
 
 MARKER = "<!-- allreduce_vs_torch runs -->"
@@ -61,16 +62,9 @@ def summary(reports: list[dict]) -> str:
 
 def write_section(path: Path, text: str, command: str) -> None:
     """Replace (or append) this benchmark's section, between two markers, in ``path``."""
-    section = (f"{MARKER}\n## All-reduce: ours against torch.distributed.all_reduce (gloo)\n\n"
-               f"Command: `{command}`\n\n{text}\n{MARKER}")
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    if old.count(MARKER) == 2:
-        before, _, rest = old.partition(MARKER)
-        _, _, after = rest.partition(MARKER)
-        new = before + section + after
-    else:
-        new = old.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(new)
+    replace_section(path, MARKER, f"{MARKER}\n## All-reduce: ours against "
+                    f"torch.distributed.all_reduce (gloo)\n\nCommand: `{command}`\n\n{text}\n"
+                    f"{MARKER}")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from mpgpu_edu.bench import MAX_LOAD_PER_CORE, check_idle  # noqa: E402
+from mpgpu_edu.bench import MAX_LOAD_PER_CORE, check_idle, replace_section  # noqa: E402
 from mpgpu_edu.comm import launch  # noqa: E402
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp, shard  # noqa: E402
 from mpgpu_edu.dp.ddp import DEFAULT_BUCKET_BYTES, ddp_step_overlapped  # noqa: E402
@@ -171,16 +171,9 @@ def run_config(args: argparse.Namespace, world_size: int, batch: int) -> str:
 
 def write_section(path: Path, table: str, command: str) -> None:
     """Replace (or append) this benchmark's section, between two markers, in ``path``."""
-    section = (f"{MARKER}\n## DDP: ours against torch DistributedDataParallel (gloo)\n\n"
-               f"Command: `{command}`\n\n{table}\n\n{NOTES}\n{MARKER}")
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if text.count(MARKER) == 2:
-        before, _, rest = text.partition(MARKER)
-        _, _, after = rest.partition(MARKER)
-        text = before + section + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    replace_section(path, MARKER, f"{MARKER}\n## DDP: ours against torch "
+                    f"DistributedDataParallel (gloo)\n\nCommand: `{command}`\n\n{table}\n\n"
+                    f"{NOTES}\n{MARKER}")
 
 
 if __name__ == "__main__":

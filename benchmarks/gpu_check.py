@@ -40,6 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from mpgpu_edu.bench import replace_section  # noqa: E402
 from mpgpu_edu.cluster import Cluster  # noqa: E402
 from mpgpu_edu.comm import launch  # noqa: E402
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp  # noqa: E402
@@ -313,14 +314,7 @@ def render(r: dict[str, Any], command: str) -> str:
 
 def write_section(path: Path, section: str) -> None:
     """Replace (or append) this script's section, between two markers, in ``path``."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if text.count(MARKER) == 2:
-        before, _, rest = text.partition(MARKER)
-        _, _, after = rest.partition(MARKER)
-        text = before + section + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    replace_section(path, MARKER, section)
 
 
 def main(argv: list[str] | None = None) -> int:

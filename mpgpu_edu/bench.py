@@ -38,6 +38,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -175,6 +176,19 @@ def paired(per_rank: list[dict[str, list[list[float]]]], name: str) -> list[floa
 def load_per_core() -> float:
     """The machine's 1-minute load average divided by its number of cores."""
     return os.getloadavg()[0] / (os.cpu_count() or 1)
+
+
+def replace_section(path: Path, marker: str, section: str) -> None:
+    """Put ``section`` (which starts and ends with ``marker``) into the Markdown file ``path``
+    in place of the text between the two ``marker`` lines there, or append it."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if text.count(marker) == 2:
+        before, _, rest = text.partition(marker)
+        _, _, after = rest.partition(marker)
+        text = before + section + after
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
 
 
 def check_idle(force: bool = False) -> None:

@@ -21,7 +21,6 @@ import torch
 
 from mpgpu_edu.grading._outcome import CaseTimeout, classify, figure_png, learner_frames
 from mpgpu_edu.grading.checks import Case, Evidence, cases_for, lesson_module
-from mpgpu_edu.grading.checks._support import property_check
 from mpgpu_edu.grading.registry import LESSONS
 
 for _lesson in LESSONS:  # preload every lesson's checks in the server
@@ -29,17 +28,6 @@ for _lesson in LESSONS:  # preload every lesson's checks in the server
         lesson_module(_lesson)
     except Exception:  # noqa: BLE001 - that lesson's own checks report the error when run
         pass
-
-
-def _warm_up() -> None:
-    """Run a tiny property test here, in the server: hypothesis's one-time setup (seeding
-    hooks, a full garbage collection) is then inherited by every child, not repeated."""
-    from hypothesis import strategies as st
-
-    property_check(lambda n: None, max_examples=2, n=st.integers(0, 1))
-
-
-_warm_up()
 
 
 GRADING_CHILD_ENV = "MPGPU_EDU_GRADING_CHILD"

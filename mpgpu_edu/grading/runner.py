@@ -44,7 +44,7 @@ DEFAULT_MEMORY_BYTES = 4 * 2**30
 GRACE_S = 5.0
 BETWEEN_CASES_S = 30.0  # import, figure rendering: work outside a case's own timeout
 OUTPUT_CHARS = 4000
-PRELOAD = ["torch", "torch._dynamo", "hypothesis", "mpgpu_edu.grading._child"]
+PRELOAD = ["torch", "torch._dynamo", "mpgpu_edu.grading._child"]
 FIGURE_PRELOAD = ["mpgpu_edu.viz.timeline"]
 
 

@@ -13,8 +13,8 @@ code cannot reach.
 Cases test structure as well as numbers: bytes and messages per rank from the simulator's
 ``LaunchResult.stats``, the timeline (``LaunchResult.trace``), schedules' activations,
 optimizer state per rank. The reference is the package's own implementation. Cases marked
-``hidden`` are property tests (hypothesis, derandomized so every run tries the same
-examples): the learner sees their name and, on failure, the smallest failing example.
+``hidden`` run on reproducible examples (``_support.examples``, seeded, smallest first): the
+learner sees their name and, on failure, the first failing example.
 
 Modules: ``lesson_00`` .. ``lesson_06``, each with ``CASES: dict[str, list[Case]]``.
 """

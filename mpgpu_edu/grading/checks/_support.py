@@ -1,5 +1,5 @@
 """What every lesson's checks share: running SPMD code, refusing built-in collectives,
-property tests with a reproducible failing example, and comparing tensors."""
+hidden cases on reproducible examples, plain facts of a run, and comparing tensors."""
 
 from __future__ import annotations
 
@@ -124,53 +124,7 @@ def _blocker(exercise_id: str, display: str) -> Callable[..., Any]:
     return blocked
 
 
-# ---- property tests --------------------------------------------------------------------------
-
-def property_check(body: Callable[..., None], max_examples: int = 20,
-                   **strategies: Any) -> None:
-    """Run ``body(**example)`` on examples drawn from ``strategies`` (hypothesis,
-    derandomized: every run tries the same examples). On failure raise ``CheckFailure``
-    naming the smallest failing example."""
-    from hypothesis import HealthCheck, Phase, given, settings
-
-    last: dict[str, Any] = {}
-    unfinished: list[NotImplementedError] = []  # a stub: no need to search and shrink
-
-    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), print_blob=False,
-              report_multiple_bugs=False,
-              phases=(Phase.explicit, Phase.generate, Phase.shrink))
-    @given(**strategies)
-    def prop(**example: Any) -> None:
-        if unfinished:
-            return
-        last.clear()
-        last.update(example)
-        try:
-            body(**example)
-        except NotImplementedError as exc:
-            unfinished.append(exc)
-
-    try:
-        prop()
-        if unfinished:
-            raise unfinished[0]
-    except NotImplementedError:
-        raise
-    except AssertionError as exc:
-        raise CheckFailure(f"fails for {_example(last)}: {_first_line(exc)}") from None
-    except LearnerError as exc:
-        raise LearnerError(f"for {_example(last)}: {exc}", exc.original) from None
-    except LaunchTimeoutError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the learner's code raised
-        if type(exc).__name__ in ("ExceptionGroup", "MultipleFailures", "FlakyFailure"):
-            inner = getattr(exc, "exceptions", [exc])[0]
-            if isinstance(inner, NotImplementedError):
-                raise inner from None
-            raise CheckFailure(f"fails for {_example(last)}: {_first_line(inner)}") from None
-        raise LearnerError(f"for {_example(last)}: {type(exc).__name__}: {exc}", exc) from None
-
+# ---- messages naming an example ----------------------------------------------------------------
 
 def _example(example: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_short(v)}" for k, v in example.items()) or "an example"
