@@ -75,9 +75,28 @@ def test_a_uniform_profile_simulates_the_closed_form(tmp_path) -> None:
 def test_on_a_shared_host_the_two_directions_take_turns(tmp_path) -> None:
     cluster = cal.load_calibrated(cal.save_profile(profile(), tmp_path / "s.json"))
     assert "host.copy" in cluster.route(0, 1).resources
-    # 2 ranks: each ring step moves S/2 each way through one resource: alpha + S / beta
+    # 2 ranks: each ring step moves S/2 each way through one resource, and on a CPU each
+    # message's alpha is work that holds it too: 2 alpha + S / beta per step
     nbytes = 2**20
-    assert cal.predict_ring(cluster, nbytes) == pytest.approx(2 * (25e-6 + nbytes / 3e9))
+    assert cal.predict_ring(cluster, nbytes) == pytest.approx(2 * (2 * 25e-6 + nbytes / 3e9))
+
+
+def test_on_a_shared_host_a_ranks_pipelined_messages_pay_every_alpha(tmp_path) -> None:
+    """Four messages posted at once from rank 0 to rank 1: with alpha a wire delay they
+    would overlap their alphas (alpha + 4 n / beta); on a CPU each pays its own."""
+    from mpgpu_edu.comm import launch
+
+    cluster = cal.load_calibrated(cal.save_profile(profile(), tmp_path / "p.json"))
+
+    def four(comm) -> None:
+        import torch
+        buf = [torch.empty(2**18, device="meta") for _ in range(4)]
+        works = [comm.isend(b, 1) if comm.rank == 0 else comm.irecv(b, 0) for b in buf]
+        for w in works:
+            w.wait()
+
+    n = 2**20  # bytes of each message (2**18 fp32)
+    assert launch(four, cluster).trace.makespan == pytest.approx(4 * (25e-6 + n / 3e9))
 
 
 @pytest.mark.parametrize("content, message", [

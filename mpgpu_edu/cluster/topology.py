@@ -29,12 +29,20 @@ from mpgpu_edu.hardware import LinkSpec
 class Route:
     """What one transfer costs and occupies: ``alpha_s + nbytes / beta_Bps`` seconds when
     nothing else is in flight. ``resources`` are ports, held by one transfer at a time;
-    ``shares`` are (name, bytes/s) caps that concurrent transfers divide fairly."""
+    ``shares`` are (name, bytes/s) caps that concurrent transfers divide fairly.
+
+    ``alpha_holds``: the resources that alpha holds when it is work rather than a delay on
+    the wire (a CPU process's per-message system calls and bookkeeping, done by the sender
+    and the receiver before the bytes are copied); empty (a GPU link's latency, which
+    messages in flight one behind another overlap) by default. Alone, a message costs
+    ``alpha + nbytes / beta`` either way; a rank's pipelined messages pay their alphas one
+    after another when it holds."""
 
     alpha_s: float
     beta_Bps: float
     resources: tuple[str, ...]
     shares: tuple[tuple[str, float], ...] = ()
+    alpha_holds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # A transfer alone still moves no faster than the narrowest cap it crosses (a socket

@@ -18,7 +18,11 @@ Cost model:
     a fair share of its bandwidth at every moment (max-min fair, "processor sharing"), so a
     newcomer slows the others down and a finished transfer speeds them up.
   A transfer moves its bytes at ``min(beta, its fair shares)`` and completes ``alpha`` after
-  its last byte: alone on its route, ``end = start + alpha + bytes / beta``.
+  its last byte: alone on its route, ``end = start + alpha + bytes / beta``. On a route
+  whose alpha is work rather than a wire's delay (``Route.alpha_holds`` names the resources
+  it holds: a CPU process's per-message system calls), the transfer first holds those for
+  ``alpha``, then queues for its whole route, moves its bytes and completes with the last
+  one: the same time alone, but a rank's messages pay their alphas one after another.
 - a blocking send or receive returns when its transfer completes; ``wait`` likewise.
 """
 
@@ -43,6 +47,9 @@ class _Transfer:
     rate: float = 0.0
     since: float = 0.0  # when ``rate`` was last set; ``left`` bytes remained then
     left: float = 0.0
+    resources: tuple[str, ...] = ()  # what it holds now (its alpha's, then its route's)
+    shares: tuple[tuple[str, float], ...] = ()
+    in_alpha: bool = False
 
     @property
     def finish(self) -> float:
@@ -67,11 +74,18 @@ class _Network:
         """``t`` became ready at ``now`` (no earlier than the network's clock)."""
         self._move_to(now)
         t.route = route
-        for port in route.resources:
+        if route.alpha_holds:
+            t.in_alpha, t.resources, t.shares = True, tuple(route.alpha_holds), ()
+        else:
+            t.resources, t.shares = tuple(route.resources), tuple(route.shares)
+        self._enqueue(t)
+        self._share()
+
+    def _enqueue(self, t: _Transfer) -> None:
+        for port in t.resources:
             self.queues.setdefault(port, []).append(t)
         if self._at_heads(t):
             self._start(t)
-        self._share()
 
     def complete_due(self) -> list[_Transfer]:
         """Advance to ``next_time()``; return the transfers whose last byte left then, and start
@@ -79,23 +93,32 @@ class _Network:
         self._move_to(self.next_time())
         done = [t for t in self.active if t.finish <= self.now]
         self.active = [t for t in self.active if t.finish > self.now]
+        freed = [(t, t.resources) for t in done]
+        finished = [t for t in done if not t.in_alpha]
         for t in done:
-            for port in t.route.resources:
+            for port in t.resources:
                 self.queues[port].pop(0)  # a transfer in flight heads each of its queues
         for t in done:
-            for port in t.route.resources:
+            if t.in_alpha:  # its alpha is paid: now it queues for its route's bytes
+                t.in_alpha, t.resources, t.shares = False, t.route.resources, t.route.shares
+                self._enqueue(t)
+        for _, ports in freed:
+            for port in ports:
                 waiting = self.queues[port]
                 if waiting and waiting[0] not in self.active and self._at_heads(waiting[0]):
                     self._start(waiting[0])
         self._share()
-        return done
+        return finished
 
     def _at_heads(self, t: _Transfer) -> bool:
-        return all(self.queues[port][0] is t for port in t.route.resources)
+        return all(self.queues[port][0] is t for port in t.resources)
 
     def _start(self, t: _Transfer) -> None:
-        t.start = t.since = self.now
-        t.left, t.rate = float(t.send.nbytes), 0.0
+        if t.in_alpha or not t.route.alpha_holds:
+            t.start = self.now  # a transfer starts when it first holds anything
+        t.since = self.now
+        t.left = t.route.alpha_s * t.route.beta_Bps if t.in_alpha else float(t.send.nbytes)
+        t.rate = 0.0
         self.active.append(t)
 
     def _move_to(self, time: float) -> None:
@@ -115,21 +138,21 @@ class _Network:
 def _fair_rates(flows: list[_Transfer]) -> list[float]:
     """Max-min fair (progressive filling) rates of ``flows`` over their shared caps."""
     rates: list[float | None] = [None] * len(flows)
-    room = {name: cap for t in flows for name, cap in t.route.shares}
+    room = {name: cap for t in flows for name, cap in t.shares}
     while any(r is None for r in rates):
         open_ = [i for i, r in enumerate(rates) if r is None]
-        users = {name: [i for i in open_ if name in dict(flows[i].route.shares)]
+        users = {name: [i for i in open_ if name in dict(flows[i].shares)]
                  for name in room}
         level = min([flows[i].route.beta_Bps for i in open_]
                     + [room[name] / len(ids) for name, ids in users.items() if ids])
         for i in open_:
-            full = [name for name, _ in flows[i].route.shares
+            full = [name for name, _ in flows[i].shares
                     if room[name] / len(users[name]) <= level]
             if flows[i].route.beta_Bps <= level or full:
                 rates[i] = level
         for i in open_:
             if rates[i] is not None:
-                for name, _ in flows[i].route.shares:
+                for name, _ in flows[i].shares:
                     room[name] = max(0.0, room[name] - level)  # rounding never goes below 0
     return [float(r) for r in rates]
 
@@ -266,7 +289,8 @@ class _Replay:
     def _complete(self, t: _Transfer) -> None:
         """``t`` sent its last byte at the network's clock; it completes ``alpha`` later."""
         src, dst, nbytes = t.send.src, t.send.dst, t.send.nbytes
-        t.end = t.since + t.route.alpha_s + t.left / t.rate
+        alpha = 0.0 if t.route.alpha_holds else t.route.alpha_s  # paid before, when it holds
+        t.end = t.since + alpha + t.left / t.rate
         label = f"tag {t.send.tag}" if t.send.tag else ""
         self.events.append(Event(src, "comm", "send", t.start, t.end, label or f"to {dst}",
                                  nbytes=nbytes, peer=dst))
