@@ -198,6 +198,14 @@ def test_gpt2_small_by_hand() -> None:
                                              "final_norm": 2 * d, "lm_head": 0}
 
 
+def test_gpt_22b_by_hand() -> None:
+    """Korthikanti et al. 2022's 22B GPT: 12 l h^2 in the layers, plus embeddings."""
+    d, v, positions, layers = 6144, 51200, 2048, 48
+    per_layer = 12 * d * d + 13 * d  # weights, biases (3d + d + 4d + d) and two LayerNorms (4d)
+    assert spec_params("gpt-22b") == v * d + positions * d + layers * per_layer + 2 * d
+    assert 22.0e9 < spec_params("gpt-22b") < 22.2e9
+
+
 def test_llama_7b_by_hand() -> None:
     d, f, v, layers = 4096, 11008, 32000, 32
     per_layer = 4 * d * d + 3 * d * f + 2 * d          # attention, SwiGLU MLP, two RMSNorms

@@ -19,7 +19,9 @@ Transformer Models" (2022), section 4: eager or flash attention, no, selective o
 recomputation, tensor parallelism; ``activation_terms`` adds the embedding and the logits.
 
 Sources: GPT-2, Radford et al. (2019) and the released checkpoints; LLaMA, Touvron et al.,
-"LLaMA: Open and Efficient Foundation Language Models" (2023), table 2.
+"LLaMA: Open and Efficient Foundation Language Models" (2023), table 2; gpt-22b, the 22B GPT
+of Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+(2022), table 3 (48 layers, width 6144, 64 heads, vocabulary 51,200, sequences of 2048).
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ def _gpt2(name: str, n_layers: int, d_model: int, n_heads: int) -> DecoderSpec:
                        n_positions=1024)
 
 
+def _megatron_gpt(name: str, n_layers: int, d_model: int, n_heads: int) -> DecoderSpec:
+    """GPT as Megatron-LM trains it: GPT-2's layer, a 51,200-token vocabulary, 2048 learned
+    positions (the models of Korthikanti et al. 2022, table 3)."""
+    return DecoderSpec(name, n_layers, d_model, n_heads, d_ff=4 * d_model, vocab_size=51200,
+                       n_positions=2048)
+
+
 def _llama(name: str, n_layers: int, d_model: int, n_heads: int, d_ff: int) -> DecoderSpec:
     return DecoderSpec(name, n_layers, d_model, n_heads, d_ff, vocab_size=32000, mlp="swiglu",
                        bias=False, norm="rmsnorm", tied_embeddings=False)
@@ -63,6 +72,7 @@ PRESETS: dict[str, DecoderSpec] = {
         _gpt2("gpt2-medium", 24, 1024, 16),
         _gpt2("gpt2-large", 36, 1280, 20),
         _gpt2("gpt2-xl", 48, 1600, 25),
+        _megatron_gpt("gpt-22b", 48, 6144, 64),
         _llama("llama-7b", 32, 4096, 32, 11008),
         _llama("llama-13b", 40, 5120, 40, 13824),
     )
