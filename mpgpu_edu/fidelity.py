@@ -9,10 +9,10 @@ marks a gap: no published measurement was found for that preset, and the row say
 ``kind="other-config"`` marks a measurement taken on a configuration the preset does not
 model (shown in the table, checked neither way; ``known_miss`` says how it differs).
 
-Bandwidth rows model NCCL's ring as NCCL runs it: the pipelined ring
-(``collectives.ring_fast.RingAllReduce``) with segments of NCCL's 2 MiB chunk, not the
-course's step-by-step ``all_reduce_ring``; the multi-channel rows still run the step-by-step
-ring per rail (``collectives/multichannel.py`` cannot take the pipelined one).
+Bandwidth rows model NCCL's ring as NCCL runs it (``collectives.nccl_ring``): 24 channels on
+one node, one ring per NIC rail on two, chunks of NCCL's 2 MiB pipelined, the reduction done
+inside the copy; not the course's step-by-step ``all_reduce_ring``. The flat two-node rows
+run one pipelined ring (``ring_fast.RingAllReduce``) through one NIC.
 
 ``simulate(row)`` recomputes the simulated number with the package; ``tests/test_fidelity.py``
 checks every compared row against its tolerance, and that the table in ``docs/fidelity.md`` is
@@ -42,7 +42,7 @@ class Row:
 
     key: str
     preset: str
-    quantity: str  # "busbw" (bytes/s), "latency" (s) or "mfu" (fraction of peak)
+    quantity: str  # "busbw" (bytes/s), "latency" (s), "mfu" (fraction of peak), "step" (s)
     setup: str  # what is simulated, in words
     published: float | None
     published_text: str  # the published figure as the source states it
@@ -50,14 +50,16 @@ class Row:
     kind: str  # "calibration", "validation", "other-config" or "gap"
     sets: str  # which parameter the published point set (calibration) or "none"
     tolerance: float = BANDWIDTH_TOLERANCE
-    # "ring_pipelined" (RingAllReduce, segments of ``segment_bytes``), "multichannel" (one
-    # step-by-step ring per rail), or an ``all_reduce`` algo: "ring", "tree", "naive"
+    # "nccl" (collectives.nccl_ring, 24 channels), "nccl_rails" (the same, one ring per NIC
+    # rail), "ring_pipelined" (RingAllReduce, segments of ``segment_bytes``), or an
+    # ``all_reduce`` algo: "ring", "tree", "naive"
     algo: str = "ring_pipelined"
     nbytes: int = GIB
     # Why the row is outside its tolerance today ("" when it is not); for a gap, why there is
     # no published number; for "other-config", how the measured machine differs.
     known_miss: str = ""
     segment_bytes: int | None = None  # for "ring_pipelined"; None: NCCL_CHUNK_BYTES
+    step: tuple[tuple[str, object], ...] = ()  # for "step": estimate.StepSetup's arguments
 
 
 # NCCL's ring all-reduce moves data in chunks of ALLREDUCE_CHUNKSTEPS (NCCL_STEPS / 2 = 4)
@@ -66,41 +68,31 @@ class Row:
 # ring's segment is set to that chunk; it is also ring_fast.SEGMENT_BYTES. Not fitted.
 NCCL_CHUNK_BYTES = 2 * MIB
 
-_SEGMENTS = ("the pipelined ring at NCCL's 2 MiB chunk pays, per segment, one message latency "
-             "(alpha 3 us) and one add kernel (5 us launch plus HBM traffic); NCCL's single "
-             "persistent kernel reduces inside the copy with several steps in flight per "
-             "channel and pays neither per chunk")
-_LOCKSTEP = ("collectives/multichannel.py runs the step-by-step ring per channel (all channels "
-             "in lockstep, each received chunk added after its transfer) and cannot take the "
-             "pipelined ring per channel: RingAllReduce picks its neighbours as rank +-1 and "
-             "blocks on its own waits, so one instance per channel would run the channels one "
-             "after another; the serial adds stay")
+_NCCL = "NCCL's ring (24 channels, 2 MiB chunks, reduction in the copy), 1 GiB"
+_RAILS = ("NCCL's ring on two nodes: one ring per rail (8 NICs), 2 MiB chunks, reduction in "
+          "the copy, 1 GiB")
 
 ROWS: tuple[Row, ...] = (
     # --- NVLink / NVSwitch nodes ---------------------------------------------------------
-    Row("h100x8-ring-1g", "8xH100-nvswitch", "busbw",
-        "pipelined ring all-reduce (2 MiB segments), 1 GiB",
+    Row("h100x8-ring-1g", "8xH100-nvswitch", "busbw", _NCCL,
         370 * GB, "~370 GB/s busbw with NCCL_ALGO=RING on 8x H100",
         "NVIDIA/nccl-tests#212 (sjeaugey, NVIDIA)", "calibration",
-        "nvlink4-nvswitch beta_Bps = 370 GB/s",
-        known_miss=_SEGMENTS + ": simulated busbw is ~277 GB/s, 25% under"),
-    Row("h100x4-ring-1g", "4xH100-nvswitch", "busbw",
-        "pipelined ring all-reduce (2 MiB segments), 1 GiB",
+        "nvlink4-nvswitch beta_Bps = 370 GB/s", algo="nccl"),
+    Row("h100x4-ring-1g", "4xH100-nvswitch", "busbw", _NCCL,
         370 * GB, "~370 GB/s busbw with NCCL_ALGO=RING (stated for 8x H100; ring busbw is "
         "defined to be independent of N, no 4-GPU measurement found)",
         "NVIDIA/nccl-tests#212 (sjeaugey, NVIDIA)", "calibration",
         "nvlink4-nvswitch beta_Bps (same source as the 8-GPU row, not an independent point)",
-        known_miss=_SEGMENTS + ": simulated busbw is ~277 GB/s, 25% under"),
-    Row("a100x8-ring-1g", "8xA100-nvlink", "busbw",
-        "pipelined ring all-reduce (2 MiB segments), 1 GiB",
+        algo="nccl"),
+    Row("a100x8-ring-1g", "8xA100-nvlink", "busbw", _NCCL,
         200 * GB, "~200 GB/s busbw, all_reduce_perf on 8x A100-SXM4-80GB (as cited in "
         "mpgpu_edu/hardware.py)", "NVIDIA/nccl-tests#149", "calibration",
-        "nvlink3 beta_Bps = 230 GB/s (chosen inside the 195-240 GB/s range this point is in)"),
-    Row("a100x4-ring-1g", "4xA100-nvlink", "busbw",
-        "pipelined ring all-reduce (2 MiB segments), 1 GiB",
+        "nvlink3 beta_Bps = 205 GB/s (set so that this row matches)", algo="nccl"),
+    Row("a100x4-ring-1g", "4xA100-nvlink", "busbw", _NCCL,
         200 * GB, "~200 GB/s busbw (measured on 8x A100; no 4-GPU measurement found)",
         "NVIDIA/nccl-tests#149", "calibration",
-        "nvlink3 beta_Bps (same source as the 8-GPU row, not an independent point)"),
+        "nvlink3 beta_Bps (same source as the 8-GPU row, not an independent point)",
+        algo="nccl"),
     Row("h100-p2p-8b", "8xH100-nvswitch", "latency", "one 8-byte send/recv between 2 GPUs",
         3e-6, "~3 us sendrecv_perf over NVLink at small sizes, 2x H100 (as cited in "
         "mpgpu_edu/hardware.py)", "NVIDIA/nccl#1487", "calibration",
@@ -139,26 +131,22 @@ ROWS: tuple[Row, ...] = (
         "performance per 200G NIC'; 3 nodes of 8x A100 with 4 NICs reached ~96 GB/s)",
         "NVIDIA/nccl-tests#119 (sjeaugey, NVIDIA)", "calibration",
         "ib-hdr beta_Bps = 24 GB/s"),
-    Row("a100-2x8-multichannel", "2x8xA100-ib", "busbw",
-        "multi-channel step-by-step ring all-reduce, one ring per rail (8 NICs), 1 GiB",
+    Row("a100-2x8-multichannel", "2x8xA100-ib", "busbw", _RAILS,
         192 * GB, "192 GB/s AllReduce busbw measured on a DGX-A100 system with 8x 200 Gb/s "
         "IB cards (in a thread on two-node NCCL_ALGO=RING runs; the node count of NVIDIA's "
         "figure is not stated)", "NVIDIA/nccl#812 (AddyLaddy, NVIDIA)", "validation",
-        "none (ib-hdr beta_Bps came from NVIDIA/nccl-tests#119)", algo="multichannel",
-        known_miss=_LOCKSTEP + ": simulated busbw is ~154 GB/s, 20% under"),
+        "none (ib-hdr beta_Bps came from NVIDIA/nccl-tests#119)", algo="nccl_rails"),
     Row("h100-2x8-flat-ring", "2x8xH100-ib", "busbw",
         "flat pipelined ring (2 MiB segments) over 16 GPUs, through one NIC, 1 GiB",
         47 * GB, "'for NDR @ 400Gbps you should see 46-48GB/s per NIC' (midpoint used)",
         "NVIDIA/nccl-tests#290 (AddyLaddy, NVIDIA)", "calibration",
         "ib-ndr beta_Bps = 47 GB/s"),
-    Row("h100-2x8-multichannel", "2x8xH100-ib", "busbw",
-        "multi-channel step-by-step ring all-reduce, one ring per rail (8 NICs), 1 GiB",
+    Row("h100-2x8-multichannel", "2x8xH100-ib", "busbw", _RAILS,
         370 * GB, "no two-node measurement found: the expected ~370 GB/s is min(NVLink 370, "
         "8 x 47 NDR) from the two calibration points above, not a measurement",
         "NVIDIA/nccl-tests#212 and #290 (combined)", "calibration",
         "nvlink4-nvswitch and ib-ndr beta_Bps (derived, not an independent point)",
-        algo="multichannel",
-        known_miss=_LOCKSTEP + ": simulated busbw is ~278 GB/s, 25% under"),
+        algo="nccl_rails"),
     # --- CPU (gloo) presets --------------------------------------------------------------
     Row("gloo-2", "2xCPU-gloo", "busbw", "ring all-reduce, 1 GiB", None, "none", "-", "gap",
         "none", known_miss="the gloo presets are rough defaults for a laptop, not a "
@@ -179,6 +167,33 @@ ROWS: tuple[Row, ...] = (
         "H100 efficiency = 0.40"),
 )
 
+
+# Korthikanti et al. 2022, table 3 (configuration) and table 5 (end-to-end iteration time): the
+# 22B GPT on one DGX A100 (8 GPUs, TP 8, no data or pipeline parallelism), global batch 4 =
+# one micro-batch of 4 sequences of 2048 tokens. Their kernels of 2022 materialise the
+# attention scores (Megatron's fused softmax), so the rows simulate eager attention.
+_KORTHIKANTI = ("Korthikanti et al., 'Reducing Activation Recomputation in Large Transformer "
+                "Models', 2022, tables 3 and 5")
+_22B = (("model", "gpt-22b"), ("strategy", "tensor"), ("micro_batch", 4), ("seq", 2048),
+        ("accumulate", 1), ("attention", "eager"))
+STEP_ROWS: tuple[Row, ...] = (
+    Row("a100x8-22b-tp8-selective", "8xA100-nvlink", "step",
+        "one training step of the 22B GPT, tensor parallel over 8 GPUs, micro-batch 4 x 2048 "
+        "tokens, selective recomputation (simulate step)",
+        1.10, "1.10 s per iteration, 41.5% MFU, with sequence parallelism and selective "
+        "recomputation ('present work'; the simulator has no sequence parallelism, which the "
+        "paper measures as 3% faster per layer)", _KORTHIKANTI, "validation",
+        "none (A100 efficiency 0.52 came from Narayanan et al. 2021's 1T run on 3,072 GPUs; "
+        "nvlink3 beta from NVIDIA/nccl-tests#149)",
+        step=_22B + (("recompute", "selective"),)),
+    Row("a100x8-22b-tp8-full", "8xA100-nvlink", "step",
+        "the same step with full recomputation",
+        1.42, "1.42 s per iteration with full recomputation, without sequence parallelism",
+        _KORTHIKANTI, "validation", "none (as the row above)",
+        step=_22B + (("recompute", "full"),)),
+)
+ROWS = ROWS + STEP_ROWS
+
 # GPT-3 175B: hidden 12288, MLP 4 x hidden; a micro-batch of one 2048-token sequence.
 GEMM_M, GEMM_K, GEMM_N = 2048, 12288, 4 * 12288
 
@@ -194,11 +209,17 @@ def simulate(row: Row) -> float:
 
     from mpgpu_edu.cluster import Cluster
     from mpgpu_edu.collectives import all_reduce, cost
-    from mpgpu_edu.collectives.multichannel import all_reduce_multichannel, rail_rings
+    from mpgpu_edu.collectives.multichannel import rail_rings
+    from mpgpu_edu.collectives.nccl_ring import all_reduce_nccl
     from mpgpu_edu.collectives.ring_fast import RingAllReduce
     from mpgpu_edu.comm import launch
 
     cluster = Cluster.preset(row.preset)
+    if row.quantity == "step":
+        from mpgpu_edu.estimate import StepSetup, simulate_step
+
+        report, _ = simulate_step(StepSetup(cluster=row.preset, **dict(row.step)))
+        return report["step_s"]
     if row.quantity == "mfu":
         flops = 2.0 * GEMM_M * GEMM_K * GEMM_N
         nbytes = 2 * (GEMM_M * GEMM_K + GEMM_K * GEMM_N + GEMM_M * GEMM_N)  # bf16
@@ -215,12 +236,11 @@ def simulate(row: Row) -> float:
         return launch(pingpong, cluster.with_visible("0,1"), row.nbytes).trace.makespan
     numel = row.nbytes // 4  # fp32, as all_reduce_perf's default
     n = cluster.world_size
-    if row.algo == "multichannel":
-        nodes, per_node = 2, n // 2
+    if row.algo in ("nccl", "nccl_rails"):
+        rings = rail_rings(2, n // 2) if row.algo == "nccl_rails" else None
 
         def program(comm):
-            all_reduce_multichannel(comm, torch.empty(numel, device="meta"),
-                                    rail_rings(nodes, per_node))
+            all_reduce_nccl(comm, torch.empty(numel, device="meta"), rings=rings)
     elif row.algo == "ring_pipelined":
         segment = NCCL_CHUNK_BYTES if row.segment_bytes is None else row.segment_bytes
 
@@ -248,6 +268,8 @@ def _fmt(quantity: str, value: float | None) -> str:
         return f"{value / GB:.1f} GB/s"
     if quantity == "latency":
         return f"{value * 1e6:.1f} us"
+    if quantity == "step":
+        return f"{value:.3f} s"
     return f"{value:.3f}"
 
 

@@ -180,13 +180,14 @@ LINKS: dict[str, LinkSpec] = {
                 "as Gen4"),
     ),
     "nvlink3": LinkSpec(
-        name="nvlink3", alpha_s=3e-6, beta_Bps=230e9, peak_Bps=300e9,
+        name="nvlink3", alpha_s=3e-6, beta_Bps=205e9, peak_Bps=300e9,
         source=("peak: NVIDIA A100 Tensor Core GPU Architecture whitepaper, 12 NVLink3 x 25 "
-                "GB/s = 300 GB/s per direction per GPU. effective 230 GB/s: NCCL loses ~20% "
-                "to protocol overhead (sjeaugey, NVIDIA/nccl-tests#212), i.e. ~240; 8x "
+                "GB/s = 300 GB/s per direction per GPU. effective 205 GB/s: 8x "
                 "A100-SXM4-80GB all_reduce_perf measured ~200 GB/s busbw "
-                "(NVIDIA/nccl-tests#149) and 8x A100 sendrecv_perf 195 GB/s per direction "
-                "(li-plus/playground, cuda/nccl.md); 230 sits in that range. alpha 3 us: the "
+                "(NVIDIA/nccl-tests#149), which NCCL's ring as the simulator models it "
+                "(collectives/nccl_ring.py: 24 channels, reduction in the copy) reaches at a "
+                "per-direction rate of 205; 8x A100 sendrecv_perf 195 GB/s per direction "
+                "(li-plus/playground, cuda/nccl.md) agrees. alpha 3 us: the "
                 "NVLink4 figure (no A100 small-message measurement cited)"),
     ),
     "nvlink4-nvswitch": LinkSpec(

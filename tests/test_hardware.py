@@ -75,7 +75,7 @@ def test_effective_pcie_is_below_raw_rate() -> None:
 def test_the_ordering_the_course_teaches() -> None:
     # NVLink beats PCIe by about an order of magnitude; NVLink latency is lower than PCIe's.
     assert LINKS["nvlink3"].peak_Bps > 9 * LINKS["pcie4-x16"].peak_Bps
-    assert LINKS["nvlink3"].beta_Bps > 9 * LINKS["pcie4-x16"].beta_Bps
+    assert LINKS["nvlink3"].beta_Bps > 8 * LINKS["pcie4-x16"].beta_Bps
     assert LINKS["nvlink4-nvswitch"].beta_Bps > LINKS["nvlink3"].beta_Bps
     assert LINKS["nvlink3"].alpha_s < LINKS["pcie4-x16"].alpha_s
     # Tensor cores: half precision is faster than fp32 on every GPU.

@@ -116,7 +116,7 @@ def test_on_two_sockets_the_socket_link_slows_the_ring_but_it_still_beats_naive(
 def test_links_show_peak_and_effective_and_routes_their_shared_caps() -> None:
     text = l01.describe_links(["pcie4-x16", "nvlink3", "loopback-gloo"]).splitlines()
     assert "peak  31.5 GB/s, effective  24.0 GB/s" in text[0]
-    assert "peak 300.0 GB/s, effective 230.0 GB/s ( 77% of peak)" in text[1]
+    assert "peak 300.0 GB/s, effective 205.0 GB/s ( 68% of peak)" in text[1]
     assert "no peak figure" in text[2]
     cross = l01.describe_route("8xRTX4090-pcie", 0, 7)
     assert "alone  10 GB/s" in cross and "socket0to1 10" in cross
@@ -131,7 +131,9 @@ def test_bus_bandwidth_and_the_comparison_with_published_figures() -> None:
         simulated, figure, error, cited = l01.compare_with_published(preset, 2**30)
         assert figure == published and cited == citation
         assert error == pytest.approx(simulated / published - 1)
-        assert -0.25 < error < 0.05  # below the measurement: the adds NCCL fuses are charged
+        assert -0.25 < error < -0.05  # below the measurement: its adds are kernels of their own
+        nccl, _, nccl_error, _ = l01.compare_with_published(preset, 2**30, "nccl")
+        assert abs(nccl_error) < 0.05 and nccl > simulated  # NCCL's engineering closes the gap
         source = LINKS["nvlink3" if "A100" in preset else "nvlink4-nvswitch"].source
         assert citation.split("(")[1].split(",")[0] in source  # the issue the link cites
 

@@ -89,7 +89,7 @@ def test_visible_devices_are_renumbered_and_the_others_greyed_out() -> None:
     assert gids(fig, "physical:") == ["physical:2", "physical:6"]
     assert gids(fig, "arrow:") == ["arrow:2->1", "arrow:6->0"]
     assert texts(fig, "logical-name") == ["cuda:0 = GPU 6", "cuda:1 = GPU 2"]
-    assert texts(fig, "link-label") == ["NVLink 3: 230 GB/s per GPU"]
+    assert texts(fig, "link-label") == ["NVLink 3: 205 GB/s per GPU"]
     assert "'6,2'" in texts(fig, "visible-label")[0]
     hidden = next(p for p in fig.axes[0].patches if p.get_gid() == "hidden:0")
     assert hidden.get_linestyle() == "--"

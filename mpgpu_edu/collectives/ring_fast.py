@@ -125,7 +125,7 @@ class RingAllReduce:
     def _reduce(self, comm: Communicator, flat: torch.Tensor, op: str, plan: RingPlan) -> None:
         n, tag, isend, irecv = comm.world_size, self.tag, comm.isend, comm.irecv
         right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
-        segs = flat.split(plan.sizes)
+        segs = flat.split_with_sizes(plan.sizes)  # (Tensor.split imports torch._dynamo)
         outgoing, incoming, buffers = plan.outgoing, plan.incoming, plan.buffers
         units = len(outgoing)
         last = units - plan.segments  # units from here on finish a chunk: this rank's own

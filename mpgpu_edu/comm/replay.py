@@ -136,24 +136,31 @@ class _Network:
 
 
 def _fair_rates(flows: list[_Transfer]) -> list[float]:
-    """Max-min fair (progressive filling) rates of ``flows`` over their shared caps."""
-    rates: list[float | None] = [None] * len(flows)
-    room = {name: cap for t in flows for name, cap in t.shares}
-    while any(r is None for r in rates):
-        open_ = [i for i, r in enumerate(rates) if r is None]
-        users = {name: [i for i in open_ if name in dict(flows[i].shares)]
-                 for name in room}
-        level = min([flows[i].route.beta_Bps for i in open_]
-                    + [room[name] / len(ids) for name, ids in users.items() if ids])
-        for i in open_:
-            full = [name for name, _ in flows[i].shares
-                    if room[name] / len(users[name]) <= level]
-            if flows[i].route.beta_Bps <= level or full:
-                rates[i] = level
-        for i in open_:
-            if rates[i] is not None:
-                for name, _ in flows[i].shares:
-                    room[name] = max(0.0, room[name] - level)  # rounding never goes below 0
+    """Max-min fair (progressive filling) rates of ``flows`` over their shared caps: raise
+    every open flow's rate together to the next level at which one meets its route's ``beta``
+    or a cap it crosses is full (cap / its open users); fix those flows there; repeat."""
+    rates = [0.0] * len(flows)
+    caps = [tuple(name for name, _ in t.shares) for t in flows]
+    betas = [t.route.beta_Bps for t in flows]
+    room: dict[str, float] = {}
+    users: dict[str, int] = {}
+    for t, names in zip(flows, caps):
+        for name, cap in t.shares:
+            room[name] = cap
+            users[name] = users.get(name, 0) + 1
+    open_ = [i for i in range(len(flows))]
+    while open_:
+        shares = {name: room[name] / count for name, count in users.items() if count}
+        level = min(min(betas[i] for i in open_), min(shares.values(), default=float("inf")))
+        full = {name for name, share in shares.items() if share <= level}
+        fixed = [i for i in open_ if betas[i] <= level or any(n in full for n in caps[i])]
+        for i in fixed:
+            rates[i] = level
+            for name in caps[i]:
+                room[name] = max(0.0, room[name] - level)  # rounding never goes below 0
+                users[name] -= 1
+        done = set(fixed)
+        open_ = [i for i in open_ if i not in done]
     return [float(r) for r in rates]
 
 

@@ -359,10 +359,18 @@ def bus_bandwidth(nbytes: float, world_size: int, seconds: float) -> float:
 def compare_with_published(preset: str, nbytes: int, algo: AllReduce = "ring"
                            ) -> tuple[float, float, float, str]:
     """(simulated bus bandwidth, published, relative error, citation) of the all-reduce
-    ``algo`` of ``nbytes`` on ``preset``, against ``PUBLISHED_BUSBW[preset]``."""
+    ``algo`` of ``nbytes`` on ``preset``, against ``PUBLISHED_BUSBW[preset]``. ``algo="nccl"``:
+    the ring as NCCL runs it (``collectives.nccl_ring``: 24 rings at once, the adds inside the
+    copies)."""
     published, citation = PUBLISHED_BUSBW[preset]
     cluster = Cluster.preset(preset)
-    seconds = run_all_reduce(algo, cluster, nbytes).trace.makespan
+    if algo == "nccl":
+        from mpgpu_edu.collectives.nccl_ring import all_reduce_nccl
+
+        seconds = launch(lambda comm: all_reduce_nccl(
+            comm, torch.empty(nbytes // 4, device="meta")), cluster).trace.makespan
+    else:
+        seconds = run_all_reduce(algo, cluster, nbytes).trace.makespan
     simulated = bus_bandwidth(nbytes, cluster.world_size, seconds)
     return simulated, published, simulated / published - 1, citation
 
