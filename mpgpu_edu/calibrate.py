@@ -35,7 +35,10 @@ Per-message work. On a GPU link alpha is mostly a delay: messages in flight one 
 another overlap their latencies. Between processes on one CPU it is work (system calls, the
 transport's bookkeeping) done by the same cores that copy the bytes, so a gloo profile's
 routes say that alpha holds them (``Route.alpha_holds``): a rank's pipelined messages each
-pay it, one after another. Without that, the simulated engineered ring (2 MiB segments, many
+pay it, one after another. Two ranks do part of that work side by side, on their own cores,
+and part of it competes with the copies for the cores they share: the exchanges measure how
+much (``fit_shared_alpha``: ``exchange(n) = (1 + alpha_shared) alpha + 2 n / beta``), and
+``alpha_shared`` of every alpha holds the host as the bytes do. Without that, the simulated engineered ring (2 MiB segments, many
 messages in flight) came out 19-26% faster than the measured one at 16 and 64 MiB.
 
 Checking the model. The same job also times our two rings (the readable
@@ -185,6 +188,24 @@ def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]
     return float(alpha), float(scale / slope)
 
 
+def fit_shared_alpha(points: Sequence[tuple[float, float, float]], alpha: float,
+                     beta: float) -> float:
+    """The fraction ``sigma`` of alpha that two ranks exchanging messages cannot do side by
+    side, from ``(bytes, one-way seconds, exchange seconds)`` points: least squares on
+    relative error of ``exchange(n) = (1 + sigma) alpha + 2 n / beta`` (both messages' bytes
+    go through the one host; of the two alphas, one is paid and sigma of the other), clamped
+    to [0, 1]. 1 when alpha is 0 (nothing to split)."""
+    if alpha <= 0:
+        return 1.0
+    num = den = 0.0
+    for n, _, x in points:
+        if x <= 0:
+            continue
+        a, c = alpha / x, (alpha + 2 * n / beta - x) / x
+        num, den = num - a * c, den + a * a
+    return min(1.0, max(0.0, num / den)) if den else 1.0
+
+
 def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = DEFAULT_REPEATS, backend: str = "gloo",
               allreduce_sizes: Sequence[int] = ALLREDUCE_SIZES,
@@ -214,6 +235,8 @@ def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
     mine = result.results[0]
     points = [(n, statistics.median(ts)) for n, ts in zip(sizes, mine["one_way"])]
     alpha, beta = fit_alpha_beta(points)
+    shared = fit_shared_alpha([(n, t, statistics.median(x)) for (n, t), x
+                               in zip(points, mine["exchange"])], alpha, beta)
     medians = combine([{k: r[k] for k in ("ring", "ring_fast", "builtin", "add")}
                        for r in result.results])
     add_points = [(3 * 4 * max(n // 4, 1), t) for n, t in zip(add_sizes, medians["add"])]
@@ -222,8 +245,10 @@ def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
     except ValueError:  # a machine too noisy to tell: the profile leaves adds unmodelled
         overhead, memory = None, None
     return {"format": FORMAT, "backend": backend, "world_size": world_size,
-            "alpha_s": alpha, "beta_Bps": beta,
+            "alpha_s": alpha, "beta_Bps": beta, "alpha_shared": shared,
             "fit": "t(n) = alpha + n / beta, least squares on relative error",
+            "exchange_fit": ("exchange(n) = (1 + alpha_shared) alpha + 2 n / beta, least "
+                             "squares on relative error"),
             "topology": "shared_host" if backend == "gloo" else "uniform",
             "points": [{"bytes": n, "seconds": t, "exchange_seconds": statistics.median(x)}
                        for (n, t), x in zip(points, mine["exchange"])],
@@ -262,6 +287,9 @@ def read_profile(path: str | Path) -> dict:
             and alpha >= 0 and beta > 0):
         raise ValueError(f"{str(path)!r}: alpha_s must be >= 0 and beta_Bps > 0, got "
                          f"{alpha!r} and {beta!r}")
+    shared = profile.get("alpha_shared", 1.0)
+    if not (isinstance(shared, (int, float)) and 0 <= shared <= 1):
+        raise ValueError(f"{str(path)!r}: alpha_shared must be between 0 and 1, got {shared!r}")
     memory, overhead = profile.get("memory_Bps"), profile.get("op_overhead_s")
     if memory is not None and not (isinstance(memory, (int, float)) and memory > 0):
         raise ValueError(f"{str(path)!r}: memory_Bps must be > 0 (or absent), got {memory!r}")
@@ -274,13 +302,16 @@ def read_profile(path: str | Path) -> dict:
     return profile
 
 
-def shared_host(n: int, alpha_s: float, beta_Bps: float, name: str) -> topology.Topology:
+def shared_host(n: int, alpha_s: float, beta_Bps: float, name: str,
+                alpha_shared: float = 1.0) -> topology.Topology:
     """``n`` processes on one machine: every transfer holds its sender's out port, its
     receiver's in port and the one ``host.copy`` resource (the cores that copy the bytes
-    through the kernel), so two transfers at once take twice as long, in either direction."""
+    through the kernel), so two transfers at once take twice as long, in either direction.
+    Alpha is per-message work: ``alpha_shared`` of it also holds ``host.copy``, the rest only
+    the two ports (two ranks do that part side by side)."""
     def route_of(s: int, d: int) -> Route:
         return Route(alpha_s, beta_Bps, (f"gpu{s}.out", "host.copy", f"gpu{d}.in"),
-                     alpha_holds=(f"gpu{s}.out", "host.copy", f"gpu{d}.in"))
+                     alpha_holds=(f"gpu{s}.out", f"gpu{d}.in"), alpha_shared=alpha_shared)
 
     links = [LinkInfo(f"gpu{g}", "host", name, beta_Bps, "host.copy") for g in range(n)]
     return topology.Topology("shared_host", n, route_of, links, {"host": tuple(range(n))})
@@ -304,7 +335,9 @@ def load_calibrated(path: str | Path | None = None, world_size: int | None = Non
                          "load_calibrated(path, gpu='H100-SXM-80GB')")
     alpha, beta = profile["alpha_s"], profile["beta_Bps"]
     name = f"loopback-{backend} (calibrated)"
-    wiring = (shared_host(n, alpha, beta, name) if profile.get("topology") == "shared_host"
+    shared = float(profile.get("alpha_shared", 1.0))
+    wiring = (shared_host(n, alpha, beta, name, shared)
+              if profile.get("topology") == "shared_host"
               else topology.uniform(n, alpha, beta, spec_name=name))
     memory = profile.get("memory_Bps") or 0.0
     overhead = (profile.get("op_overhead_s") or 0.0) if memory else 0.0

@@ -191,3 +191,33 @@ def test_bad_memory_numbers_say_what_is_wrong(tmp_path, extra, message) -> None:
     path = cal.save_profile(profile(**extra), tmp_path / "bad.json")
     with pytest.raises(ValueError, match=message):
         cal.load_calibrated(path)
+
+
+def test_the_shared_part_of_alpha_is_fitted_from_the_exchanges() -> None:
+    alpha, beta = 250e-6, 3e9
+    for sigma in (0.0, 0.4, 1.0):
+        points = [(n, alpha + n / beta, (1 + sigma) * alpha + 2 * n / beta)
+                  for n in (0, 2**12, 2**20, 2**24)]
+        assert cal.fit_shared_alpha(points, alpha, beta) == pytest.approx(sigma, abs=1e-9)
+    # noise past either end is clamped
+    assert cal.fit_shared_alpha([(0, alpha, 3 * alpha)], alpha, beta) == 1.0
+    assert cal.fit_shared_alpha([(0, alpha, 0.5 * alpha)], alpha, beta) == 0.0
+
+
+@pytest.mark.parametrize("sigma", [0.0, 0.5])
+def test_an_exchange_pays_one_alpha_and_the_shared_part_of_the_other(sigma, tmp_path) -> None:
+    from mpgpu_edu.comm import launch
+
+    path = cal.save_profile({**profile(), "alpha_shared": sigma}, tmp_path / "x.json")
+    cluster = cal.load_calibrated(path)
+
+    def exchange(comm) -> None:
+        import torch
+        out, into = torch.empty(2**18, device="meta"), torch.empty(2**18, device="meta")
+        work = comm.isend(out, 1 - comm.rank)
+        comm.recv(into, 1 - comm.rank)
+        work.wait()
+
+    n = 2**20
+    assert launch(exchange, cluster).trace.makespan == pytest.approx(
+        (1 + sigma) * 25e-6 + 2 * n / 3e9)

@@ -41,7 +41,7 @@ def test_text_summary(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["ddp", "--world-size", "25"], "batch of 24 samples cannot be split over 25 ranks"),
-    (["ddp", "--world-size", "0"], "world size must be at least 1"),
+    (["ddp", "--world-size", "0"], "--world-size: must be at least 1"),
     (["ps", "--world-size", "1"], "needs at least 2 ranks"),
     (["gossip"], "unknown strategy 'gossip'"),
     (["ddp", "--backend", "mpi"], "unknown backend 'mpi'"),

@@ -84,11 +84,12 @@ def test_defaults_use_every_device_of_the_preset(capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize("argv, message", [
     (["--bytes", "-4096"], "must not be negative"),
     (["--bytes", "12XB"], "unknown size unit"),
-    (["--world-size", "0"], "between 1 and 8"),
+    (["--world-size", "0"], "--world-size: must be at least 1"),
+    (["--world-size", "9"], "between 1 and 8"),
     (["--world-size", "5", "--cluster", "4xRTX4090-pcie"], "between 1 and 4"),
     (["--algo", "butterfly"], "naive, tree, ring"),
     (["--cluster", "16xTPU"], "unknown cluster preset '16xTPU'"),
-    (["--world-size", "two"], "invalid int value"),
+    (["--world-size", "two"], "expected a whole number"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
                                           message: str) -> None:

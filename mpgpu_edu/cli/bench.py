@@ -21,13 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from mpgpu_edu.cli import UsageError, parse_size
+from mpgpu_edu.cli import UsageError, number, parse_size
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_SIZES = "1KiB,4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB"
 # mpgpu_edu.bench.ALGOS and QUICK_SIZES, without importing torch
 ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented")
 QUICK_SIZES = "4,4100"
+# Stated limits: every rank is a process and allocates its tensors for real.
+MAX_RANKS, MAX_REPEATS, MAX_THREADS, MAX_SIZE = 64, 10_000, 256, 16 * 2**30
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,18 +43,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                     "in the same processes, per size.")
     p.add_argument("--backend", default="gloo", metavar="{" + ",".join(BACKENDS) + "}",
                    help="torch.distributed backend (default gloo)")
-    p.add_argument("--world-size", type=int, default=2, metavar="N",
+    p.add_argument("--world-size", type=number(int, 1, MAX_RANKS), default=2, metavar="N",
                    help="number of ranks, at least 2 (default 2)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, metavar="LIST",
                    help=f"comma-separated tensor sizes per rank (default {DEFAULT_SIZES}); "
-                        "rounded up to whole fp32 elements")
-    p.add_argument("--repeats", type=int, default=10, metavar="R",
+                        "rounded up to whole fp32 elements; at most 16GiB each")
+    p.add_argument("--repeats", type=number(int, 1, MAX_REPEATS), default=10, metavar="R",
                    help="timed repeats per size and operation (default 10)")
     p.add_argument("--algos", default="ring,naive", metavar="LIST",
                    help="our algorithms to time (default ring,naive); also ring_reused (the "
                         "ring keeping its scratch buffer between calls), ring_fast and "
                         "ring_fast_unsegmented (mpgpu_edu.collectives.ring_fast)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=number(int, 1, MAX_THREADS), default=1,
                    help="torch threads per rank while timing (default 1, as torchrun sets)")
     p.add_argument("--quick", action="store_true",
                    help=f"sizes {QUICK_SIZES} and 2 repeats: checks that the bench runs end "
@@ -88,15 +90,17 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     return parse_sizes(sizes), parse_algos(args.algos)
 
 
-def parse_sizes(text: str) -> list[int]:
-    """``"1KiB,4MiB"`` -> ``[1024, 4194304]``; every size positive."""
+def parse_sizes(text: str, flag: str = "--sizes", zero: bool = False) -> list[int]:
+    """``"1KiB,4MiB"`` -> ``[1024, 4194304]``; every size positive (``zero``: 0 allowed) and
+    at most ``MAX_SIZE`` (the tensors are allocated for real, on every rank)."""
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
-        raise UsageError("--sizes is empty: give sizes such as 1KiB,1MiB")
-    sizes = [parse_size(item) for item in items]
+        raise UsageError(f"{flag} is empty: give sizes such as 1KiB,1MiB")
+    sizes = [parse_size(item, MAX_SIZE, flag, " per rank (allocated for real on every rank)")
+             for item in items]
     for item, nbytes in zip(items, sizes):
-        if nbytes <= 0:
-            raise UsageError(f"sizes must be positive, got {item!r}")
+        if nbytes <= 0 and not (zero and nbytes == 0):
+            raise UsageError(f"{flag}: sizes must be positive, got {item!r}")
     return sizes
 
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from mpgpu_edu.cli import UsageError, parse_size
-from mpgpu_edu.cli.bench import BACKENDS, DEFAULT_SIZES, parse_sizes
+from mpgpu_edu.cli import UsageError, number
+from mpgpu_edu.cli.bench import BACKENDS, DEFAULT_SIZES, MAX_RANKS, MAX_REPEATS, parse_sizes
 
 PING_SIZES = "0," + DEFAULT_SIZES
 
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "simulated ring all-reduce with the measured one.")
     p.add_argument("--backend", default="gloo", metavar="{" + ",".join(BACKENDS) + "}",
                    help="torch.distributed backend (default gloo)")
-    p.add_argument("--world-size", type=int, default=2, metavar="N",
+    p.add_argument("--world-size", type=number(int, 1, MAX_RANKS), default=2, metavar="N",
                    help="ranks: the ping-pong uses ranks 0 and 1, the all-reduce all N "
                         "(default 2)")
     p.add_argument("--out", metavar="PATH",
@@ -43,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"ping-pong message sizes (default {PING_SIZES})")
     p.add_argument("--allreduce-sizes", default=DEFAULT_SIZES, metavar="LIST",
                    help=f"all-reduce sizes to compare (default {DEFAULT_SIZES})")
-    p.add_argument("--repeats", type=int, default=10, metavar="R",
+    p.add_argument("--repeats", type=number(int, 1, MAX_REPEATS), default=10, metavar="R",
                    help="timed repeats per size (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -73,11 +74,13 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], list[int]]:
                          f"got {args.world_size}")
     if args.repeats < 1:
         raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
-    items = [item.strip() for item in args.sizes.split(",") if item.strip()]
-    ping = [parse_size(item) for item in items]  # 0 B is allowed: it measures alpha alone
+    if args.out and Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out!r} is a folder: give a file name, e.g. "
+                         f"{str(Path(args.out) / 'calibration.json')!r}")
+    ping = parse_sizes(args.sizes, "--sizes", zero=True)  # 0 B measures alpha alone
     if len(set(ping)) < 2:
         raise UsageError("--sizes needs at least two different sizes to fit alpha and beta")
-    return ping, parse_sizes(args.allreduce_sizes)
+    return ping, parse_sizes(args.allreduce_sizes, "--allreduce-sizes")
 
 
 def text(report: dict) -> str:

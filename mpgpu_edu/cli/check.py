@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from mpgpu_edu.cli import UsageError
+from mpgpu_edu.cli import UsageError, number, writable_file
+
+MAX_TIMEOUT_S = 86_400.0  # a day per exercise
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--impl", default="exercises", metavar="exercises|solutions|DIR",
                         help="whose code: the learner's exercises/ (default), solutions/, "
                              "or a folder of exNN_*.py files")
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+    parser.add_argument("--timeout", type=number(float, 0.0, MAX_TIMEOUT_S, above=True),
+                        default=60.0, metavar="S",
                         help="seconds per exercise, all its cases together (default 60)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--html", metavar="PATH", help="also write an HTML report")
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(exc.args[0]) from None
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    html_path = writable_file(args.html, "--html") if args.html else None  # before any check
     named = args.impl in ("exercises", "solutions")
     try:
         root = find_root() if named else None
@@ -73,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
         shas = {r.id: remember(folder / registry.get(r.id).filename, r.id, r.passed)
                 for r in results}
         record(root, results, shas)
-    if args.html:
-        Path(args.html).write_text(html_page(report_html(report), "mpgpu-edu check"))
+    if html_path is not None:
+        html_path.write_text(html_page(report_html(report), "mpgpu-edu check"))
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     elif args.verbose:

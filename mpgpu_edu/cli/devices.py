@@ -4,19 +4,23 @@
     mpgpu-edu devices --cluster 8xA100-nvlink --visible 1,2 --device-ids 1,2
     mpgpu-edu devices --cluster 4xRTX4090-pcie --visible 2,3 --json
 
-``--visible`` plays the role of ``CUDA_VISIBLE_DEVICES`` (unset: every device), read with
-CUDA's own rules; anything CUDA would ignore is reported as a warning, never an error.
+``--visible`` plays the role of ``CUDA_VISIBLE_DEVICES``; without it the command reads this
+shell's ``CUDA_VISIBLE_DEVICES`` (unset: every device), and says which it used. Either is read
+with CUDA's own rules (``mpgpu_edu.cluster.visible``); anything CUDA would ignore is reported
+as a warning naming the value and why, never an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from mpgpu_edu.cli import UsageError
 from mpgpu_edu.cluster import Cluster, device_ids_to_physical, format_bytes
 
 DEFAULT_CLUSTER = "4xRTX4090-pcie"
+ENV = "CUDA_VISIBLE_DEVICES"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,8 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help=f"cluster preset (default {DEFAULT_CLUSTER}); one of: "
                              + ", ".join(Cluster.presets()))
     parser.add_argument("--visible", default=None, metavar="IDS",
-                        help='the CUDA_VISIBLE_DEVICES value, e.g. "2,3" (default: unset, '
-                             'all devices; "" for none)')
+                        help='the CUDA_VISIBLE_DEVICES value, e.g. "2,3"; "" for none '
+                             "(default: this shell's CUDA_VISIBLE_DEVICES; unset: all devices)")
     parser.add_argument("--device-ids", default=None, metavar="IDS",
                         help="check nn.DataParallel's device_ids, e.g. 1,2 (logical ids)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -36,15 +40,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cluster = Cluster.preset(args.cluster, visible=args.visible)
+    visible, source = args.visible, "--visible"
+    if visible is None:
+        visible, source = os.environ.get(ENV), "environment"
+    cluster = Cluster.preset(args.cluster, visible=visible)
     device_ids = _parse_ids(args.device_ids) if args.device_ids is not None else None
-    physical_ids = (device_ids_to_physical(device_ids, cluster.visible)
-                    if device_ids is not None else None)
+    try:
+        physical_ids = (device_ids_to_physical(device_ids, cluster.visible)
+                        if device_ids is not None else None)
+    except ValueError as exc:
+        raise UsageError(f"--device-ids {args.device_ids}: {exc}") from None
     report = {
         "cluster": cluster.name,
         "gpu": cluster.gpu.display_name,
         "n_physical": cluster.n_physical,
-        "visible": args.visible,
+        "visible": visible,
+        "visible_from": None if visible is None else source,
         "logical_to_physical": cluster.logical_to_physical,
         "world_size": cluster.world_size,
         "devices": [{"logical": i, "device": f"cuda:{i}", "physical": p,
@@ -64,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _table(cluster: Cluster, report: dict) -> str:
     value = "unset" if report["visible"] is None else repr(report["visible"])
+    if report["visible_from"] == "environment":
+        value += " (from the environment; --visible overrides it)"
     lines = [f"{cluster.name}: {cluster.n_physical} x {cluster.gpu.display_name}; "
              f"CUDA_VISIBLE_DEVICES {value}", ""]
     memory = format_bytes(cluster.gpu.memory_bytes)

@@ -4,8 +4,10 @@
     mpgpu-edu generate --check     # only report; exit status 1 if a file is out of date
 
 Each part of a solution marked ``### BEGIN SOLUTION <id>`` ... ``### END SOLUTION`` becomes
-the two-line stub; everything else is copied as it is. This overwrites learners' work: run
-it in the course's own repository, not in a learner's copy.
+the two-line stub; everything else is copied as it is. Meant for the course's own repository,
+not a learner's copy: but an exercise file it replaces may hold a learner's work, so every
+one is copied to ``.mpgpu/backups/<file>.<timestamp>.py`` first, always, and the command
+prints where (as ``mpgpu-edu reset`` does).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--exercises", metavar="DIR", help="default: <course>/exercises")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a file differs")
+    parser.add_argument("--backups", metavar="DIR",
+                        help="where to copy each exercise file before replacing it "
+                             "(default: .mpgpu/backups next to the exercises folder)")
     parser.set_defaults(func=run)
 
 
@@ -44,10 +49,13 @@ def run(args: argparse.Namespace) -> int:
             if not stale:
                 print(f"{exercises} is up to date")
             return 1 if stale else 0
-        written = generate.generate(solutions, exercises)
+        written = generate.generate(solutions, exercises,
+                                    Path(args.backups) if args.backups else None)
     except generate.GenerateError as exc:
         raise UsageError(str(exc)) from None
-    for path in written:
+    for path, saved in written:
+        if saved is not None:
+            print(f"backed up {path} to {saved}")
         print(f"wrote {path}")
     if not written:
         print(f"{exercises} is up to date")

@@ -16,7 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from mpgpu_edu.cli import UsageError
+from mpgpu_edu.cli import UsageError, number, writable_file
+
+MAX_TIMEOUT_S, MAX_MEMORY_GIB = 86_400.0, 1024.0  # a day per exercise; 1 TiB
+LAYOUT = ("one subfolder per learner, holding exercises/exNN_*.py (a copy of the course) or "
+          "the exNN_*.py files themselves, e.g. {folder}/alice/exercises/ex01_communication.py")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,9 +31,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--csv", required=True, metavar="PATH", help="write the grades here")
     parser.add_argument("--ids", nargs="*", metavar="ID",
                         help="exercise ids or lesson numbers (default: all)")
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S",
+    parser.add_argument("--timeout", type=number(float, 0.0, MAX_TIMEOUT_S, above=True),
+                        default=60.0, metavar="S",
                         help="seconds per exercise and learner (default 60)")
-    parser.add_argument("--memory", type=float, default=4.0, metavar="GIB",
+    parser.add_argument("--memory", type=number(float, 0.0, MAX_MEMORY_GIB, above=True),
+                        default=4.0, metavar="GIB",
                         help="memory a check may allocate, GiB (default 4)")
     parser.add_argument("--json", action="store_true", help="also print one JSON object")
     parser.add_argument("--html", metavar="PATH", help="also write an HTML report")
@@ -38,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mpgpu_edu.grading import grade, registry, runner
+    from mpgpu_edu.grading.grade import find_submissions
 
     try:
         ids = registry.select(args.ids)
@@ -45,18 +52,27 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(exc.args[0]) from None
     folder = Path(args.submissions)
     if not folder.is_dir():
-        raise UsageError(f"{folder} is not a folder")
+        raise UsageError(f"{folder} is not a folder: give a folder with "
+                         + LAYOUT.format(folder=folder))
     if args.timeout <= 0 or args.memory <= 0:
         raise UsageError("--timeout and --memory must be positive")
+    found = find_submissions(folder)
+    if not any(exercises is not None for _, exercises in found):
+        what = (f"its {len(found)} subfolder(s) hold no exercise files" if found
+                else "it is empty")
+        raise UsageError(f"no learner submissions in {folder} ({what}): expected "
+                         + LAYOUT.format(folder=folder))
+    csv_path = writable_file(args.csv, "--csv")  # before any grading
+    html_path = writable_file(args.html, "--html") if args.html else None
     limits = runner.Limits(timeout_s=args.timeout, memory_bytes=int(args.memory * 2**30))
 
     def show(learner: str, result: object) -> None:
         print(f"  {learner}: {result!r}", file=sys.stderr, flush=True)
 
     graded = grade.grade(folder, ids, limits, on_result=show)
-    grade.write_csv(Path(args.csv), graded, ids)
-    if args.html:
-        Path(args.html).write_text(grade.html_report(graded))
+    grade.write_csv(csv_path, graded, ids)
+    if html_path is not None:
+        html_path.write_text(grade.html_report(graded))
     if args.json:
         print(json.dumps(grade.to_dict(graded), indent=1))
     else:

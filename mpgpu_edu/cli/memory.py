@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 
-from mpgpu_edu.cli import UsageError, parse_size
+from mpgpu_edu.cli import UsageError, number, parse_size
 from mpgpu_edu.cluster.ledger import format_bytes
 from mpgpu_edu.memory.estimate import (
     OPTIMIZERS,
@@ -38,20 +39,27 @@ from mpgpu_edu.memory.estimate import (
 from mpgpu_edu.memory.models import ATTENTIONS, PRESETS, RECOMPUTES, activation_terms, spec_params
 
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+MAX_PARAMS = 10**15  # a thousand times the largest models trained
+MAX_DEVICES, MAX_BATCH, MAX_SEQ = 2**20, 2**20, 2**24
 
 
 def parse_count(text: str) -> int:
-    """``"124M"``, ``"7B"``, ``"1.5e9"``, ``"350000"`` -> a parameter count.
-    Raises UsageError on anything else, negative counts included."""
+    """``"124M"``, ``"7B"``, ``"1.5e9"``, ``"350000"`` -> a parameter count, at most
+    ``MAX_PARAMS``. Raises UsageError on anything else, negative counts included."""
     match = re.fullmatch(r"\s*([-+]?[0-9.]+(?:e[-+]?[0-9]+)?)\s*([kmbgt]?)\s*", text, re.I)
     if not match:
-        raise UsageError(f"cannot read parameter count {text!r}: write e.g. 124M, 7B or 1.5e9")
+        raise UsageError(f"--params {text!r}: cannot read a parameter count; write e.g. 124M, "
+                         "7B or 1.5e9")
     try:
         value = float(match.group(1)) * _SUFFIXES[match.group(2).upper()]
     except ValueError:
-        raise UsageError(f"cannot read parameter count {text!r}: write e.g. 124M, 7B or 1.5e9")
+        raise UsageError(f"--params {text!r}: cannot read a parameter count; write e.g. 124M, "
+                         "7B or 1.5e9")
     if value <= 0:
-        raise UsageError(f"parameter count must be positive, got {text!r}")
+        raise UsageError(f"--params must be a positive parameter count, got {text!r}")
+    if not math.isfinite(value) or value > MAX_PARAMS:
+        raise UsageError(f"--params {text!r} is past the limit of 1e15 (a thousand "
+                         "times the largest models trained): give e.g. 7B or 175B")
     return round(value)
 
 
@@ -66,11 +74,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="fp32, or mixed: 16-bit weights and gradients, fp32 master (default)")
     p.add_argument("--strategy", default="single", metavar="{" + ",".join(STRATEGIES) + "}",
                    help="how state is split over devices (default single)")
-    p.add_argument("--devices", type=int, default=1, help="number of devices (default 1)")
+    p.add_argument("--devices", type=number(int, 1, MAX_DEVICES), default=1,
+                   help="number of devices (default 1)")
     p.add_argument("--activations", help="activation bytes per device, e.g. 2GiB")
-    p.add_argument("--batch", type=int, help="micro-batch per device (with --model and --seq: "
-                   "activations from Korthikanti et al. 2022, all layers, added per device)")
-    p.add_argument("--seq", type=int, help="sequence length (with --batch)")
+    p.add_argument("--batch", type=number(int, 1, MAX_BATCH),
+                   help="micro-batch per device (with --model and --seq: activations from "
+                   "Korthikanti et al. 2022, all layers, added per device)")
+    p.add_argument("--seq", type=number(int, 1, MAX_SEQ), help="sequence length (with --batch)")
     p.add_argument("--attention", metavar="{" + ",".join(ATTENTIONS) + "}",
                    help="with --batch/--seq: eager keeps the s x s scores (default); flash, "
                    "what current training uses, does not")
@@ -127,14 +137,15 @@ def _activation_terms(args: argparse.Namespace) -> dict | None:
 def _activations(args: argparse.Namespace, terms: dict | None) -> int:
     if terms is not None:
         return terms["total"]
-    return parse_size(args.activations) if args.activations is not None else 0
+    return (parse_size(args.activations, what="--activations")  # 0 B: none, as the default
+            if args.activations is not None else 0)
 
 
 def _gpu_memory(args: argparse.Namespace) -> tuple[str | None, int | None]:
     if args.gpu is not None and args.gpu_memory is not None:
         raise UsageError("give --gpu or --gpu-memory, not both")
     if args.gpu_memory is not None:
-        size = parse_size(args.gpu_memory)
+        size = parse_size(args.gpu_memory, what="--gpu-memory")
         if size <= 0:
             raise UsageError(f"--gpu-memory must be positive, got {args.gpu_memory!r}")
         return args.gpu_memory, size

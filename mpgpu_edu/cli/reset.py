@@ -3,7 +3,8 @@
     mpgpu-edu reset 1.3
 
 The exercise file is copied to ``.mpgpu/backups/<file>.<timestamp>.py`` first, every time,
-and the command prints where: nothing the learner wrote is ever lost.
+and the command prints where: nothing the learner wrote is ever lost. A file that is gone is
+restored whole, as handed out (its imports and every exercise of its lesson, as stubs).
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(exc.args[0]) from None
     try:
         root = find_root()
+        missing = not (root / "exercises" / exercise.filename).is_file()
         file, saved = reset(root, exercise)
     except CourseNotFound as exc:
         raise UsageError(str(exc)) from None
+    if missing:
+        print(f"{file.relative_to(root)} was missing: restored the whole file as handed out "
+              f"(every exercise of lesson {exercise.lesson} as a stub)")
+        return 0
     if saved is not None:
         print(f"backed up {file.relative_to(root)} to {saved.relative_to(root)}")
     print(f"restored the stub of exercise {exercise.id} (def {exercise.function}) in "

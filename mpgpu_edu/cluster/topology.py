@@ -36,13 +36,16 @@ class Route:
     and the receiver before the bytes are copied); empty (a GPU link's latency, which
     messages in flight one behind another overlap) by default. Alone, a message costs
     ``alpha + nbytes / beta`` either way; a rank's pipelined messages pay their alphas one
-    after another when it holds."""
+    after another when it holds. ``alpha_shared`` is the fraction of such an alpha that also
+    holds the route's ``resources`` (work that competes for cores every rank shares); the rest
+    holds only ``alpha_holds``, so two ranks do it side by side."""
 
     alpha_s: float
     beta_Bps: float
     resources: tuple[str, ...]
     shares: tuple[tuple[str, float], ...] = ()
     alpha_holds: tuple[str, ...] = ()
+    alpha_shared: float = 0.0  # the fraction of a held alpha that also holds ``resources``
 
     def __post_init__(self) -> None:
         # A transfer alone still moves no faster than the narrowest cap it crosses (a socket

@@ -21,8 +21,10 @@ Cost model:
   its last byte: alone on its route, ``end = start + alpha + bytes / beta``. On a route
   whose alpha is work rather than a wire's delay (``Route.alpha_holds`` names the resources
   it holds: a CPU process's per-message system calls), the transfer first holds those for
-  ``alpha``, then queues for its whole route, moves its bytes and completes with the last
-  one: the same time alone, but a rank's messages pay their alphas one after another.
+  the part of alpha that ranks do side by side, then queues for its whole route and holds all
+  of it for the rest of alpha (``Route.alpha_shared``, the part that competes for the shared
+  cores) and its bytes, and completes with the last one: the same time alone, but a rank's
+  messages pay their alphas one after another.
 - a blocking send or receive returns when its transfer completes; ``wait`` likewise.
 """
 
@@ -117,7 +119,13 @@ class _Network:
         if t.in_alpha or not t.route.alpha_holds:
             t.start = self.now  # a transfer starts when it first holds anything
         t.since = self.now
-        t.left = t.route.alpha_s * t.route.beta_Bps if t.in_alpha else float(t.send.nbytes)
+        route = t.route
+        held = route.alpha_s * route.beta_Bps  # alpha as bytes at the route's rate
+        if t.in_alpha:
+            t.left = (1.0 - route.alpha_shared) * held
+        else:
+            t.left = float(t.send.nbytes) + (route.alpha_shared * held if route.alpha_holds
+                                             else 0.0)
         t.rate = 0.0
         self.active.append(t)
 

@@ -39,12 +39,14 @@ def _step_fn(variant: str, bucket_bytes: int, micro_steps: int) -> Any:
 def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
              variant: str = "overlapped", batch_size: int = DEMO_BATCH, lr: float = DEMO_LR,
              bucket_bytes: int = DEMO_BUCKET_BYTES, micro_steps: int = 2,
-             cluster: Any = None, **_: Any) -> dict:
+             cluster: Any = None, timeout: float | None = None, **_: Any) -> dict:
     """Train the demo MLP with DDP (``variant``) on ``world_size`` ranks and compare with
     single-device training. ``cluster`` (simulator only) defaults to ``world_size`` devices
-    on a uniform network. Returns the report of ``compare_to_reference`` plus the
-    ``variant``, ``makespan_s`` and, on the simulator, the ``trace``."""
+    on a uniform network; ``timeout``: seconds the ranks get (default launch's). Returns the
+    report of ``compare_to_reference`` plus the ``variant``, ``makespan_s`` and, on the
+    simulator, the ``trace``."""
     from mpgpu_edu.comm import launch
+    from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
     from mpgpu_edu.data import check_split
 
     check_split(batch_size, world_size)
@@ -54,10 +56,10 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
     target = cluster if (cluster is not None and backend == "sim") else world_size
     if variant == "dataparallel":
         run = launch(train_dataparallel, target, model_fn, batches, optimizer, lr,
-                     backend=backend)
+                     backend=backend, timeout=timeout or DEFAULT_TIMEOUT_S)
     else:
         run = launch(train_ddp, target, step_fn, model_fn, batches, optimizer, lr,
-                     backend=backend)
+                     backend=backend, timeout=timeout or DEFAULT_TIMEOUT_S)
     result = run.results[0]
     report = compare_to_reference("ddp", backend, world_size, optimizer, result["params"],
                                   result["losses"],

@@ -22,9 +22,11 @@ and the notebook; a marker in the wrong function or file is an error.
 from __future__ import annotations
 
 import ast
+import datetime as _dt
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from mpgpu_edu.grading.registry import EXERCISES, Exercise, by_module
 
@@ -154,15 +156,36 @@ def outdated(solutions: Path, exercises: Path) -> list[str]:
             if not (exercises / name).is_file() or (exercises / name).read_text() != text]
 
 
-def generate(solutions: Path, exercises: Path) -> list[Path]:
-    """(Re)write every exercise file that differs; returns the paths written."""
+class Written(NamedTuple):
+    """A file ``generate`` wrote, and the copy of what it held before (None: it was new)."""
+
+    path: Path
+    backup: Path | None
+
+
+def backup_file(file: Path, folder: Path) -> Path:
+    """Copy ``file`` to ``folder/<name>.<timestamp>.py``; returns the copy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    target = folder / f"{file.stem}.{stamp}.py"
+    target.write_bytes(file.read_bytes())
+    return target
+
+
+def generate(solutions: Path, exercises: Path, backups: Path | None = None) -> list[Written]:
+    """(Re)write every exercise file that differs; returns what was written. A file that
+    exists is copied into ``backups`` first, every time (default: ``.mpgpu/backups`` next to
+    ``exercises``, where ``mpgpu-edu reset`` keeps its copies): it may hold a learner's work."""
+    expected = expected_exercises(solutions)  # a bad solution file stops before any write
+    folder = backups if backups is not None else exercises.parent / ".mpgpu" / "backups"
     exercises.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in expected_exercises(solutions).items():
+    for name, text in expected.items():
         path = exercises / name
         if not path.is_file() or path.read_text() != text:
+            saved = backup_file(path, folder) if path.exists() else None
             path.write_text(text)
-            written.append(path)
+            written.append(Written(path, saved))
     return written
 
 

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpgpu_edu.grading.generate import function_source, stub_source
+from mpgpu_edu.grading.generate import backup_file, function_source, generate_text, stub_source
 from mpgpu_edu.grading.registry import EXERCISES, LESSON_TITLES, LESSONS, Exercise
 from mpgpu_edu.grading.report import ExerciseResult
 
@@ -184,12 +184,7 @@ def progress(root: Path | str | None = None) -> Progress:
 
 def backup(root: Path, file: Path) -> Path:
     """Copy ``file`` to ``.mpgpu/backups/<name>.<timestamp>.py``; returns the copy."""
-    folder = root / STATE_DIR / "backups"
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    target = folder / f"{file.stem}.{stamp}.py"
-    target.write_bytes(file.read_bytes())
-    return target
+    return backup_file(file, root / STATE_DIR / "backups")
 
 
 def original_stub(root: Path, exercise: Exercise) -> str:
@@ -199,11 +194,8 @@ def original_stub(root: Path, exercise: Exercise) -> str:
     if (solutions / exercise.filename).is_file():
         return stub_source(exercise, solutions)
     try:
-        committed = subprocess.run(["git", "show", f"HEAD:exercises/{exercise.filename}"],
-                                   cwd=root, capture_output=True, text=True, timeout=20,
-                                   check=True).stdout
-        stub = function_source(committed, exercise.function)
-    except (OSError, subprocess.SubprocessError, ValueError, SyntaxError):
+        stub = function_source(original_module(root, exercise), exercise.function)
+    except (ValueError, SyntaxError):
         stub = ""
     if f"Exercise {exercise.id}:" not in stub:
         raise CourseNotFound(f"cannot find the original stub of exercise {exercise.id}: "
@@ -211,15 +203,30 @@ def original_stub(root: Path, exercise: Exercise) -> str:
     return stub
 
 
+def original_module(root: Path, exercise: Exercise) -> str:
+    """The whole exercise file of ``exercise`` as first handed out (imports, every exercise
+    of its lesson as a stub): generated from ``solutions/``, else the committed file."""
+    solution = root / "solutions" / exercise.filename
+    if solution.is_file():
+        return generate_text(solution.read_text(), solution.name)
+    try:
+        return subprocess.run(["git", "show", f"HEAD:exercises/{exercise.filename}"], cwd=root,
+                              capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def reset(root: Path, exercise: Exercise) -> tuple[Path, Path | None]:
     """Put the stub of ``exercise`` back into ``exercises/<module>.py``, changing only that
-    function. The file is backed up first, always. Returns (file, backup or None when there
-    was no file)."""
+    function. The file is backed up first, always. A file that is gone is restored whole, as
+    handed out: imports and every exercise of its lesson. Returns (file, backup or None when
+    there was no file)."""
     stub = original_stub(root, exercise)
     file = root / "exercises" / exercise.filename
     if not file.is_file():
+        module = original_module(root, exercise)
         file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(stub)
+        file.write_text(module if stub in module else stub)
         return file, None
     saved = backup(root, file)
     text = file.read_text()

@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 from mpgpu_edu.comm import launch
+from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
 from mpgpu_edu.data import make_batches, make_mlp
 from mpgpu_edu.hybrid.mesh import Mesh
 from mpgpu_edu.hybrid.train import train_hybrid
@@ -34,7 +35,7 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str,
 
     Options: ``dp`` and ``pp`` (see ``mesh_for``), ``schedule`` ("gpipe"), ``microbatches``
     (2; 1 for naive), ``batch_size`` (16), ``sizes`` (``DEMO_SIZES``), ``lr`` (0.05),
-    ``seed`` (0).
+    ``seed`` (0), ``timeout`` (seconds the ranks get; default launch's).
     """
     if world_size < 1 or steps < 1:
         raise ValueError(f"world_size and steps must be at least 1, got {world_size} and "
@@ -54,7 +55,8 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str,
     model_fn = functools.partial(make_mlp, sizes, seed)
     batches = make_batches(steps, batch_size, sizes[0], sizes[-1], seed)
     result = launch(train_hybrid, world_size, mesh, model_fn(), batches, schedule, None,
-                    optimizer_factory(optimizer, lr), backend=backend)
+                    optimizer_factory(optimizer, lr), backend=backend,
+                    timeout=options.get("timeout") or DEFAULT_TIMEOUT_S)
     ref_params, ref_losses = train_single(model_fn, batches, optimizer, lr)
     diff = max(max_abs_diff({k: v for r in result.results if r["dp_index"] == d
                              for k, v in r["state"].items()}, ref_params)

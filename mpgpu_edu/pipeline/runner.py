@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch
+from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
 from mpgpu_edu.data import loss_fn as mse_loss
 from mpgpu_edu.data import make_batches, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
@@ -106,7 +107,8 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str,
 
     Options: ``schedule`` ("gpipe"), ``microbatches`` (4; 1 for naive), ``batch_size`` (16),
     ``sizes`` (``DEMO_SIZES``: 9 layers), ``lr`` (0.05), ``seed`` (0), ``cluster`` (a preset
-    name, simulator only; default a uniform network of ``world_size`` devices).
+    name, simulator only; default a uniform network of ``world_size`` devices), ``timeout``
+    (seconds the ranks get; default launch's).
     """
     name = options.get("schedule", "gpipe")
     n_mb = options.get("microbatches", 1 if name == "naive" else 4)
@@ -117,7 +119,8 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str,
     model_fn = functools.partial(make_mlp, sizes, seed)
     batches = make_batches(steps, batch_size, sizes[0], sizes[-1], seed)
     result = launch(train_pipeline, _launch_target(backend, world_size, options), model_fn(),
-                    batches, schedule, None, optimizer_factory(optimizer, lr), backend=backend)
+                    batches, schedule, None, optimizer_factory(optimizer, lr), backend=backend,
+                    timeout=options.get("timeout") or DEFAULT_TIMEOUT_S)
     ref_params, ref_losses = train_single(model_fn, batches, optimizer, lr)
     state = {k: v for r in result.results for k, v in r["state"].items()}
     losses = result.results[-1]["losses"]

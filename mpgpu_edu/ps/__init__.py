@@ -26,12 +26,14 @@ __all__ = ["AsyncResult", "async_ps", "check_ps_world", "ps_step", "ps_step_shar
 
 def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
              n_servers: int = 1, batch_size: int = DEMO_BATCH, lr: float = DEMO_LR,
-             cluster: Any = None, **_: Any) -> dict:
+             cluster: Any = None, timeout: float | None = None, **_: Any) -> dict:
     """Train the demo MLP with a synchronous parameter server (``n_servers`` > 1: sharded)
     on ``world_size`` ranks, the last ``n_servers`` of them servers, and compare with
-    single-device training. Returns the report of ``compare_to_reference`` plus
-    ``n_servers``, ``makespan_s`` and ``trace``."""
+    single-device training. ``timeout``: seconds the ranks get (default launch's).
+    Returns the report of ``compare_to_reference`` plus ``n_servers``, ``makespan_s`` and
+    ``trace``."""
     from mpgpu_edu.comm import launch
+    from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
     from mpgpu_edu.data import check_split
 
     check_ps_world(world_size, n_servers)
@@ -40,10 +42,11 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
     batches = make_batches(steps, batch_size, DEMO_SIZES[0], DEMO_SIZES[-1])
     target = cluster if (cluster is not None and backend == "sim") else world_size
     if n_servers == 1:
-        run = launch(train_ps, target, model_fn, batches, optimizer, lr, backend=backend)
+        run = launch(train_ps, target, model_fn, batches, optimizer, lr, backend=backend,
+                     timeout=timeout or DEFAULT_TIMEOUT_S)
     else:
         run = launch(train_ps_sharded, target, model_fn, batches, n_servers, optimizer, lr,
-                     backend=backend)
+                     backend=backend, timeout=timeout or DEFAULT_TIMEOUT_S)
     result = run.results[0]  # rank 0 is a worker
     report = compare_to_reference("ps", backend, world_size, optimizer, result["params"],
                                   result["losses"],

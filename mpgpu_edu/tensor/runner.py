@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch
+from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
 from mpgpu_edu.data import loss_fn as mse_loss
 from mpgpu_edu.data import make_batches, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
@@ -68,7 +69,8 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str,
     """``mpgpu-edu run tp``: train ``make_mlp(sizes)`` (Linear, ReLU, Linear) split over
     ``world_size`` ranks for ``steps`` steps and compare with single-device training.
 
-    Options: ``sizes`` (``DEMO_SIZES``), ``batch_size`` (16), ``lr`` (0.05), ``seed`` (0).
+    Options: ``sizes`` (``DEMO_SIZES``), ``batch_size`` (16), ``lr`` (0.05), ``seed`` (0),
+    ``timeout`` (seconds the ranks get; default launch's).
     """
     sizes, seed = tuple(options.get("sizes", DEMO_SIZES)), options.get("seed", 0)
     batch_size, lr = options.get("batch_size", 16), options.get("lr", 0.05)
@@ -84,7 +86,8 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str,
     model_fn = functools.partial(make_mlp, sizes, seed)
     batches = make_batches(steps, batch_size, sizes[0], sizes[-1], seed)
     result = launch(train_tensor_parallel, world_size, model_fn(), batches,
-                    optimizer_factory(optimizer, lr), backend=backend)
+                    optimizer_factory(optimizer, lr), backend=backend,
+                    timeout=options.get("timeout") or DEFAULT_TIMEOUT_S)
     ref_params, ref_losses = train_single(model_fn, batches, optimizer, lr)
     diff = 0.0
     for rank, r in enumerate(result.results):
