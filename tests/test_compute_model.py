@@ -128,3 +128,25 @@ def test_attention_backward_is_counted_too() -> None:
     forward = 4 * 1 * 2 * 16 * 16 * 8  # two matmuls of (16 x 8) @ (8 x 16), 2 FLOPs each
     assert counter.by_dtype["bf16"] == pytest.approx(forward * 3.5)  # backward: 2.5x forward
     assert counter.by_dtype.get("fp32", 0) == 0
+
+
+def test_adds_on_the_comm_stream_are_charged_beside_the_compute_stream() -> None:
+    """An overlapped all-reduce's adds run on the comm stream, as NCCL's kernels do: they cost
+    their memory traffic and a launch on that lane, while the compute stream goes on."""
+    cluster = Cluster.preset(PRESET).with_visible("0,1")
+    n = 2**24
+
+    def program(comm):
+        x, y = torch.empty(n, device="meta"), torch.empty(n, device="meta")
+        work = comm.run_async(lambda: x.add_(y))
+        with comm.compute("backward", "layer", seconds=1e-3):
+            pass
+        work.wait()
+
+    trace = launch(program, cluster).trace
+    adds = trace.on(0, "comm", "compute")
+    assert len(adds) == 1
+    assert adds[0].duration == pytest.approx(cluster.op_seconds(0.0, 3 * 4 * n, "fp32"))
+    backward = trace.on(0, "compute", "backward")[0]
+    assert adds[0].start < backward.end and backward.start < adds[0].end  # side by side
+    assert trace.makespan == pytest.approx(max(backward.end, adds[0].end))

@@ -151,7 +151,8 @@ def test_cli_simulate_step_prints_json_and_a_timeline(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("flag, value, says", [
     ("--model", "gpt5", "unknown 'gpt5'"), ("--strategy", "fsdp", "unknown 'fsdp'"),
-    ("--micro-batch", "0", "at least 1"), ("--seq", "100000000", "tokens per device"),
+    ("--micro-batch", "0", "at least 1"), ("--seq", "100000000", "at most 16777216"),
+    ("--seq", "4000000", "tokens per device"),
     ("--timeline", "/no/such/folder/t.png", "does not exist"),
 ])
 def test_cli_simulate_step_refuses_bad_input(flag, value, says, capsys) -> None:

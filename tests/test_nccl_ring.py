@@ -68,7 +68,7 @@ def test_faster_than_the_courses_ring_on_nvswitch() -> None:
     # the fused adds launch no kernels: the compute the trace holds is memory traffic only
     trace = launch(nccl, cluster.with_visible("0,1")).trace
     adds = [e for e in trace.on(0, "compute")]
-    assert adds and all(e.kind == "reduce" for e in adds)
+    assert adds and all(e.label == "reduce in the copy" for e in adds)
     assert sum(e.duration for e in adds) == pytest.approx(
         cluster.memory_seconds(3 * 4 * (nbytes // 4 // 2)), rel=1e-6)
 

@@ -28,6 +28,7 @@ import torch
 from mpgpu_edu.cli import UsageError, number, parse_size
 from mpgpu_edu.cli.simulate_pipeline import (  # noqa: F401 - simulate_pipeline is public here
     add_pipeline_parser, pipeline_text, run_pipeline, simulate_pipeline)
+from mpgpu_edu.cli.simulate_step import add_step_parser, run_step
 from mpgpu_edu.cluster import Cluster, format_bytes
 from mpgpu_edu.collectives import ALGORITHMS, all_reduce
 from mpgpu_edu.collectives import cost
@@ -171,8 +172,10 @@ def _per_rank(values: list[int]) -> str:
 PARSERS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "allreduce": add_allreduce_parser,
     "pipeline": add_pipeline_parser,
+    "step": add_step_parser,
 }
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "allreduce": run_allreduce,
     "pipeline": run_pipeline,
+    "step": run_step,
 }

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mpgpu_edu.cli import UsageError
+from mpgpu_edu.cli import UsageError, number
 from mpgpu_edu.cluster import Cluster, format_bytes
 
 MAX_TOKENS_PER_STEP = 2**24  # per device and micro-batch x micro-batches: keeps a run in seconds
@@ -37,11 +37,11 @@ def add_step_parser(what: argparse._SubParsersAction) -> None:
                    help="cluster preset (default 8xA100-nvlink)")
     p.add_argument("--strategy", default="dp", metavar="{" + ",".join(STRATEGIES) + "}",
                    help="how the N devices split the work (default dp)")
-    p.add_argument("--micro-batch", type=int, default=8, metavar="B",
+    p.add_argument("--micro-batch", type=number(int, 1, 2**20), default=8, metavar="B",
                    help="sequences per device per micro-batch (default 8)")
-    p.add_argument("--seq", type=int, default=1024, metavar="S",
+    p.add_argument("--seq", type=number(int, 1, 2**24), default=1024, metavar="S",
                    help="tokens per sequence (default 1024)")
-    p.add_argument("--accumulate", type=int, default=1, metavar="K",
+    p.add_argument("--accumulate", type=number(int, 1, 1024), default=1, metavar="K",
                    help="micro-batches per step (default 1; the pipeline's microbatches)")
     p.add_argument("--attention", default="flash", metavar="{" + ",".join(ATTENTIONS) + "}",
                    help="attention kernel (default flash)")
@@ -78,17 +78,11 @@ def check_step_args(args: argparse.Namespace) -> dict:
                                (args.recompute, RECOMPUTES, "--recompute")):
         if value not in known:
             raise UsageError(f"{flag}: unknown {value!r}: choose one of {', '.join(known)}")
-    for flag, value in (("--micro-batch", args.micro_batch), ("--seq", args.seq),
-                        ("--accumulate", args.accumulate)):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
     if args.micro_batch * args.seq * args.accumulate > MAX_TOKENS_PER_STEP:
         raise UsageError(f"--micro-batch x --seq x --accumulate is "
                          f"{args.micro_batch * args.seq * args.accumulate:,} tokens per "
                          f"device, above the {MAX_TOKENS_PER_STEP:,} this command simulates: "
                          "lower one of them")
-    if args.strategy == "pipeline" and args.accumulate > 1024:
-        raise UsageError("--accumulate (the pipeline's microbatches) must be at most 1024")
     return {"model": args.model, "cluster": args.cluster, "strategy": args.strategy,
             "micro_batch": args.micro_batch, "seq": args.seq, "accumulate": args.accumulate,
             "attention": args.attention, "recompute": args.recompute}

@@ -95,7 +95,7 @@ def _run(comm: Communicator, state: list[_Channel], op: str, n: int, memory_seco
                 ch.recvs.append(irecv(plan.buffers[u + 1], ch.left, ch.tag))
             ch.recvs[u].wait()
             seg = ch.segs[plan.incoming[u]]
-            with comm.compute("reduce", "in the copy",
+            with comm.compute("compute", "reduce in the copy",
                               seconds=memory_seconds(3 * seg.numel() * seg.element_size())):
                 seg.add_(plan.buffers[u])
             if u < len(plan.outgoing) - plan.segments:

@@ -7,7 +7,8 @@ trace, does not depend on threads.
 
 Cost model:
 - compute: a rank's compute stream runs one region at a time; the region's seconds were fixed
-  when it ran (FLOPs / (peak x efficiency), or given explicitly).
+  when it ran (FLOPs / (peak x efficiency), or given explicitly). Work on the comm stream
+  (the adds of an overlapped all-reduce) runs on that lane, beside the compute stream.
 - a transfer is ready when both its send and its receive are posted. Its route names two kinds
   of resources (see ``cluster.topology``):
   * *ports* (a device's port on the textbook uniform cluster, a card's PCIe uplink in one
@@ -228,9 +229,13 @@ class _Replay:
     def _step(self, lane: _Lane, op: ops.Op) -> bool:
         """Apply one op and move the lane's pc; False when the lane yields or must wait."""
         if isinstance(op, ops.Compute):
-            start = max(lane.clock, self.compute_free[lane.rank])
-            lane.clock = self.compute_free[lane.rank] = start + op.seconds
-            self.events.append(Event(lane.rank, "compute", op.kind, start, lane.clock,
+            if lane.lane == ops.HOST:  # the compute stream: one region at a time
+                start = max(lane.clock, self.compute_free[lane.rank])
+                lane.clock = self.compute_free[lane.rank] = start + op.seconds
+            else:  # work on the comm stream (a reduction's adds) runs beside it
+                start, lane.clock = lane.clock, lane.clock + op.seconds
+            stream = "compute" if lane.lane == ops.HOST else "comm"
+            self.events.append(Event(lane.rank, stream, op.kind, start, lane.clock,
                                      op.label, flops=op.flops))
             lane.pc += 1
             heapq.heappush(self.heap, (lane.clock, lane.rank, lane.lane))

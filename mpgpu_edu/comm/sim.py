@@ -455,11 +455,9 @@ class SimCommunicator(Communicator):
             if new > 0:
                 seconds += self.cluster.flop_seconds(new, dtype)
         actor.emitted_by_dtype = by_dtype
-        if actor.region is None and actor.lane == ops.STREAM:
-            # A comm stream's adds (the reductions of an overlapped all-reduce) run beside the
-            # compute stream on a GPU; the replay has one compute stream per rank, on which
-            # they would wait for backward to finish. Left untimed until it has a second one.
-            return
+        # On the comm stream (the reductions of an overlapped all-reduce) the work runs
+        # beside the compute stream, as NCCL's kernels do on a GPU: the replay times it on
+        # the comm lane, without waiting for the compute stream.
         kind, label = actor.region or ("compute", "elementwise")
         if seconds > 0 or flops > 0:
             actor.ops.append(ops.Compute(seconds, kind, label, flops))
