@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import mpgpu_edu.grading.grade  # imported before any patching: it binds runner.run_many
 import mpgpu_edu.grading.runner
 from mpgpu_edu.cli import build_parser, main
 from mpgpu_edu.cluster.visible import check_visible
