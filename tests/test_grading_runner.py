@@ -220,8 +220,13 @@ def ring(comm, tensor):
         work.wait()
 
 def stuck(sizes, bucket_bytes):
-    while True:
-        pass
+    # Hangs well past the check's timeout, then ends: a thread of this kernel cannot be
+    # killed, and one spinning forever would hold the GIL for every later test. Sleeping in
+    # small steps keeps it from slowing the rest of the session while it runs.
+    import time
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        time.sleep(0.01)
 '''
 
 

@@ -20,24 +20,30 @@ from strategy_fns import model_fn
 SEGMENTS = {"one per chunk": None, "4-byte segments": 4, "12-byte segments": 12}
 
 
-def exact_sum(comm, numel: int, op: str, segment_bytes: int | None) -> bool:  # noqa: ANN001
-    """Rank r holds r + 1 + arange: integers, so the sum in float64 is exact."""
+def exact_sums(comm, cases: list[tuple[int, str]], segment_bytes: int | None) -> list:  # noqa: ANN001
+    """For each (numel, op): rank r holds r + 1 + arange, integers, so the sum in float64 is
+    exact. One ring object for all cases, each run twice: the second call reuses the plan and
+    its scratch, and a later size makes a plan of its own."""
     n = comm.world_size
     ring = RingAllReduce(segment_bytes)
-    for _ in range(2):  # the second call reuses the plan and its scratch
-        tensor = torch.arange(numel, dtype=torch.float64) + comm.rank + 1
-        ring(comm, tensor, op)
-    want = n * torch.arange(numel, dtype=torch.float64) + n * (n + 1) / 2
-    return torch.equal(tensor, want / n if op == "mean" else want)
+    failed = []
+    for numel, op in cases:
+        for _ in range(2):
+            tensor = torch.arange(numel, dtype=torch.float64) + comm.rank + 1
+            ring(comm, tensor, op)
+        want = n * torch.arange(numel, dtype=torch.float64) + n * (n + 1) / 2
+        if not torch.equal(tensor, want / n if op == "mean" else want):
+            failed.append((numel, op))
+    return failed
 
 
 @pytest.mark.parametrize("segment_bytes", SEGMENTS.values(), ids=SEGMENTS.keys())
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
 def test_exact_sum_for_every_world_size_and_odd_sizes(n: int, segment_bytes) -> None:
-    for numel in sorted({0, 1, n - 1, n + 1, 2 * n + 1, 37}):
-        for op in ("sum", "mean"):
-            result = launch(exact_sum, n, numel, op, segment_bytes).results
-            assert result == [True] * n, f"{n} ranks, {numel} elements, op {op}"
+    cases = [(numel, op) for numel in sorted({0, 1, n - 1, n + 1, 2 * n + 1, 37})
+             for op in ("sum", "mean")]
+    result = launch(exact_sums, n, cases, segment_bytes, timeout=300).results
+    assert result == [[]] * n, f"{n} ranks: (elements, op) that failed per rank: {result}"
 
 
 def same_as_ring(comm, numel: int, op: str, segment_bytes: int | None) -> bool:  # noqa: ANN001
@@ -121,8 +127,9 @@ def test_scratch_is_made_once_per_size_and_recorded() -> None:
     assert len(scratch) == 2 * 3 and all(m.delta > 0 for m in scratch)  # 2 sizes, 3 ranks
 
 
-def no_collectives(comm, numel: int, segment_bytes: int | None) -> list[bool]:  # noqa: ANN001
-    """On gloo: the exact sum with every torch.distributed collective disabled."""
+def no_collectives(comm, cases: list[tuple[int, str]], segment_bytes: int | None  # noqa: ANN001
+                   ) -> list:
+    """On gloo: the exact sums with every torch.distributed collective disabled."""
     def blocked(*_: object, **__: object) -> None:
         raise AssertionError("a torch.distributed collective was called")
 
@@ -132,7 +139,7 @@ def no_collectives(comm, numel: int, segment_bytes: int | None) -> list[bool]:  
     for name in names:
         setattr(dist, name, blocked)
     try:
-        return [exact_sum(comm, numel, op, segment_bytes) for op in ("sum", "mean")]
+        return exact_sums(comm, cases, segment_bytes)
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
@@ -141,10 +148,10 @@ def no_collectives(comm, numel: int, segment_bytes: int | None) -> list[bool]:  
 @pytest.mark.gloo
 @pytest.mark.parametrize("n", [2, 3])
 def test_exact_sum_on_gloo_with_only_point_to_point(n: int) -> None:
-    for numel in (1, n + 1, 1001):
-        for segment_bytes in (None, 64):
-            run = launch(no_collectives, n, numel, segment_bytes, backend="gloo", timeout=120)
-            assert run.results == [[True, True]] * n, (numel, segment_bytes)
+    cases = [(numel, op) for numel in (1, n + 1, 1001) for op in ("sum", "mean")]
+    for segment_bytes in (None, 64):
+        run = launch(no_collectives, n, cases, segment_bytes, backend="gloo", timeout=120)
+        assert run.results == [[]] * n, (segment_bytes, run.results)
 
 
 # ---- DDP's overlapped step runs on it ---------------------------------------------------------
