@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from mpgpu_edu.bench import (DEFAULT_REPEATS, MAX_LOAD_PER_CORE, QUICK_REPEATS,  # noqa: E402
-                             QUICK_SIZES, bench_allreduce, check_idle, replace_section,
+                             QUICK_SIZES, bench_allreduce, load_before, replace_section,
                              size_label, table)
 from mpgpu_edu.cli.bench import DEFAULT_SIZES, parse_algos, parse_sizes  # noqa: E402
 
@@ -90,14 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
     sizes, algos = parse_sizes(options.sizes), parse_algos(options.algos)
     world_sizes = [int(n) for n in options.world_size.split(",")]
-    load = os.getloadavg()[0]
-    print(f"1-minute load average before: {load:.2f} on {os.cpu_count()} cores")
-    if options.results:
-        try:
-            check_idle(options.force)
-        except RuntimeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    load = load_before(options.results, options.force)
+    if load is None:
+        return 2
     parts = []
     for world_size in world_sizes:
         reports = []

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from mpgpu_edu.bench import MAX_LOAD_PER_CORE, check_idle, replace_section, size_label  # noqa: E402
+from mpgpu_edu.bench import MAX_LOAD_PER_CORE, load_before, replace_section, size_label  # noqa: E402
 
 MARKER = "<!-- calibrate_vs_measured -->"
 QUICK_SIZES = [2**12, 2**22]
@@ -86,14 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     if runs_wanted < 1 or repeats < 1:
         print("error: --runs and --repeats must be at least 1", file=sys.stderr)
         return 2
-    load = os.getloadavg()[0]
-    print(f"1-minute load average before: {load:.2f} on {os.cpu_count()} cores")
-    if options.results:
-        try:
-            check_idle(options.force)
-        except RuntimeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    load = load_before(options.results, options.force)
+    if load is None:
+        return 2
     runs = []
     for k in range(runs_wanted):
         runs.append(run_once(options.world_size, repeats, sizes))

@@ -32,7 +32,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from mpgpu_edu.bench import MAX_LOAD_PER_CORE, check_idle, replace_section  # noqa: E402
+from mpgpu_edu.bench import MAX_LOAD_PER_CORE, load_before, replace_section  # noqa: E402
 from mpgpu_edu.comm import launch  # noqa: E402
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp, shard  # noqa: E402
 from mpgpu_edu.dp.ddp import DEFAULT_BUCKET_BYTES, ddp_step_overlapped  # noqa: E402
@@ -111,14 +111,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    load = os.getloadavg()[0]
-    print(f"1-minute load average before: {load:.2f} on {os.cpu_count()} cores")
-    if args.results:
-        try:
-            check_idle(args.force)
-        except RuntimeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    load = load_before(args.results, args.force)
+    if load is None:
+        return 2
     tables = []
     for world_size in (int(n) for n in args.world_size.split(",")):
         for batch in (int(b) for b in args.batch.split(",")):

@@ -191,6 +191,23 @@ def replace_section(path: Path, marker: str, section: str) -> None:
     path.write_text(text)
 
 
+def load_before(results: str | None, force: bool = False) -> float | None:
+    """Print the 1-minute load average before a benchmark and return it; ``None`` (with the
+    reason on stderr) when its results are to be written (``results``) and the machine is
+    too busy for that (``check_idle``), unless ``force``."""
+    import sys
+
+    load = os.getloadavg()[0]
+    print(f"1-minute load average before: {load:.2f} on {os.cpu_count()} cores")
+    if results:
+        try:
+            check_idle(force)
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return None
+    return load
+
+
 def check_idle(force: bool = False) -> None:
     """Raise ``RuntimeError`` if the machine is too busy for timings worth recording
     (1-minute load average above ``MAX_LOAD_PER_CORE`` per core), unless ``force``."""
