@@ -175,6 +175,7 @@ def test_bench_quick_runs_end_to_end(capsys) -> None:
     ("allreduce_vs_torch", "| size | ring/builtin | ring_fast/builtin |"),
     ("ddp_vs_torch", "median over 1 run(s) of the run medians of neighbouring ratios"),
     ("calibrate_vs_measured", "| size | ring: simulated vs measured | fast: simulated vs "),
+    ("first_check", "First `mp.check(\"1.3\")` in a fresh process"),
 ])
 def test_the_benchmark_scripts_run_quick(name, shows, tmp_path) -> None:
     results = tmp_path / "RESULTS.md"
