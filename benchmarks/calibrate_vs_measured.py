@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from mpgpu_edu.bench import MAX_LOAD_PER_CORE, load_before, replace_section, size_label  # noqa: E402
+from mpgpu_edu.bench import MAX_LOAD_PER_CORE, load_before, record, size_label  # noqa: E402
 
 MARKER = "<!-- calibrate_vs_measured -->"
 QUICK_SIZES = [2**12, 2**22]
@@ -101,11 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"1-minute load average after: {after:.2f} (recorded only below "
           f"{MAX_LOAD_PER_CORE} per core before)")
     if options.results:
-        args = sys.argv[1:] if argv is None else argv
-        command = " ".join(["python", "benchmarks/calibrate_vs_measured.py", *args])
-        replace_section(Path(options.results), MARKER,
-                        f"{MARKER}\n## Calibrate: the simulator against our own ring (gloo)\n\n"
-                        f"Command: `{command}`\n\n{text}\n{MARKER}")
+        record(options.results, MARKER, "Calibrate: the simulator against our own ring (gloo)",
+               "calibrate_vs_measured.py", argv, text)
     return 0
 
 

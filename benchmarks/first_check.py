@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from mpgpu_edu.bench import MAX_LOAD_PER_CORE, load_before, replace_section  # noqa: E402
+from mpgpu_edu.bench import MAX_LOAD_PER_CORE, load_before, record  # noqa: E402
 
 MARKER = "<!-- first_check -->"
 KERNEL = """
@@ -83,11 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"1-minute load average after: {after:.2f} (recorded only below "
           f"{MAX_LOAD_PER_CORE} per core before)")
     if args.results:
-        command = " ".join(["python", "benchmarks/first_check.py",
-                            *(sys.argv[1:] if argv is None else argv)])
-        replace_section(Path(args.results), MARKER,
-                        f"{MARKER}\n## The first check in a fresh kernel\n\nCommand: "
-                        f"`{command}`\n\n{text}\n{MARKER}")
+        record(args.results, MARKER, "The first check in a fresh kernel", "first_check.py",
+               argv, text)
     return 0
 
 

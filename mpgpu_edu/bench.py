@@ -191,6 +191,18 @@ def replace_section(path: Path, marker: str, section: str) -> None:
     path.write_text(text)
 
 
+def record(results: str, marker: str, title: str, script: str, argv: list[str] | None,
+           text: str) -> None:
+    """Write a benchmark's ``text`` into its section of the Markdown file ``results``, under
+    ``## title`` and the command that made it (``python benchmarks/SCRIPT ARGS``)."""
+    import sys
+
+    command = " ".join(["python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None
+                                                            else argv)])
+    replace_section(Path(results), marker,
+                    f"{marker}\n## {title}\n\nCommand: `{command}`\n\n{text}\n{marker}")
+
+
 def load_before(results: str | None, force: bool = False) -> float | None:
     """Print the 1-minute load average before a benchmark and return it; ``None`` (with the
     reason on stderr) when its results are to be written (``results``) and the machine is

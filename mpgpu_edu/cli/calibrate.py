@@ -89,6 +89,8 @@ def text(report: dict) -> str:
     lines = [f"{report['backend']}, ranks 0 and 1 of {report['world_size']}: alpha "
              f"{alpha * 1e6:.1f} us, beta {beta / 1e9:.3f} GB/s ({report['fit']}); "
              f"topology {report['topology']}",
+             f"exchanges: {report.get('alpha_shared', 1.0):.0%} of alpha is work the two "
+             f"ranks cannot do side by side ({report.get('exchange_fit', '')})",
              _memory_line(report),
              f"profile written to {report['profile_path']}",
              "", "ping-pong, one way, and exchange (both send at once), medians",

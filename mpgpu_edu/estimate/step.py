@@ -303,9 +303,8 @@ def memory_per_device(setup: StepSetup, n: int) -> dict[str, int]:
     one = acts["layers"] + acts["embedding"] + acts["output"]
     if setup.strategy == "pipeline":
         one = min(n, setup.accumulate) * (acts["layers"] // n + acts["embedding"])
-    kind = {"dp": "dp", "zero1": "zero1", "zero3": "zero3", "pipeline": "pipeline",
-            "tensor": "tensor"}[setup.strategy]
-    return estimate_memory(spec_params(spec), "adam", "mixed", kind, n, one).per_device
+    return estimate_memory(spec_params(spec), "adam", "mixed", setup.strategy, n,
+                           one).per_device
 
 
 def simulate_step(setup: StepSetup) -> tuple[dict, Any]:
