@@ -8,7 +8,9 @@ distinct receivers run side by side. On that cluster the simulator gives exactly
 numbers (tests check it to 1e-9). Where messages share a cap (host memory behind staged PCIe
 copies, a PCIe switch's uplink) they divide its bandwidth: ``staged_*`` below give the forms
 for k concurrent messages each getting ``min(beta, C / k)``; the gap to the forms above is
-contention. ``rail_ring_allreduce_time`` is the multi-channel ring over NIC rails.
+contention. ``rail_ring_allreduce_time`` is the multi-channel ring over NIC rails;
+``hierarchical_allreduce_time`` and ``flat_ring_two_level_time`` are the hierarchical
+all-reduce and one flat ring on nodes with two link classes (NVLink inside, NICs between).
 
 Conventions:
 - ``n`` ranks, ``nbytes`` (S) the size of the tensor each rank holds.
@@ -169,6 +171,50 @@ def rail_ring_allreduce_time(nodes: int, per_node: int, nbytes: float, intra_alp
     network = c / min(nic_beta_Bps, intra_beta_Bps) + intra_alpha_s + nic_alpha_s
     step = max(nvlink, network) if nodes > 1 else per_node * c / intra_beta_Bps + intra_alpha_s
     return 2 * (n - 1) * step
+
+
+def hierarchical_allreduce_time(nodes: int, per_node: int, nbytes: float,
+                                intra_alpha_s: float, intra_beta_Bps: float,
+                                inter_alpha_s: float, inter_beta_Bps: float) -> float:
+    """Hierarchical all-reduce (``hierarchical``) on ``nodes`` (M) nodes of ``per_node`` (G)
+    GPUs, one NIC rail per local GPU: a ring reduce-scatter in each node, a ring all-reduce
+    of each 1/G chunk across the nodes on its rail (all rails at once), a ring all-gather
+    in each node. ``intra_*`` is a link inside a node, ``inter_*`` the route between two
+    GPUs of one rail on different nodes (both latencies, the slower bandwidth):
+    ``2 (G - 1)(a_intra + S / (G b_intra)) + 2 (M - 1)(a_inter + S / (G M b_inter))``."""
+    _check_n(nodes)
+    _check_n(per_node)
+    inside = 2 * ring_reduce_scatter_time(per_node, nbytes, intra_alpha_s, intra_beta_Bps)
+    across = ring_allreduce_time(nodes, nbytes / per_node, inter_alpha_s, inter_beta_Bps)
+    return inside + across
+
+
+def flat_ring_two_level_time(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
+                             intra_beta_Bps: float, inter_alpha_s: float,
+                             inter_beta_Bps: float) -> float:
+    """One flat ring (``all_reduce_ring``) over all N = M G ranks in rank order on M > 1
+    nodes: every one of its 2(N - 1) steps moves S / N bytes on every hop at once, and the
+    hops that leave a node (G - 1 to G, ..., N - 1 to 0) set the pace:
+    ``2 (N - 1) max(a_intra + S / (N b_intra), a_inter + S / (N b_inter))``. With one node
+    it is ``ring_allreduce_time`` on the intra-node link."""
+    _check_n(nodes)
+    _check_n(per_node)
+    n = nodes * per_node
+    if nodes == 1:
+        return ring_allreduce_time(n, nbytes, intra_alpha_s, intra_beta_Bps)
+    step = max(message_time(nbytes / n, intra_alpha_s, intra_beta_Bps),
+               message_time(nbytes / n, inter_alpha_s, inter_beta_Bps))
+    return 2 * (n - 1) * step
+
+
+def hierarchical_bytes_sent(nodes: int, per_node: int, nbytes: float) -> dict[str, float]:
+    """Bytes each rank sends in the hierarchical all-reduce, per link class:
+    ``{"intra": 2 (G - 1) / G S, "inter": 2 (M - 1) / (G M) S}`` (exact when G M divides the
+    element count). A flat ring's ranks at a node's edge send ``2 (N - 1) / N S`` across."""
+    _check_n(nodes)
+    _check_n(per_node)
+    return {"intra": 2 * (per_node - 1) / per_node * nbytes,
+            "inter": 2 * (nodes - 1) / (per_node * nodes) * nbytes}
 
 
 def algbw(nbytes: float, seconds: float) -> float:

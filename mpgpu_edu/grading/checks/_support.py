@@ -66,7 +66,8 @@ _DIST_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "redu
                      "all_to_all", "all_to_all_single", "all_gather_object",
                      "broadcast_object_list")
 _PACKAGE_MODULES = ("mpgpu_edu.collectives", "mpgpu_edu.collectives.allreduce",
-                    "mpgpu_edu.collectives.allgather", "mpgpu_edu.collectives.basic")
+                    "mpgpu_edu.collectives.allgather", "mpgpu_edu.collectives.basic",
+                    "mpgpu_edu.collectives.hierarchical")
 
 
 def _forbidden_targets() -> list[tuple[Any, str, str]]:
