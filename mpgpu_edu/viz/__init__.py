@@ -31,3 +31,8 @@ __all__ = [
 from mpgpu_edu.viz.devicemap import plot_device_map, plot_mesh, plot_visible_devices  # noqa: E402
 
 __all__ += ["plot_device_map", "plot_mesh", "plot_visible_devices"]
+
+# Several nodes: hosts, NIC rails, GPUs, and each rank's node, local and global rank.
+from mpgpu_edu.viz.nodes import plot_node_map  # noqa: E402
+
+__all__ += ["plot_node_map"]

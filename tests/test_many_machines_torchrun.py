@@ -1,0 +1,64 @@
+"""A real two-"node" torchrun on localhost: two launchers, gloo, every rank where it belongs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from mpgpu_edu.lessons.many_machines import (RankReport, TorchrunResult, check_reports,
+                                             torchrun_command, torchrun_table,
+                                             two_node_torchrun)
+
+
+def workers_alive() -> int:
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        count += b"-m mpgpu_edu.lessons.many_machines" in text
+    return count
+
+
+def test_the_launch_command_is_torchruns() -> None:
+    assert torchrun_command(1, 2, 2, 29500)[1:] == [
+        "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1",
+        "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", "29500",
+        "-m", "mpgpu_edu.lessons.many_machines"]
+
+
+def report(node: int, local: int, rank: int, total: float = 10.0) -> RankReport:
+    return RankReport(node, local, rank, 4, 2, "0,1", total, 1)
+
+
+def test_check_reports_rejects_misplaced_ranks_and_wrong_sums() -> None:
+    good = [report(k, j, 2 * k + j) for k in range(2) for j in range(2)]
+    assert check_reports(TorchrunResult(good, [], 0.0), 2) == []
+    swapped = [report(0, 0, 0), report(0, 1, 2), report(1, 0, 1), report(1, 1, 3)]
+    assert len(check_reports(TorchrunResult(swapped, [], 0.0), 2)) == 2
+    wrong_sum = good[:3] + [report(1, 1, 3, 4.0)]
+    assert check_reports(TorchrunResult(wrong_sum, [], 0.0), 2) == ["rank 3 got 4, not 10"]
+
+
+@pytest.mark.gloo
+def test_two_launchers_make_one_job() -> None:
+    result = two_node_torchrun(nproc_per_node=2, visible=("0,1", "2,3"), timeout=120)
+    assert check_reports(result, 2) == []
+    assert [(r.node, r.local_rank, r.rank) for r in result.reports] == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
+    assert [r.visible for r in result.reports] == ["0,1", "0,1", "2,3", "2,3"]
+    assert all(r.world_size == 4 and r.all_reduce == 10 for r in result.reports)
+    assert len({r.pid for r in result.reports}) == 4
+    assert "global rank" in torchrun_table(result)
+
+
+@pytest.mark.gloo
+def test_a_timeout_stops_both_launchers_and_their_workers() -> None:
+    before = workers_alive()
+    with pytest.raises(RuntimeError, match="did not finish within"):
+        two_node_torchrun(nproc_per_node=2, timeout=1.0)
+    time.sleep(0.5)
+    assert workers_alive() <= before
