@@ -84,9 +84,9 @@ _LAUNCH = ("launch ~5 us per kernel: eager PyTorch dispatch plus cudaLaunchKerne
            "Technical Blog, 'Getting Started with CUDA Graphs', 2019)")
 # Effective HBM3 bandwidth of an H100 SXM: a device-to-device copy measured 2,903 GB/s,
 # 86.7% of the 3,350 GB/s peak (Voltage Park / AI @ Georgia Tech, github.com/aigatech/
-# vpbenchmarking, README, "Memory Bandwidth - Single Node (8x H100)"). No measurement of the
-# same kind is cited here for the A100 and the RTX 4090: their effective figure applies the
-# same 86.7% to their spec sheet peak, and says so.
+# vpbenchmarking, README, "Memory Bandwidth - Single Node (8x H100)"). The A100's effective
+# figure is a measured read kernel (88% of peak, cited below); none is cited for the RTX 4090,
+# whose effective figure applies the H100's 86.7% to its spec sheet peak, and says so.
 _STREAM_FRACTION = 2903e9 / 3350e9
 
 GPUS: dict[str, GPUSpec] = {
@@ -114,11 +114,13 @@ GPUS: dict[str, GPUSpec] = {
         source=("NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM: 19.5 TFLOPS FP32; "
                 "312 TFLOPS BF16/FP16 Tensor Core (dense; 624 with sparsity); 80 GB HBM2e"),
         memory_Bps=2039e9,
-        effective_memory_Bps=2039e9 * _STREAM_FRACTION,
+        effective_memory_Bps=1.80e12,
         efficiency=0.52,
         compute_source=("memory: peak 2,039 GB/s HBM2e (A100 datasheet, 80GB SXM); effective "
-                        "assumed 86.7% of peak, the fraction measured on an H100 (no A100 "
-                        "measurement cited). efficiency 0.52: GPT 1T on 3,072 A100s reached "
+                        "1.80 TB/s, a DRAM read kernel on an A100 80GB SXM that Nsight Compute "
+                        "also puts at 88% of peak (NVIDIA developer forums, 'Trouble to Reach "
+                        "Peak Bandwidth of A100', topic 339083; the thread notes ~90% as the "
+                        "best any kernel reached in an NVIDIA GTC talk). efficiency 0.52: GPT 1T on 3,072 A100s reached "
                         "163 TFLOP/s per GPU, 52% of peak (Narayanan et al., 'Efficient "
                         "Large-Scale Language Model Training on GPU Clusters Using "
                         "Megatron-LM', SC 2021). " + _LAUNCH),
