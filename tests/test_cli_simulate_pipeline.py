@@ -97,3 +97,40 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], ar
     err = capsys.readouterr().err
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_interleaved_bubble_is_the_closed_form(capsys: pytest.CaptureFixture[str]) -> None:
+    """4 stages x 2 chunks x 8 microbatches: the bubble is (P-1)/(V M) of the compute, half
+    of 1F1B's (P-1)/M; sends cost microseconds against 1 ms chunks, so within 1 point."""
+    args = ("--stages", "4", "--microbatches", "8", "--cluster", "8xH100-nvswitch")
+    r = run_json(capsys, "--schedule", "interleaved", "--chunks", "2", *args)
+    assert (r["schedule"], r["chunks"], r["layers_per_stage"]) == ("interleaved", 2, [1] * 8)
+    assert r["bubble_overhead_formula"] == pytest.approx(3 / 16)
+    assert r["bubble_overhead_grid"] == pytest.approx(3 / 16)
+    assert abs(r["bubble_overhead"] - 3 / 16) < 0.01
+    assert r["bubble_fraction_formula"] == pytest.approx(3 / 19)
+    plain = run_json(capsys, "--schedule", "1f1b", *args)
+    assert plain["chunks"] == 1 and plain["bubble_overhead_formula"] == pytest.approx(3 / 8)
+    assert abs(plain["bubble_overhead"] - 3 / 8) < 0.01
+    assert r["makespan_s"] < plain["makespan_s"]
+    # the price: P V - 1 = 7 boundaries carry messages instead of P - 1 = 3
+    assert 3 * sum(r["bytes_sent_per_device"]) == 7 * sum(plain["bytes_sent_per_device"])
+
+
+def test_interleaved_text_names_chunks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "pipeline", "--schedule", "interleaved", "--stages", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 stages x 2 chunks x 4 microbatches" in out and "F0.1" in out
+    assert "(P-1)/(V M) = 12.5%" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--schedule", "interleaved", "--stages", "4", "--microbatches", "6"], "not a multiple"),
+    (["--chunks", "3"], "needs --schedule interleaved"),
+    (["--schedule", "interleaved", "--stages", "4", "--chunks", "3"], "virtual stages"),
+    (["--schedule", "interleaved", "--chunks", "0"], "--chunks"),
+])
+def test_interleaved_bad_input_is_one_line(argv, words, capsys) -> None:
+    assert exit_code(["simulate", "pipeline", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and words in err

@@ -290,3 +290,25 @@ def test_gloo_pipeline_equals_single_device():
         for name, expected in ref_params.items():
             torch.testing.assert_close(per_schedule[name], expected, rtol=1e-5, atol=1e-6)
         assert result.results[1][i]["losses"] == pytest.approx(ref_losses, rel=1e-5)
+
+
+# ---- interleaved 1F1B: chunks on every rank, same result ----------------------------------
+
+@pytest.mark.parametrize("n_stages, n_mb, n_chunks", [(2, 4, 2), (3, 3, 3), (2, 2, 4)])
+def test_interleaved_equals_single_device(n_stages, n_mb, n_chunks):
+    """V chunks per rank (9 layers cut into P V virtual stages), messages wrapping from the
+    last rank back to the first: the same parameters and losses as one device."""
+    from mpgpu_edu.pipeline import interleaved_1f1b
+
+    data = batches(steps=2, n=12)
+    schedule = interleaved_1f1b(n_stages, n_mb, n_chunks)
+    result = launch(train_pipeline, n_stages, model_fn(), data, schedule)
+    assert_matches(result, data)
+
+
+def test_interleaved_messages_carry_chunked_tags():
+    """Chunk 0's tags are lesson 04's (2m, 2m+1); chunk c's are offset so that microbatch m's
+    activation into chunk 1 never matches chunk 0's."""
+    assert message_tag(Step(1, 3, "F")) == 6 and message_tag(Step(1, 3, "B")) == 7
+    assert message_tag(Step(0, 3, "F", 1)) not in {message_tag(Step(0, m, op))
+                                                   for m in range(64) for op in "FB"}

@@ -1,6 +1,7 @@
 """Pipeline schedules are values: their invariants are checked on the grid, with no tensors."""
 
 from collections import Counter
+from fractions import Fraction
 
 import pytest
 from hypothesis import given
@@ -11,11 +12,13 @@ from mpgpu_edu.pipeline.schedules import (
     ScheduleError,
     Step,
     bubble_fraction,
+    bubble_overhead,
     dependencies,
     earliest_starts,
     from_grid,
     from_order,
     gpipe,
+    interleaved_1f1b,
     makespan_ticks,
     naive,
     one_f_one_b,
@@ -26,6 +29,7 @@ from mpgpu_edu.pipeline.schedules import (
     steps_of,
     validate,
 )
+from mpgpu_edu.pipeline.timing import timed_bubble_overhead
 
 BUILDERS = [gpipe, one_f_one_b]
 sizes = st.tuples(st.integers(1, 8), st.integers(1, 16))
@@ -39,7 +43,8 @@ def every_step(n_stages: int, n_microbatches: int) -> Counter:
 def with_cell(schedule: Schedule, device: int, tick: int, cell: Step | None) -> Schedule:
     grid = [list(row) for row in schedule.grid]
     grid[device][tick] = cell
-    return Schedule(schedule.name, schedule.n_stages, schedule.n_microbatches, tuple(grid))
+    return Schedule(schedule.name, schedule.n_stages, schedule.n_microbatches, tuple(grid),
+                    schedule.n_chunks)
 
 
 # ---- the builders' invariants ------------------------------------------------------------------
@@ -229,3 +234,70 @@ def test_rows_and_microbatches_must_fit_the_schedule():
         validate(Schedule("short", 3, 1, gpipe(2, 1).grid))
     with pytest.raises(ScheduleError, match="microbatch 2 is outside 0..1"):
         validate(from_grid("extra", ["F0 F1 F2 B0 B1 B2"], n_microbatches=2))
+
+
+# ---- interleaved 1F1B (virtual stages) ------------------------------------------------------
+
+INTERLEAVED = [(p, v, m) for p in (2, 3, 4) for v in (1, 2, 3) for m in (p, 2 * p, 3 * p)]
+
+
+@pytest.mark.parametrize("n_stages, n_chunks, n_mb", INTERLEAVED)
+def test_interleaved_bubble_is_the_closed_form(n_stages, n_chunks, n_mb):
+    """Valid, and its bubble costs (P-1)/(V M) of the compute time exactly, in unit ticks
+    and with a backward twice a forward (each chunk step 1/V of a stage's work)."""
+    schedule = interleaved_1f1b(n_stages, n_mb, n_chunks)
+    validate(schedule)
+    expected = Fraction(n_stages - 1, n_chunks * n_mb)
+    assert Fraction(bubble_overhead(schedule)).limit_denominator(1000) == expected
+    timed = timed_bubble_overhead(schedule, Fraction(1, n_chunks), Fraction(2, n_chunks))
+    assert timed == expected
+    idle = Fraction(n_stages - 1, n_chunks * n_mb + n_stages - 1)
+    assert Fraction(bubble_fraction(schedule)).limit_denominator(1000) == idle
+
+
+def test_interleaved_with_one_chunk_is_1f1b():
+    for p, m in [(2, 4), (3, 6), (4, 8)]:
+        assert interleaved_1f1b(p, m, 1).grid == one_f_one_b(p, m).grid
+
+
+def test_interleaved_beats_1f1b_and_pays_in_activations():
+    """The bubble shrinks V-fold; each device holds more microbatch-chunks at its peak."""
+    plain, inter = one_f_one_b(4, 8), interleaved_1f1b(4, 8, 2)
+    assert bubble_overhead(inter) == pytest.approx(bubble_overhead(plain) / 2)
+    assert max(peak_activations(inter)) > max(peak_activations(plain))
+
+
+def test_interleaved_steps_name_their_chunk_and_wrap_around():
+    schedule = interleaved_1f1b(2, 2, 2)
+    assert schedule.n_chunks == 2
+    assert {step.chunk for step in steps_of(schedule, 0)} == {0, 1}
+    # virtual stage 2 (chunk 1 on dev 0) takes its input from virtual stage 1 (dev 1)
+    assert dependencies(Step(0, 0, "F", 1), 2, 2) == (Step(1, 0, "F", 0),)
+    assert recv_from(Step(0, 0, "F", 1), 2, 2) == 1 and send_to(Step(1, 0, "F"), 2, 2) == 0
+    assert recv_from(Step(1, 0, "B", 0), 2, 2) == 0 and send_to(Step(0, 0, "B", 1), 2, 2) == 1
+    assert send_to(Step(1, 0, "F", 1), 2, 2) is None  # the loss
+    text = render(schedule)
+    assert "F0.0" in text and "B1.1" in text
+    assert from_grid("redrawn", text).grid == schedule.grid
+
+
+def test_interleaved_validation_names_the_chunk():
+    schedule = interleaved_1f1b(2, 2, 2)
+    row = list(schedule.grid[0])
+    first_chunk1 = next(t for t, s in enumerate(row) if s is not None and s.chunk == 1)
+    swapped = with_cell(schedule, 0, first_chunk1, Step(0, 0, "F", 2))
+    with pytest.raises(ScheduleError, match="chunk 2 is outside 0..1"):
+        validate(swapped)
+    early = from_grid("early", ["F0.1 F0.0 . . ", ". F0.0"], n_microbatches=1)
+    with pytest.raises(ScheduleError, match="runs before"):
+        validate(early)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((4, 6, 2), "not a multiple of 4"),
+    ((2, 4, 0), "at least 1 chunk"),
+    ((0, 4, 2), "at least 1 stage"),
+])
+def test_interleaved_refuses_bad_sizes(args, message):
+    with pytest.raises(ValueError, match=message):
+        interleaved_1f1b(*args)

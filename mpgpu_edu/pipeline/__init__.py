@@ -2,7 +2,8 @@
 microbatches through them on a schedule.
 
 - ``partition``: which layers go on which stage (by hand, or balanced by parameters or FLOPs).
-- ``schedules``: naive, GPipe and 1F1B as values: grids of forward/backward steps per tick.
+- ``schedules``: naive, GPipe, 1F1B and interleaved 1F1B as values: grids of forward/backward
+  steps per tick.
 - ``timing``: the same schedules with real seconds per stage and per send.
 """
 
@@ -21,15 +22,19 @@ from mpgpu_edu.pipeline.schedules import (
     ScheduleError,
     Step,
     bubble_fraction,
+    bubble_overhead,
+    consumer_of,
     dependencies,
     earliest_starts,
     from_grid,
     from_order,
     gpipe,
+    interleaved_1f1b,
     makespan_ticks,
     naive,
     one_f_one_b,
     peak_activations,
+    producer_of,
     recv_from,
     render,
     send_to,
@@ -40,14 +45,17 @@ from mpgpu_edu.pipeline.timing import (
     TimedStep,
     schedule_timeline,
     timed_bubble_fraction,
+    timed_bubble_overhead,
     timeline_trace,
 )
 
 __all__ = [
     "LayerCost", "Placement", "StagePlacement", "layer_costs", "partition_balanced",
     "partition_by_list", "partition_by_sizes", "split_module",
-    "Schedule", "ScheduleError", "Step", "bubble_fraction", "dependencies", "earliest_starts",
-    "from_grid", "from_order", "gpipe", "makespan_ticks", "naive", "one_f_one_b",
-    "peak_activations", "recv_from", "render", "send_to", "steps_of", "validate",
-    "TimedStep", "schedule_timeline", "timed_bubble_fraction", "timeline_trace",
+    "Schedule", "ScheduleError", "Step", "bubble_fraction", "bubble_overhead", "consumer_of",
+    "dependencies", "earliest_starts", "from_grid", "from_order", "gpipe", "interleaved_1f1b",
+    "makespan_ticks", "naive", "one_f_one_b", "peak_activations", "producer_of", "recv_from",
+    "render", "send_to", "steps_of", "validate",
+    "TimedStep", "schedule_timeline", "timed_bubble_fraction", "timed_bubble_overhead",
+    "timeline_trace",
 ]

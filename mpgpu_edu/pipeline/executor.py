@@ -36,16 +36,21 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, Work, nbytes_of
-from mpgpu_edu.pipeline.schedules import Schedule, Step, recv_from, send_to, steps_of
+from mpgpu_edu.pipeline.schedules import Schedule, Step, consumer_of, producer_of, steps_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 StageSeconds = tuple[float, float]
 
 
+CHUNK_TAG_STRIDE = 1 << 20  # tags of chunk c start at 2c x this: no two chunks' tags meet
+
+
 def message_tag(step: Step) -> int:
     """The tag of the message a step receives or sends: ``2 m`` for microbatch m's
-    activation, ``2 m + 1`` for its gradient."""
-    return 2 * step.microbatch + (1 if step.op == "B" else 0)
+    activation, ``2 m + 1`` for its gradient (plus ``2 c x 2^20`` for chunk c of an
+    interleaved schedule, whose sender tags it with the receiving step)."""
+    chunk = 2 * CHUNK_TAG_STRIDE * step.chunk
+    return chunk + 2 * step.microbatch + (1 if step.op == "B" else 0)
 
 
 @dataclass
@@ -55,13 +60,14 @@ class _Pipeline:
 
     comm: Communicator
     n_stages: int
-    module: nn.Module
+    n_chunks: int
+    modules: Sequence[nn.Module]  # one per chunk
     microbatches: Sequence[torch.Tensor] | None
     targets: Sequence[torch.Tensor] | None
     loss_fn: LossFn
-    recv_like: Sequence[torch.Tensor] | None
+    recv_like: Sequence[Sequence[torch.Tensor] | None]  # [chunk][microbatch]
     batch_size: int
-    seconds: StageSeconds | None
+    seconds: Sequence[StageSeconds] | None  # one pair per chunk
     losses: list[float]
 
 
@@ -75,12 +81,14 @@ class _Saved:
     token: int
 
 
-def run_schedule(comm: Communicator, schedule: Schedule, stage_module: nn.Module,
+def run_schedule(comm: Communicator, schedule: Schedule,
+                 stage_module: nn.Module | Sequence[nn.Module],
                  microbatches: Sequence[torch.Tensor] | None,
                  targets: Sequence[torch.Tensor] | None, loss_fn: LossFn, *,
-                 recv_like: Sequence[torch.Tensor] | None = None,
+                 recv_like: Sequence | None = None,
                  batch_size: int | None = None,
-                 stage_seconds: StageSeconds | None = None) -> float | None:
+                 stage_seconds: StageSeconds | Sequence[StageSeconds] | None = None
+                 ) -> float | None:
     """Run this rank's steps of ``schedule`` (rank p runs stage p, row p of the grid).
 
     Stage 0 reads ``microbatches[m]``; the last stage reads ``targets[m]`` and computes
@@ -93,18 +101,32 @@ def run_schedule(comm: Communicator, schedule: Schedule, stage_module: nn.Module
     optimizer. ``stage_seconds=(forward_s, backward_s)`` times every step at fixed seconds on
     the simulator (for teaching), instead of counting FLOPs.
 
+    An interleaved schedule (``schedule.n_chunks`` = V > 1) runs V model chunks on each rank:
+    ``stage_module``, ``recv_like`` and ``stage_seconds`` then hold one entry per chunk
+    (chunk c of rank p is virtual stage c P + p; the last rank's last chunk computes the loss).
+
     Returns the summed (scaled) loss on the last stage, ``None`` on the others.
     """
     if schedule.n_stages != comm.world_size:
         raise ValueError(f"schedule {schedule.name!r} has {schedule.n_stages} stages but the "
                          f"communicator has {comm.world_size} ranks: one stage per rank")
+    chunks = schedule.n_chunks
+    modules = [stage_module] if chunks == 1 else list(stage_module)
+    if len(modules) != chunks:
+        raise ValueError(f"schedule {schedule.name!r} runs {chunks} chunks per rank: pass one "
+                         f"module per chunk, got {len(modules)}")
+    likes = [recv_like] if chunks == 1 else list(recv_like or [None] * chunks)
+    seconds = None if stage_seconds is None else (
+        [stage_seconds] if chunks == 1 else list(stage_seconds))
     is_last = comm.rank == schedule.n_stages - 1
-    _check_inputs(comm.rank, is_last, schedule, microbatches, targets, recv_like)
+    for chunk, like in enumerate(likes):
+        _check_inputs(comm.rank + chunk * schedule.n_stages, is_last, schedule, microbatches,
+                      targets, like)
     if batch_size is None:
         batch_size = sum(len(t) for t in targets) if is_last else 1
-    run = _Pipeline(comm, schedule.n_stages, stage_module, microbatches, targets, loss_fn,
-                    recv_like, batch_size, stage_seconds, [])
-    saved: dict[int, _Saved] = {}
+    run = _Pipeline(comm, schedule.n_stages, chunks, modules, microbatches, targets, loss_fn,
+                    likes, batch_size, seconds, [])
+    saved: dict[tuple[int, int], _Saved] = {}
     sends: list[tuple[Work, torch.Tensor]] = []
     for step in steps_of(schedule, comm.rank):
         do_step = _forward if step.op == "F" else _backward
@@ -114,43 +136,45 @@ def run_schedule(comm: Communicator, schedule: Schedule, stage_module: nn.Module
     return sum(run.losses) if is_last else None
 
 
-def _forward(run: _Pipeline, step: Step, saved: dict[int, _Saved]
+def _forward(run: _Pipeline, step: Step, saved: dict[tuple[int, int], _Saved]
              ) -> list[tuple[Work, torch.Tensor]]:
-    comm, m = run.comm, step.microbatch
-    source, target = recv_from(step, run.n_stages), send_to(step, run.n_stages)
+    comm, m, module = run.comm, step.microbatch, run.modules[step.chunk]
+    source = producer_of(step, run.n_stages, run.n_chunks)
+    target = consumer_of(step, run.n_stages, run.n_chunks)
     if source is None:
         inputs = run.microbatches[m]
     else:
-        like = run.recv_like[m]
+        like = run.recv_like[step.chunk][m]
         inputs = torch.empty(like.shape, dtype=like.dtype, device=comm.device)
-        comm.recv(inputs, source, message_tag(step))
+        comm.recv(inputs, source.stage, message_tag(step))
         inputs.requires_grad_()
-    seconds = run.seconds[0] if run.seconds else None
-    acts = _ActivationBytes(run.module)
+    seconds = run.seconds[step.chunk][0] if run.seconds else None
+    acts = _ActivationBytes(module)
     with comm.compute("forward", step.token, seconds=seconds), acts:
-        outputs = run.module(inputs)
+        outputs = module(inputs)
         if target is None:  # the last stage: this microbatch's share of the batch's loss
             share = len(run.targets[m]) / run.batch_size
             outputs = run.loss_fn(outputs, run.targets[m]) * share
             run.losses.append(outputs.item())
     token = comm.memory.alloc("activations", acts.nbytes, f"stage {step.stage} {step.token}")
-    saved[m] = _Saved(inputs, outputs, token)
+    saved[step.chunk, m] = _Saved(inputs, outputs, token)
     if target is None:
         return []
     message = outputs.detach().contiguous()
-    return [(comm.isend(message, target, message_tag(step)), message)]
+    return [(comm.isend(message, target.stage, message_tag(target)), message)]
 
 
-def _backward(run: _Pipeline, step: Step, saved: dict[int, _Saved]
+def _backward(run: _Pipeline, step: Step, saved: dict[tuple[int, int], _Saved]
               ) -> list[tuple[Work, torch.Tensor]]:
     comm = run.comm
-    source, target = recv_from(step, run.n_stages), send_to(step, run.n_stages)
-    mine = saved.pop(step.microbatch)
+    source = producer_of(step, run.n_stages, run.n_chunks)
+    target = consumer_of(step, run.n_stages, run.n_chunks)
+    mine = saved.pop((step.chunk, step.microbatch))
     grad = None  # the last stage starts from its loss
     if source is not None:
         grad = torch.empty_like(mine.outputs)
-        comm.recv(grad, source, message_tag(step))
-    seconds = run.seconds[1] if run.seconds else None
+        comm.recv(grad, source.stage, message_tag(step))
+    seconds = run.seconds[step.chunk][1] if run.seconds else None
     with comm.compute("backward", step.token, seconds=seconds):
         if mine.outputs.requires_grad:  # False only for a stage with nothing to train
             torch.autograd.backward(mine.outputs, grad)
@@ -158,7 +182,7 @@ def _backward(run: _Pipeline, step: Step, saved: dict[int, _Saved]
     if target is None:
         return []
     message = mine.inputs.grad.contiguous()
-    return [(comm.isend(message, target, message_tag(step)), message)]
+    return [(comm.isend(message, target.stage, message_tag(target)), message)]
 
 
 class _ActivationBytes(torch.autograd.graph.saved_tensors_hooks):
@@ -181,6 +205,7 @@ def _check_inputs(rank: int, is_last: bool, schedule: Schedule,
                   microbatches: Sequence[torch.Tensor] | None,
                   targets: Sequence[torch.Tensor] | None,
                   recv_like: Sequence[torch.Tensor] | None) -> None:
+    """``rank`` is the virtual stage (the rank itself unless the schedule is interleaved)."""
     n = schedule.n_microbatches
     needs = [("microbatches", microbatches, rank == 0), ("targets", targets, is_last),
              ("recv_like", recv_like, rank > 0)]
@@ -254,7 +279,8 @@ def pipeline_train_step(comm: Communicator, model_stages: Sequence[nn.Module],
     ``model_stages[p]``). Returns the batch's mean loss on the last stage, ``None`` elsewhere.
     With ``stage_seconds`` the optimizer step is free, so the timeline shows only the schedule.
     """
-    model_stages[comm.rank].zero_grad(set_to_none=True)
+    for stage in model_stages[comm.rank::schedule.n_stages]:  # this rank's chunks
+        stage.zero_grad(set_to_none=True)
     loss = pipeline_forward_backward(comm, model_stages, schedule, batch, targets, loss_fn,
                                  stage_seconds=stage_seconds)
     if optimizer is not None:
@@ -266,12 +292,22 @@ def pipeline_train_step(comm: Communicator, model_stages: Sequence[nn.Module],
 def pipeline_forward_backward(comm: Communicator, model_stages: Sequence[nn.Module],
                           schedule: Schedule, batch: torch.Tensor, targets: torch.Tensor,
                           loss_fn: LossFn | None = None, *, batch_size: int | None = None,
-                          stage_seconds: StageSeconds | None = None) -> float | None:
+                          stage_seconds: StageSeconds | Sequence[StageSeconds] | None = None
+                          ) -> float | None:
     """Forward and backward of the whole batch through the pipeline, gradients accumulated
     in this rank's stage; no optimizer step (``pipeline_train_step`` adds it). Hybrid
-    training passes the global ``batch_size`` when ``batch`` is one replica's shard."""
+    training passes the global ``batch_size`` when ``batch`` is one replica's shard.
+    For an interleaved schedule ``model_stages`` are the P V virtual stages, rank p runs
+    ``model_stages[p::P]``, and ``stage_seconds`` holds one pair per chunk."""
     rank, m = comm.rank, schedule.n_microbatches
     microbatches, mb_targets = split_batch(batch, m), split_batch(targets, m)
+    if schedule.n_chunks > 1:  # model_stages are the P V virtual stages; rank p runs c P + p
+        mine = range(rank, len(model_stages), schedule.n_stages)
+        return run_schedule(comm, schedule, [model_stages[v] for v in mine], microbatches,
+                            mb_targets, loss_fn or nn.functional.mse_loss,
+                            recv_like=[stage_inputs_like(model_stages[:v], microbatches)
+                                       if v > 0 else None for v in mine],
+                            batch_size=batch_size, stage_seconds=stage_seconds)
     recv_like = stage_inputs_like(model_stages[:rank], microbatches) if rank > 0 else None
     return run_schedule(comm, schedule, model_stages[rank], microbatches, mb_targets,
                         loss_fn or nn.functional.mse_loss, recv_like=recv_like,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -74,9 +75,13 @@ def train_pipeline(comm: Communicator, model: nn.Sequential, batches: Batches,
     """SPMD: train ``model`` split into ``schedule.n_stages`` stages, one per rank, for one
     step per batch. Returns ``{"stage", "losses" (last stage only, else None), "state"}``:
     the stage's ``state_dict``, whose keys are the model's own (``"2.weight"``)."""
+    n_virtual = schedule.n_stages * schedule.n_chunks  # P V chunks for an interleaved one
     stages = split_module(copy.deepcopy(model),
-                          placement or partition_balanced(model, schedule.n_stages))
-    mine = stages[comm.rank].to(comm.device)
+                          placement or partition_balanced(model, n_virtual))
+    # this rank's chunks (just its stage unless interleaved): virtual stages p, p+P, ...
+    mine = nn.Sequential(OrderedDict(
+        child for stage in stages[comm.rank::schedule.n_stages]
+        for child in stage.named_children())).to(comm.device)
     optimizer = make_stage_optimizer(mine, make_opt)
     track_parameters(comm, mine)
     track_gradients(comm, mine)

@@ -23,6 +23,13 @@ Cost (P stages, M microbatches): GPipe and 1F1B both take 2(M+P-1) ticks, so a d
 (P-1)/(M+P-1) of the time; GPipe's stage 0 holds M microbatches' activations, 1F1B's stage p
 at most P-p. References: Huang et al., "GPipe" (2019); Narayanan et al., "PipeDream" (2019)
 and "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (2021).
+
+Interleaved 1F1B (virtual stages) cuts the model into P x V chunks and gives device p the
+chunks p, p+P, p+2P, ...: a ``Step`` then names its ``chunk`` (0..V-1), and virtual stage
+``chunk * P + stage`` feeds the next one, wrapping from the last device back to the first.
+Each chunk step does 1/V of a stage's work, so the fill and drain shrink V-fold: for M a
+multiple of P and free sends the bubble costs (P-1)/(V M) of the ideal compute time
+(``bubble_overhead``), against (P-1)/M for 1F1B, for V times as many messages.
 """
 
 from __future__ import annotations
@@ -41,19 +48,24 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True)
 class Step:
-    """One unit of work: the forward ("F") or backward ("B") of one microbatch on one stage."""
+    """One unit of work: the forward ("F") or backward ("B") of one microbatch on one stage.
+
+    ``stage`` is the device that runs it. ``chunk`` is which of that device's model chunks it
+    runs: always 0 except in an interleaved schedule (virtual stage ``chunk * P + stage``)."""
 
     stage: int
     microbatch: int
     op: Op
+    chunk: int = 0
 
     @property
     def token(self) -> str:
-        """The step as a grid cell, e.g. ``"F3"``."""
-        return f"{self.op}{self.microbatch}"
+        """The step as a grid cell, e.g. ``"F3"``; ``"F3.1"`` for chunk 1."""
+        return f"{self.op}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
 
     def __str__(self) -> str:
-        return f"{self.op}(stage {self.stage}, mb {self.microbatch})"
+        chunk = f", chunk {self.chunk}" if self.chunk else ""
+        return f"{self.op}(stage {self.stage}, mb {self.microbatch}{chunk})"
 
 
 Grid = tuple[tuple[Step | None, ...], ...]
@@ -64,13 +76,15 @@ class Schedule:
     """``grid[device][tick]`` is the step that device runs at that tick, or None (a bubble).
 
     Rows may be given as lists and of different lengths: they are stored as tuples, padded
-    with bubbles to the same length.
+    with bubbles to the same length. ``n_chunks`` is the model chunks per device (V, 1 unless
+    the schedule is interleaved).
     """
 
     name: str
     n_stages: int
     n_microbatches: int
     grid: Grid
+    n_chunks: int = 1
 
     def __post_init__(self) -> None:
         width = max((len(row) for row in self.grid), default=0)
@@ -83,34 +97,53 @@ class Schedule:
 
 # ---- dependencies and placement ------------------------------------------------------------
 
-def dependencies(step: Step, n_stages: int) -> tuple[Step, ...]:
-    """The steps that must finish before ``step`` can start."""
-    s, m = step.stage, step.microbatch
+def _at(virtual: int, n_stages: int, microbatch: int, op: Op) -> Step:
+    """The step of virtual stage ``virtual`` (device ``virtual % P``, chunk ``virtual // P``)."""
+    return Step(virtual % n_stages, microbatch, op, virtual // n_stages)
+
+
+def dependencies(step: Step, n_stages: int, n_chunks: int = 1) -> tuple[Step, ...]:
+    """The steps that must finish before ``step`` can start (``n_chunks`` model chunks per
+    device: virtual stage ``chunk * n_stages + stage`` follows the one before it)."""
+    v, m = step.chunk * n_stages + step.stage, step.microbatch
     if step.op == "F":
-        return (Step(s - 1, m, "F"),) if s > 0 else ()
-    if s == n_stages - 1:
-        return (Step(s, m, "F"),)
-    return (Step(s, m, "F"), Step(s + 1, m, "B"))
+        return (_at(v - 1, n_stages, m, "F"),) if v > 0 else ()
+    if v == n_stages * n_chunks - 1:
+        return (_at(v, n_stages, m, "F"),)
+    return (_at(v, n_stages, m, "F"), _at(v + 1, n_stages, m, "B"))
 
 
-def recv_from(step: Step, n_stages: int) -> int | None:
+def producer_of(step: Step, n_stages: int, n_chunks: int = 1) -> Step | None:
+    """The step whose output this step consumes (activations for F, gradients for B), or None
+    when the input is local: the first forward reads the batch, the last backward the loss."""
+    v = step.chunk * n_stages + step.stage + (-1 if step.op == "F" else 1)
+    return _at(v, n_stages, step.microbatch, step.op) if 0 <= v < n_stages * n_chunks else None
+
+
+def consumer_of(step: Step, n_stages: int, n_chunks: int = 1) -> Step | None:
+    """The step that consumes this step's output, or None (the loss, or the input's grad)."""
+    v = step.chunk * n_stages + step.stage + (1 if step.op == "F" else -1)
+    return _at(v, n_stages, step.microbatch, step.op) if 0 <= v < n_stages * n_chunks else None
+
+
+def recv_from(step: Step, n_stages: int, n_chunks: int = 1) -> int | None:
     """The device whose output this step consumes: activations for F, gradients for B.
 
     None when the input is local: stage 0's forward reads the batch, the last stage's
     backward starts from the loss.
     """
-    source = step.stage - 1 if step.op == "F" else step.stage + 1
-    return source if 0 <= source < n_stages else None
+    source = producer_of(step, n_stages, n_chunks)
+    return None if source is None else source.stage
 
 
-def send_to(step: Step, n_stages: int) -> int | None:
+def send_to(step: Step, n_stages: int, n_chunks: int = 1) -> int | None:
     """The device that consumes this step's output, or None (the loss, or the input's grad)."""
-    target = step.stage + 1 if step.op == "F" else step.stage - 1
-    return target if 0 <= target < n_stages else None
+    target = consumer_of(step, n_stages, n_chunks)
+    return None if target is None else target.stage
 
 
 def earliest_starts(orders: Sequence[Sequence[Step]], duration: Callable[[Step], float],
-                    send_s: float = 0) -> dict[Step, float]:
+                    send_s: float = 0, n_chunks: int = 1) -> dict[Step, float]:
     """Start time of every step when device d runs ``orders[d]`` in turn, each step as soon as
     the device is free and its dependencies have finished (plus ``send_s`` when the dependency
     ran on another device). Raises ScheduleError if the orders wait on each other forever."""
@@ -127,7 +160,7 @@ def earliest_starts(orders: Sequence[Sequence[Step]], duration: Callable[[Step],
                 step = order[done[device]]
                 if step in start:
                     raise ScheduleError(f"{step} appears twice in the orders")
-                needs = dependencies(step, n_devices)
+                needs = dependencies(step, n_devices, n_chunks)
                 if any(need not in end for need in needs):
                     break
                 ready = [end[need] + (send_s if need.stage != device else 0) for need in needs]
@@ -135,25 +168,27 @@ def earliest_starts(orders: Sequence[Sequence[Step]], duration: Callable[[Step],
                 end[step] = free[device] = start[step] + duration(step)
                 done[device] += 1
                 progress = True
-    _check_finished(orders, done, end)
+    _check_finished(orders, done, end, n_chunks)
     return start
 
 
-def _check_finished(orders: Sequence[Sequence[Step]], done: list[int], end: dict) -> None:
+def _check_finished(orders: Sequence[Sequence[Step]], done: list[int], end: dict,
+                    n_chunks: int) -> None:
     stuck = [(device, order[done[device]]) for device, order in enumerate(orders)
              if done[device] < len(order)]
     if stuck:
         waits = "; ".join(
             f"dev {device} cannot run {step}: it waits for "
-            + ", ".join(str(need) for need in dependencies(step, len(orders)) if need not in end)
+            + ", ".join(str(need) for need in dependencies(step, len(orders), n_chunks)
+                       if need not in end)
             for device, step in stuck)
         raise ScheduleError(f"the step order can never finish: {waits}")
 
 
 def from_order(name: str, orders: Sequence[Sequence[Step]],
-               n_microbatches: int | None = None) -> Schedule:
+               n_microbatches: int | None = None, n_chunks: int = 1) -> Schedule:
     """A schedule from each device's step order, every step on the earliest tick it can run."""
-    starts = earliest_starts(orders, duration=lambda step: 1)
+    starts = earliest_starts(orders, duration=lambda step: 1, n_chunks=n_chunks)
     width = max((int(tick) + 1 for tick in starts.values()), default=0)
     grid: list[list[Step | None]] = [[None] * width for _ in orders]
     for device, order in enumerate(orders):
@@ -161,7 +196,7 @@ def from_order(name: str, orders: Sequence[Sequence[Step]],
             grid[device][int(starts[step])] = step
     if n_microbatches is None:
         n_microbatches = max((step.microbatch for step in starts), default=-1) + 1
-    return Schedule(name, len(orders), n_microbatches, tuple(map(tuple, grid)))
+    return Schedule(name, len(orders), n_microbatches, tuple(map(tuple, grid)), n_chunks)
 
 
 # ---- the builders ----------------------------------------------------------------------------
@@ -206,6 +241,49 @@ def _one_f_one_b_order(stage: int, n_stages: int, n_microbatches: int) -> list[S
     return forwards[:warmup] + steady + backwards[n_microbatches - warmup:]
 
 
+def interleaved_1f1b(n_stages: int, n_microbatches: int, n_chunks: int) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2): each device holds ``n_chunks``
+    model chunks (virtual stages) and runs 1F1B over (microbatch, chunk) pairs.
+
+    Device p's forwards go in rounds of P microbatches: microbatches 0..P-1 through chunk 0,
+    then the same P through chunk 1, ..., then the next P microbatches; backwards go in the
+    same rounds with the chunks reversed. Device p first runs 2(P-1-p) + (V-1)P forwards (the
+    warm-up), then alternates one forward and one backward, then drains. Needs M a multiple
+    of P, so that every round is full. Bubble overhead (P-1)/(V M) of the compute time.
+    """
+    _check_sizes(n_stages, n_microbatches)
+    if n_chunks < 1:
+        raise ValueError(f"an interleaved schedule needs at least 1 chunk per device, got "
+                         f"n_chunks={n_chunks}")
+    if n_microbatches % n_stages:
+        raise ValueError(f"interleaved 1F1B runs microbatches in rounds of P={n_stages}: "
+                         f"n_microbatches={n_microbatches} is not a multiple of {n_stages}; "
+                         f"use {n_stages * max(1, round(n_microbatches / n_stages))}")
+    orders = [_interleaved_order(p, n_stages, n_microbatches, n_chunks)
+              for p in range(n_stages)]
+    return from_order("interleaved", orders, n_microbatches, n_chunks)
+
+
+def _interleaved_order(stage: int, n_stages: int, n_microbatches: int,
+                       n_chunks: int) -> list[Step]:
+    total = n_microbatches * n_chunks
+
+    def nth(k: int, op: Op) -> Step:  # the k-th forward (or backward) this device runs
+        round_, within = divmod(k, n_stages * n_chunks)
+        chunk = within // n_stages
+        if op == "B":
+            chunk = n_chunks - 1 - chunk
+        return Step(stage, round_ * n_stages + within % n_stages, op, chunk)
+
+    warmup = min(2 * (n_stages - 1 - stage) + (n_chunks - 1) * n_stages, total)
+    if n_chunks == 1:
+        warmup = min(n_stages - 1 - stage, total)  # plain 1F1B
+    forwards = [nth(k, "F") for k in range(total)]
+    backwards = [nth(k, "B") for k in range(total)]
+    steady = [step for pair in zip(forwards[warmup:], backwards) for step in pair]
+    return forwards[:warmup] + steady + backwards[total - warmup:]
+
+
 def _check_sizes(n_stages: int, n_microbatches: int) -> None:
     if n_stages < 1 or n_microbatches < 1:
         raise ValueError(f"a pipeline needs at least 1 stage and 1 microbatch, got "
@@ -214,16 +292,17 @@ def _check_sizes(n_stages: int, n_microbatches: int) -> None:
 
 # ---- hand-drawn grids --------------------------------------------------------------------------
 
-_TOKEN = re.compile(r"([FB])(\d+)")
+_TOKEN = re.compile(r"([FB])(\d+)(?:\.(\d+))?")
 
 
 def from_grid(name: str, rows: str | Sequence[str | Sequence[Step | None]],
               n_microbatches: int | None = None) -> Schedule:
     """A schedule from a drawn grid, one row per device: ``["F0 F1 . B0 B1", ...]``.
 
-    Row p's tokens are stage p's steps; "." (or "-") is a bubble. ``rows`` may also be one
-    multi-line string such as render()'s output (the tick line, "dev p |" and bars are
-    skipped), or rows of Steps. ``n_microbatches`` defaults to the largest microbatch + 1.
+    Row p's tokens are stage p's steps; "." (or "-") is a bubble; ``F3.1`` is chunk 1's step
+    in an interleaved grid. ``rows`` may also be one multi-line string such as render()'s
+    output (the tick line, "dev p |" and bars are skipped), or rows of Steps.
+    ``n_microbatches`` defaults to the largest microbatch + 1, the chunks to the largest + 1.
     """
     if isinstance(rows, str):
         rows = [line for line in rows.splitlines()
@@ -233,7 +312,9 @@ def from_grid(name: str, rows: str | Sequence[str | Sequence[Step | None]],
     if n_microbatches is None:
         steps = [step for row in grid for step in row if step is not None]
         n_microbatches = max((step.microbatch for step in steps), default=-1) + 1
-    return Schedule(name, len(grid), n_microbatches, tuple(grid))
+    n_chunks = max((step.chunk + 1 for row in grid for step in row if step is not None),
+                   default=1)
+    return Schedule(name, len(grid), n_microbatches, tuple(grid), n_chunks)
 
 
 def _parse_row(text: str, device: int) -> tuple[Step | None, ...]:
@@ -245,7 +326,8 @@ def _parse_row(text: str, device: int) -> tuple[Step | None, ...]:
         if token in (".", "-"):
             cells.append(None)
         elif match:
-            cells.append(Step(device, int(match[2]), match[1]))  # type: ignore[arg-type]
+            chunk = int(match[3]) if match[3] else 0
+            cells.append(Step(device, int(match[2]), match[1], chunk))  # type: ignore[arg-type]
         else:
             raise ScheduleError(f"row {device}: cannot read {token!r}; write F<mb>, B<mb> or "
                                 f"'.' for a bubble, e.g. 'F0 F1 . B0'")
@@ -272,6 +354,14 @@ def bubble_fraction(schedule: Schedule) -> float:
     return (slots - busy) / slots if slots else 0.0
 
 
+def bubble_overhead(schedule: Schedule) -> float:
+    """Idle slots / busy slots: how much longer the step takes than its compute alone
+    (Megatron-LM's measure: (P-1)/M for GPipe and 1F1B, (P-1)/(V M) interleaved)."""
+    slots = schedule.n_stages * makespan_ticks(schedule)
+    busy = sum(step is not None for row in schedule.grid for step in row)
+    return (slots - busy) / busy if busy else 0.0
+
+
 def peak_activations(schedule: Schedule) -> list[int]:
     """Per stage, the most microbatches whose forward has run and whose backward has not
     finished: how many microbatches' activations the stage keeps at once."""
@@ -287,10 +377,12 @@ def peak_activations(schedule: Schedule) -> list[int]:
 
 def render(schedule: Schedule, marked: Collection[tuple[int, int]] = ()) -> str:
     """The grid as text, a tick header then one ``dev p | F0 F1 .  B0 |`` line per device.
-    Cells listed in ``marked`` as (device, tick) show as ``[F3]!``."""
+    Cells listed in ``marked`` as (device, tick) show as ``[F3]!``. An interleaved grid names
+    every step's chunk (``F3.0``, ``F3.1``)."""
     n_ticks = len(schedule.grid[0]) if schedule.grid else 0
     header = [str(tick) for tick in range(n_ticks)]
-    rows = [[_cell(step, (device, tick) in marked) for tick, step in enumerate(row)]
+    chunked = schedule.n_chunks > 1
+    rows = [[_cell(step, (device, tick) in marked, chunked) for tick, step in enumerate(row)]
             for device, row in enumerate(schedule.grid)]
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
     labels = ["tick", *(f"dev {device}" for device in range(len(rows)))]
@@ -301,8 +393,10 @@ def render(schedule: Schedule, marked: Collection[tuple[int, int]] = ()) -> str:
         for label, cells in zip(labels, [header, *rows]))
 
 
-def _cell(step: Step | None, marked: bool) -> str:
+def _cell(step: Step | None, marked: bool, chunked: bool = False) -> str:
     text = "." if step is None else step.token
+    if chunked and step is not None and not step.chunk:
+        text += ".0"
     return f"[{text}]!" if marked else text
 
 
@@ -319,7 +413,7 @@ def validate(schedule: Schedule) -> None:
 
 
 def _problems(schedule: Schedule) -> tuple[list[str], set[tuple[int, int]]]:
-    n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
+    n_stages, n_mbs, n_chunks = schedule.n_stages, schedule.n_microbatches, schedule.n_chunks
     if len(schedule.grid) != n_stages:
         return [f"the grid has {len(schedule.grid)} rows for {n_stages} stages: "
                 f"draw one row per device"], set()
@@ -328,7 +422,7 @@ def _problems(schedule: Schedule) -> tuple[list[str], set[tuple[int, int]]]:
     where: dict[Step, int] = {}  # the tick of each step's first appearance
     for device, row in enumerate(schedule.grid):
         for tick, step in filter(lambda cell: cell[1] is not None, enumerate(row)):
-            problem = _misplaced(step, device, n_stages, n_mbs)
+            problem = _misplaced(step, device, n_mbs, n_chunks)
             if problem is None and step in where:
                 problem = f"{step} appears twice, at ticks {where[step]} and {tick}"
                 marked.add((device, where[step]))
@@ -338,9 +432,9 @@ def _problems(schedule: Schedule) -> tuple[list[str], set[tuple[int, int]]]:
             else:
                 where[step] = tick
     problems += [f"{step} is missing: put {step.token} in dev {step.stage}'s row"
-                 for step in _all_steps(n_stages, n_mbs) if step not in where]
+                 for step in _all_steps(n_stages, n_mbs, n_chunks) if step not in where]
     for step, tick in where.items():
-        for need in dependencies(step, n_stages):
+        for need in dependencies(step, n_stages, n_chunks):
             if need in where and where[need] >= tick:
                 problems.append(f"{step} at tick {tick} runs before {need} finishes: that "
                                 f"runs at tick {where[need]}, so this can start at tick "
@@ -349,16 +443,18 @@ def _problems(schedule: Schedule) -> tuple[list[str], set[tuple[int, int]]]:
     return problems, marked
 
 
-def _misplaced(step: Step, device: int, n_stages: int, n_mbs: int) -> str | None:
+def _misplaced(step: Step, device: int, n_mbs: int, n_chunks: int) -> str | None:
     if step.op not in ("F", "B"):
         return f"{step} has op {step.op!r}: a step is 'F' (forward) or 'B' (backward)"
     if step.stage != device:
         return f"{step} sits on dev {device}, but stage {step.stage} runs on dev {step.stage}"
     if not 0 <= step.microbatch < n_mbs:
         return f"{step}: microbatch {step.microbatch} is outside 0..{n_mbs - 1}"
+    if not 0 <= step.chunk < n_chunks:
+        return f"{step}: chunk {step.chunk} is outside 0..{n_chunks - 1}"
     return None
 
 
-def _all_steps(n_stages: int, n_mbs: int) -> list[Step]:
-    return [Step(stage, m, op) for op in ("F", "B")
+def _all_steps(n_stages: int, n_mbs: int, n_chunks: int = 1) -> list[Step]:
+    return [Step(stage, m, op, chunk) for op in ("F", "B") for chunk in range(n_chunks)
             for stage in range(n_stages) for m in range(n_mbs)]

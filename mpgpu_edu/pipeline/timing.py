@@ -19,6 +19,9 @@ device's time lost; GPipe's paper quotes it. The second is how much longer a ste
 it would with no bubble; Megatron-LM's paper (Narayanan et al., 2021) quotes it. Both depend
 only on P and M: (f+b) cancels, so they hold for b = 2f as well as for b = f. With unequal
 stages the slowest stage sets the pace and the bubble grows.
+
+Interleaved 1F1B with V chunks per device: each chunk step takes f/V and b/V, the fill and
+drain take (P-1)(f+b)/V, and the overhead is (P-1)/(V M) (``timed_bubble_overhead``).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def schedule_timeline(schedule: Schedule, forward_s: Seconds, backward_s: Second
         return forward[step.stage] if step.op == "F" else backward[step.stage]
 
     orders = [steps_of(schedule, device) for device in range(schedule.n_stages)]
-    starts = earliest_starts(orders, duration, send_s)
+    starts = earliest_starts(orders, duration, send_s, schedule.n_chunks)
     timeline = [TimedStep(step.stage, step, start, start + duration(step))
                 for step, start in starts.items()]
     return sorted(timeline, key=lambda timed: (timed.start, timed.device))
@@ -72,6 +75,16 @@ def timed_bubble_fraction(schedule: Schedule, forward_s: Seconds, backward_s: Se
     total = schedule.n_stages * max((timed.end for timed in timeline), default=0)
     busy = sum(timed.end - timed.start for timed in timeline)
     return (total - busy) / total if total else 0.0
+
+
+def timed_bubble_overhead(schedule: Schedule, forward_s: Seconds, backward_s: Seconds,
+                          send_s: float = 0) -> float:
+    """Idle time / busy time on ``schedule_timeline``'s timeline: how much longer the step
+    takes than its compute alone ((P-1)/M for 1F1B, (P-1)/(V M) interleaved, free sends)."""
+    timeline = schedule_timeline(schedule, forward_s, backward_s, send_s)
+    total = schedule.n_stages * max((timed.end for timed in timeline), default=0)
+    busy = sum(timed.end - timed.start for timed in timeline)
+    return (total - busy) / busy if busy else 0.0
 
 
 def timeline_trace(timeline: Sequence[TimedStep], n_devices: int) -> Trace:
