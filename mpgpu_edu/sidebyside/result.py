@@ -142,7 +142,7 @@ class SideBySide:
             left.plot(range(1, len(losses) + 1), losses, linestyle=dashes, linewidth=width,
                       color=COLORS[name], label=self.labels[name])
         left.xaxis.set_major_locator(MaxNLocator(integer=True))
-        left.set_xlabel("training step")
+        left.set_xlabel("training step (a new batch every step)")
         left.set_ylabel("loss")
         gap = self.max_loss_diff("ours", "torch")
         left.set_title(f"loss of every step: ours and torch's differ by at most "
