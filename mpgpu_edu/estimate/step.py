@@ -25,6 +25,12 @@ Strategies, on all N devices of the preset, with mixed-precision Adam:
   layer an all-reduce of the activations after attention and after the MLP, two more in
   backward, each overlapped with the weight gradient's half of backward as Megatron does
   (and two in a full recomputation); ``accumulate`` micro-batches one after another.
+  With ``tp`` below N, groups of ``tp`` consecutive ranks each hold one Megatron split of
+  the model and the N / tp groups are data-parallel replicas: rank r's gradients (1/tp of
+  the model) are all-reduced with the ranks of the same position in the other groups,
+  after the last backward (not overlapped). ``visible`` (CUDA_VISIBLE_DEVICES) orders the
+  preset's GPUs, so it places the groups: on 2 nodes of 8, ``tp=8`` keeps each group in a
+  node, ``visible="0,1,2,3,8,9,10,11,..."`` spreads each over both.
 
 Collectives are the course's step-by-step rings (``all_reduce_ring``, ``all_gather``,
 ``reduce_scatter``): at large messages their bus bandwidth is within a few percent of the
@@ -66,6 +72,8 @@ class StepSetup:
     accumulate: int = 1
     attention: str = "flash"
     recompute: str = "none"
+    tp: int = 0                 # tensor: ranks per Megatron group (0: all of them)
+    visible: str | None = None  # CUDA_VISIBLE_DEVICES on the preset (None: all, in order)
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,7 @@ class _Plan:
     head_elems: int                       # embedding (+ output layer)
     act_elems: int                        # one micro-batch's activation at a layer boundary
     opt_s: list[float]                    # optimizer seconds per rank
+    tp: int = 1                           # tensor: ranks per Megatron group
 
 
 def _check(setup: StepSetup) -> None:
@@ -96,13 +105,26 @@ def _check(setup: StepSetup) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**20:
             raise ValueError(f"{name} must be a whole number from 1 to 2**20, got {value!r}")
     activation_terms(setup.model, 1, 1, "mixed", setup.attention, setup.recompute)  # names
+    if setup.tp and setup.strategy != "tensor":
+        raise ValueError(f"tp (ranks per tensor-parallel group) applies to strategy tensor, "
+                         f"not {setup.strategy}: leave it 0")
+
+
+def _tp(setup: StepSetup, n: int) -> int:
+    """Ranks per tensor-parallel group (1 unless the strategy is tensor)."""
+    if setup.strategy != "tensor":
+        return 1
+    t = setup.tp or n
+    if isinstance(t, bool) or not isinstance(t, int) or t < 1 or n % t:
+        raise ValueError(f"tp must divide the {n} devices, got {setup.tp!r}")
+    return t
 
 
 def plan_step(setup: StepSetup) -> tuple[_Plan, Cluster]:
     _check(setup)
-    cluster = Cluster.preset(setup.cluster)
+    cluster = Cluster.preset(setup.cluster, visible=setup.visible)
     spec, n = get_preset(setup.model), cluster.world_size
-    t = n if setup.strategy == "tensor" else 1
+    t = _tp(setup, n)
     b, s = setup.micro_batch, setup.seq
     cost = layer_cost(cluster, spec, b, s, t, setup.attention, setup.recompute)
     out = output_ops(spec, b, s, t)
@@ -119,11 +141,12 @@ def plan_step(setup: StepSetup) -> tuple[_Plan, Cluster]:
     else:
         layers = ((0, spec.n_layers),) * n
         total = spec_params(spec)
-        owned = [total / n if setup.strategy in ("zero1", "zero3", "tensor") else total] * n
+        split = t if setup.strategy == "tensor" else n
+        owned = [total / split if setup.strategy in ("zero1", "zero3", "tensor") else total] * n
     opt = [cluster.op_seconds(0.0, ADAM_BYTES_PER_PARAM * p, "bf16") for p in owned]
     return _Plan(setup.strategy, n, setup.accumulate, layers, cost.forward, cost.backward,
                  cost.recompute, seconds_of(cluster, out), seconds_of(cluster, out, 2.0),
-                 layer_params(spec), head, b * s * spec.d_model, opt), cluster
+                 layer_params(spec), head, b * s * spec.d_model, opt, t), cluster
 
 
 def _meta(elems: int) -> torch.Tensor:
@@ -235,6 +258,19 @@ def _pipeline(comm: Communicator, plan: _Plan) -> None:
 
 
 def _tensor(comm: Communicator, plan: _Plan) -> None:
+    """Megatron inside groups of ``plan.tp`` ranks; the groups, if several, average their
+    gradients (1/tp of the model per rank) after the last backward."""
+    if plan.tp == plan.n:
+        _megatron(comm, plan)
+        return
+    group, position = divmod(comm.rank, plan.tp)
+    _megatron(comm.group(range(group * plan.tp, (group + 1) * plan.tp)), plan)
+    replicas = comm.group(range(position, plan.n, plan.tp))
+    all_reduce(replicas, _meta((plan.layer_elems * _n_layers(plan) + plan.head_elems)
+                               / plan.tp))
+
+
+def _megatron(comm: Communicator, plan: _Plan) -> None:
     """Megatron: an all-reduce of the activations after each half of every layer."""
     act = _meta(plan.act_elems)
     for mb in range(plan.k):
@@ -297,14 +333,14 @@ def _exposed_comm(trace: Any, device: int) -> float:
 def memory_per_device(setup: StepSetup, n: int) -> dict[str, int]:
     """Bytes per device by category (``mpgpu_edu.memory``) for the busiest device."""
     spec = get_preset(setup.model)
-    t = n if setup.strategy == "tensor" else 1
+    t = _tp(setup, n)
     acts = activation_terms(spec, setup.micro_batch, setup.seq, "mixed", setup.attention,
                             setup.recompute, t)
     one = acts["layers"] + acts["embedding"] + acts["output"]
     if setup.strategy == "pipeline":
         one = min(n, setup.accumulate) * (acts["layers"] // n + acts["embedding"])
-    return estimate_memory(spec_params(spec), "adam", "mixed", setup.strategy, n,
-                           one).per_device
+    return estimate_memory(spec_params(spec), "adam", "mixed", setup.strategy,
+                           t if setup.strategy == "tensor" else n, one).per_device
 
 
 def simulate_step(setup: StepSetup) -> tuple[dict, Any]:
@@ -312,7 +348,8 @@ def simulate_step(setup: StepSetup) -> tuple[dict, Any]:
     plan, cluster = plan_step(setup)
     trace = launch(_step, cluster, plan).trace
     spec, n, step = get_preset(setup.model), plan.n, trace.makespan
-    replicas = 1 if setup.strategy in ("pipeline", "tensor") else n
+    replicas = (1 if setup.strategy == "pipeline" else n // plan.tp if setup.strategy == "tensor"
+                else n)
     tokens = setup.micro_batch * setup.seq * setup.accumulate * replicas
     peak = cluster.gpu.peak_flops["bf16"]
     memory = memory_per_device(setup, n)

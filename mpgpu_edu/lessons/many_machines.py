@@ -21,7 +21,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 REPORT_PREFIX = "MPGPU_RANK_REPORT "
 
@@ -173,6 +175,241 @@ def check_reports(result: TorchrunResult, nproc_per_node: int) -> list[str]:
     problems += [f"rank {r.rank} got {r.all_reduce:g}, not {want:g}" for r in reports
                  if r.all_reduce != want]
     return problems
+
+
+# ---- one all-reduce across 2 x 8 GPUs: flat ring against hierarchical ---------------------
+
+def _flat_meta(comm: Any, numel: int) -> None:
+    from mpgpu_edu.collectives import all_reduce
+
+    all_reduce(comm, _meta(numel), algo="ring")
+
+
+def _hierarchical_meta(comm: Any, numel: int, per_node: int, hierarchical: Callable) -> None:
+    hierarchical(comm, _meta(numel), per_node)
+
+
+def _meta(numel: int) -> Any:
+    import torch
+
+    return torch.empty(numel, dtype=torch.float32, device="meta")
+
+
+def link_forms(preset: str) -> tuple[int, int, tuple[float, float, float, float]]:
+    """(nodes, GPUs per node, (alpha, beta) inside a node and between two GPUs of one rail)
+    of a multi-node preset: what the closed forms take."""
+    from mpgpu_edu.cluster import Cluster
+    from mpgpu_edu.viz.nodes import node_shape
+
+    cluster = Cluster.preset(preset)
+    nodes, per_node = node_shape(cluster)
+    inside, across = cluster.route(0, 1), cluster.route(0, per_node)
+    return nodes, per_node, (inside.alpha_s, inside.beta_Bps, across.alpha_s, across.beta_Bps)
+
+
+def allreduce_runs(preset: str = "2x8xH100-ib", nbytes: int = 2**28,
+                   hierarchical: Callable | None = None) -> dict[str, dict]:
+    """One all-reduce of ``nbytes`` (fp32, meta) on every GPU of ``preset``, as a flat ring
+    and as ``hierarchical(comm, tensor, per_node)`` (the package's by default): for each,
+    the trace, the simulated time and its closed form."""
+    from mpgpu_edu.cluster import Cluster
+    from mpgpu_edu.collectives import cost
+    from mpgpu_edu.collectives.hierarchical import all_reduce_hierarchical
+    from mpgpu_edu.comm import launch
+
+    nodes, per_node, forms = link_forms(preset)
+    cluster, numel = Cluster.preset(preset), nbytes // 4
+    flat = launch(_flat_meta, cluster, numel).trace
+    hier = launch(_hierarchical_meta, cluster, numel, per_node,
+                  hierarchical or all_reduce_hierarchical).trace
+    return {
+        "flat ring": {"trace": flat, "seconds": flat.makespan,
+                      "closed_form": cost.flat_ring_two_level_time(nodes, per_node, nbytes,
+                                                                   *forms)},
+        "hierarchical": {"trace": hier, "seconds": hier.makespan,
+                         "closed_form": cost.hierarchical_allreduce_time(nodes, per_node,
+                                                                         nbytes, *forms)},
+    }
+
+
+def plot_allreduce_timelines(runs: dict[str, dict], per_node: int = 8,
+                             label: str = "") -> Any:
+    """The sends of each run, one row per GPU on one time axis: blue inside a node (NVLink),
+    red across the network (a NIC). ``runs`` as ``allreduce_runs`` returns them."""
+    from matplotlib.patches import Patch
+
+    from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO, format_seconds, new_figure, style
+
+    inside, across = OKABE_ITO["blue"], OKABE_ITO["vermillion"]
+    longest = max(r["seconds"] for r in runs.values())
+    n = max(r["trace"].n_devices for r in runs.values())
+    fig = new_figure(11, 0.26 * n * len(runs) + 1.6)
+    axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (name, run) in zip(axes, runs.items()):
+        for e in run["trace"].events:
+            if e.kind != "send" or e.peer is None:
+                continue
+            crosses = e.device // per_node != e.peer // per_node
+            ax.barh(e.device, max(e.end - e.start, longest / 1500), left=e.start, height=0.7,
+                    color=across if crosses else inside, linewidth=0)
+        for k in range(1, n // per_node):
+            ax.axhline(k * per_node - 0.5, color="black", linewidth=1.0)
+        ax.axvline(run["seconds"], color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(range(n), [f"node {d // per_node} GPU {d % per_node}" for d in range(n)],
+                      fontsize=FONT_SIZE - 3)
+        ax.set_ylim(n - 0.5, -0.5)
+        ax.set_xlim(0, longest * 1.02)
+        style(ax, grid="x")
+        ax.set_title(f"{name}{label}: {format_seconds(run['seconds'])} simulated, closed form "
+                     f"{format_seconds(run['closed_form'])} (additions free)", loc="left",
+                     fontsize=FONT_SIZE)
+    axes[-1].set_xlabel("time (s)")
+    axes[0].legend(handles=[Patch(color=inside, label="send inside a node (NVLink)"),
+                            Patch(color=across, label="send across nodes (a NIC)")],
+                   loc="lower right", bbox_to_anchor=(1.0, 1.12), ncol=2, frameon=False,
+                   fontsize=FONT_SIZE - 1)
+    return fig
+
+
+def allreduce_rows(preset: str = "2x8xH100-ib", sizes: tuple[int, ...] = (2**16, 2**22, 2**28),
+                   hierarchical: Callable | None = None) -> list[dict]:
+    """Flat ring and hierarchical all-reduce at each size: simulated seconds, closed forms,
+    and the speedup each predicts."""
+    rows = []
+    for nbytes in sizes:
+        runs = allreduce_runs(preset, nbytes, hierarchical)
+        flat, hier = runs["flat ring"], runs["hierarchical"]
+        rows.append({"bytes": nbytes, "flat_s": flat["seconds"], "hier_s": hier["seconds"],
+                     "flat_form_s": flat["closed_form"], "hier_form_s": hier["closed_form"],
+                     "speedup": flat["seconds"] / hier["seconds"],
+                     "speedup_form": flat["closed_form"] / hier["closed_form"]})
+    return rows
+
+
+def allreduce_table(rows: list[dict]) -> str:
+    from mpgpu_edu.viz.palette import format_bytes, format_seconds
+
+    lines = [f"{'size':>10}  {'flat ring':>10}  {'hierarchical':>12}  {'speedup':>7}  "
+             f"{'closed forms':>24}  {'speedup':>7}"]
+    for r in rows:
+        forms = f"{format_seconds(r['flat_form_s'])} / {format_seconds(r['hier_form_s'])}"
+        lines.append(f"{format_bytes(r['bytes']):>10}  {format_seconds(r['flat_s']):>10}  "
+                     f"{format_seconds(r['hier_s']):>12}  {r['speedup']:>6.2f}x  {forms:>24}  "
+                     f"{r['speedup_form']:>6.2f}x")
+    return "\n".join(lines)
+
+
+# ---- where each kind of parallelism goes on a 2-node mesh ---------------------------------------
+
+@dataclass(frozen=True)
+class Placement:
+    """One way to lay a model over 2 x 8 GPUs: a name, ``simulate step``'s setup fields,
+    and the reason its step time is what it is."""
+
+    name: str
+    strategy: str
+    micro_batch: int
+    accumulate: int = 1
+    tp: int = 0
+    visible: str | None = None
+    why: str = ""
+
+
+SPREAD = ",".join(map(str, [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15]))
+
+# Every placement trains on 16 sequences per step, so step times compare directly.
+PLACEMENTS = (
+    Placement("TP 8 in each node,\nDP 2 across nodes", "tensor", 8, tp=8,
+              why="TP's all-reduces stay on NVLink; only one gradient all-reduce per step "
+                  "crosses the network"),
+    Placement("TP 8 over both nodes,\nDP 2", "tensor", 8, tp=8, visible=SPREAD,
+              why="the same split, but every TP all-reduce (4 per layer and micro-batch) "
+                  "now crosses the network"),
+    Placement("PP 16 over\nboth nodes", "pipeline", 1, accumulate=16,
+              why="one stage boundary crosses the network, once per micro-batch: cheap; "
+                  "the bubble (15 of 31 ticks) costs"),
+    Placement("ZeRO-3 DP 16\nover both nodes", "zero3", 1,
+              why="every layer's weights are all-gathered (forward and backward) and its "
+                  "gradients reduce-scattered, each a flat ring through the network"),
+)
+# TP over all 16 GPUs is slower still (every all-reduce crosses, thinner matrices) and
+# takes the longest to simulate: not in the default list.
+TP_16 = Placement("TP 16 over\nboth nodes", "tensor", 16,
+                  why="every TP all-reduce crosses the network, and each GPU's matrices are "
+                      "thinner")
+
+
+def placement_rows(model: str = "llama-7b", preset: str = "2x8xH100-ib", seq: int = 2048,
+                   placements: tuple[Placement, ...] = PLACEMENTS) -> list[dict]:
+    """Simulate one training step of ``model`` for every placement (``simulate step``):
+    step time, tokens/s, MFU, memory per GPU, whether it fits, and the bytes each GPU sends
+    across the network per step (the largest over the GPUs)."""
+    from mpgpu_edu.cluster import Cluster
+    from mpgpu_edu.estimate import StepSetup, simulate_step
+    from mpgpu_edu.viz.nodes import node_shape
+
+    _, per_node = node_shape(Cluster.preset(preset))
+    rows = []
+    for p in placements:
+        setup = StepSetup(model, preset, p.strategy, micro_batch=p.micro_batch, seq=seq,
+                          accumulate=p.accumulate, tp=p.tp, visible=p.visible)
+        report, trace = simulate_step(setup)
+        physical = Cluster.preset(preset, visible=p.visible).logical_to_physical
+        across = [0] * report["devices"]
+        for e in trace.events:
+            if e.kind == "send" and e.peer is not None and (
+                    physical[e.device] // per_node != physical[e.peer] // per_node):
+                across[e.device] += e.nbytes
+        rows.append({"name": p.name, "why": p.why, "step_s": report["step_s"],
+                     "tokens_per_s": report["tokens_per_s"], "mfu": report["mfu"],
+                     "memory": report["memory_total"], "fits": report["fits"],
+                     "capacity": report["capacity"], "across_bytes": max(across),
+                     "tokens_per_step": report["tokens_per_step"]})
+    return rows
+
+
+def placements_table(rows: list[dict]) -> str:
+    from mpgpu_edu.viz.palette import format_bytes, format_seconds
+
+    lines = [f"{'placement':<34} {'step':>9} {'MFU':>5} {'memory/GPU':>11} "
+             f"{'sent across the network/GPU':>28}"]
+    for r in rows:
+        lines.append(f"{r['name'].replace(chr(10), ' '):<34} {format_seconds(r['step_s']):>9} "
+                     f"{r['mfu']:>5.0%} {format_bytes(r['memory']):>11} "
+                     f"{format_bytes(r['across_bytes']):>28}")
+    return "\n".join(lines)
+
+
+def plot_placements(rows: list[dict], title: str = "") -> Any:
+    """One bar per placement: simulated step time, the reason written beside it, the
+    fastest in green; a placement that does not fit in memory is hatched."""
+    from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, WARNING_COLOR, format_bytes,
+                                       format_seconds, new_figure, style)
+
+    fig = new_figure(12, 0.95 * len(rows) + 1.4)
+    ax = fig.add_subplot()
+    best = min(range(len(rows)), key=lambda i: rows[i]["step_s"])
+    longest = max(r["step_s"] for r in rows)
+    for i, r in enumerate(rows):
+        color = OKABE_ITO["bluish_green"] if i == best else OKABE_ITO["sky_blue"]
+        ax.barh(i, r["step_s"], color=color, hatch=None if r["fits"] else "///",
+                edgecolor=WARNING_COLOR if not r["fits"] else "none")
+        ax.text(r["step_s"] + longest * 0.01, i - 0.17,
+                f"{format_seconds(r['step_s'])}, MFU {r['mfu']:.0%}; "
+                f"{format_bytes(r['across_bytes'])} across the network per GPU"
+                + ("" if r["fits"] else ", does NOT fit in memory"),
+                va="center", fontsize=FONT_SIZE - 1, fontweight="bold" if i == best else None)
+        ax.text(r["step_s"] + longest * 0.01, i + 0.2, r["why"], va="center",
+                fontsize=FONT_SIZE - 2, color="#333333")
+    ax.set_yticks(range(len(rows)), [r["name"] for r in rows], fontsize=FONT_SIZE - 1)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, longest * 2.3)
+    ax.set_xlabel("simulated step time (s), same 16 sequences per step")
+    style(ax, grid="x")
+    ax.set_title(title or "Where each parallelism goes on 2 nodes x 8 GPUs: tensor "
+                 "parallelism inside a node, pipeline or data parallelism across",
+                 loc="left", fontsize=FONT_SIZE + 1)
+    return fig
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""Lesson 07's programs: all-reduce timelines across two nodes, placements on a 2-node mesh,
+and the ``tp`` / ``visible`` fields of ``simulate step`` that express them."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpgpu_edu.collectives import cost
+from mpgpu_edu.estimate import StepSetup, simulate_step
+from mpgpu_edu.lessons import many_machines as mm
+
+
+def test_allreduce_runs_against_their_closed_forms() -> None:
+    runs = mm.allreduce_runs("2x8xA100-ib", 2**20)
+    nodes, per_node, forms = mm.link_forms("2x8xA100-ib")
+    assert (nodes, per_node) == (2, 8)
+    flat, hier = runs["flat ring"], runs["hierarchical"]
+    assert flat["closed_form"] == cost.flat_ring_two_level_time(2, 8, 2**20, *forms)
+    assert hier["closed_form"] == cost.hierarchical_allreduce_time(2, 8, 2**20, *forms)
+    # The preset charges the additions too: never below the forms, and the order holds.
+    assert flat["seconds"] >= flat["closed_form"] and hier["seconds"] >= hier["closed_form"]
+    assert hier["seconds"] < flat["seconds"] / 3
+    crossing = {name: {e.device for e in run["trace"].events if e.kind == "send"
+                       and e.device // 8 != e.peer // 8} for name, run in runs.items()}
+    assert crossing == {"flat ring": {7, 15}, "hierarchical": set(range(16))}
+    fig = mm.plot_allreduce_timelines(runs)
+    assert len(fig.axes) == 2 and "closed form" in fig.axes[1].get_title(loc="left")
+
+
+def test_allreduce_rows_use_the_function_given() -> None:
+    calls = []
+
+    def counting(comm, tensor, per_node):  # noqa: ANN001, ANN202
+        calls.append(comm.rank)
+        from mpgpu_edu.collectives.hierarchical import all_reduce_hierarchical
+        all_reduce_hierarchical(comm, tensor, per_node)
+
+    rows = mm.allreduce_rows("2x8xH100-ib", (2**16,), hierarchical=counting)
+    assert sorted(calls) == list(range(16))
+    assert rows[0]["speedup"] > 1 and rows[0]["speedup_form"] > 1
+    assert "speedup" in mm.allreduce_table(rows)
+
+
+def test_tp_groups_keep_their_all_reduces_inside_the_group() -> None:
+    setup = StepSetup("gpt2-small", "2x8xH100-ib", "tensor", micro_batch=1, seq=128, tp=8)
+    report, trace = simulate_step(setup)
+    peers = {(e.device // 8, e.peer // 8) for e in trace.events if e.kind == "send"}
+    assert peers == {(0, 0), (1, 1), (0, 1), (1, 0)}
+    across = [e for e in trace.events if e.kind == "send" and e.device // 8 != e.peer // 8]
+    assert {(e.device % 8, e.peer % 8) for e in across} == {(i, i) for i in range(8)}  # rails
+    assert report["tokens_per_step"] == 2 * 128  # two replicas of one sequence each
+    spread = StepSetup("gpt2-small", "2x8xH100-ib", "tensor", micro_batch=1, seq=128, tp=8,
+                       visible=mm.SPREAD)
+    slower, _ = simulate_step(spread)
+    assert slower["step_s"] > report["step_s"]
+
+
+def test_tp_must_divide_and_belongs_to_tensor() -> None:
+    with pytest.raises(ValueError, match="tp must divide"):
+        simulate_step(StepSetup("gpt2-small", "2x8xH100-ib", "tensor", tp=3))
+    with pytest.raises(ValueError, match="applies to strategy tensor"):
+        simulate_step(StepSetup("gpt2-small", "2x8xH100-ib", "dp", tp=8))
+
+
+def test_placements_put_tensor_parallelism_inside_a_node() -> None:
+    rows = mm.placement_rows("gpt2-medium", seq=512, placements=mm.PLACEMENTS[:2])
+    inside, spread = rows
+    assert inside["step_s"] < spread["step_s"]
+    assert inside["across_bytes"] < spread["across_bytes"] / 4
+    assert inside["tokens_per_step"] == spread["tokens_per_step"] == 16 * 512
+    fig = mm.plot_placements(rows)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any("NVLink" in t for t in texts) and any("across the network" in t for t in texts)
+    assert "placement" in mm.placements_table(rows)
