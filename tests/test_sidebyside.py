@@ -173,6 +173,8 @@ def test_the_defaults_run_the_package_reference() -> None:
     assert result.labels["ours"] == "the package's DDP wrapper" and result.matches
     result = compare_pipelining(ranks=2, steps=3, sizes=PIPE_SIZES, batch=8)
     assert result.labels["ours"] == "the package's executor" and result.matches
+    result = compare_fsdp(ranks=2, steps=3, sizes=SIZES, batch=8, prefetch=True)
+    assert result.labels["ours"] == "the package's sharded wrapper" and result.matches
 
 
 def test_the_table_and_the_figure_show_all_three_runs() -> None:
