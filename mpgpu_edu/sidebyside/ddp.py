@@ -8,10 +8,12 @@ starts from the same parameters, takes an equal shard of the batch and minimises
 loss over its shard; both DDPs average the gradients over the ranks, so each step's gradient
 is the whole batch's mean-loss gradient, as on one device.
 
-What torch's DDP does that ours does not: its buckets are allocated once and every ``.grad``
-is a view into one (``gradient_as_bucket_view``; ours flattens into a fresh tensor and copies
-back), a small first bucket, gloo's all-reduce in C++ on its own threads, and checks for
-unused parameters. What is the same: one broadcast at the start, buckets in reverse parameter
+What torch's DDP does that ours does not: its reducer, in C++, copies each gradient into a
+bucket allocated once (``gradient_as_bucket_view=True`` makes the ``.grad``s views into them
+instead) and gloo all-reduces it on its own threads, where ours is a ring of Python sends on
+the comm stream; after the first step it rebuilds its buckets in the order the gradients
+really arrived; and it offers ``no_sync()`` for gradient accumulation and broadcasts buffers
+every forward. What is the same: one broadcast at the start, buckets in reverse parameter
 order, an all-reduce (mean) per bucket started from a gradient hook during backward.
 """
 

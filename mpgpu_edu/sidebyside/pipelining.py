@@ -12,8 +12,8 @@ the gradients by M at the end (``scale_grads=True``, its default). With M equal 
 that is the whole batch's mean loss, so both match one device.
 
 What torch's pipelining does that ours does not: it learns the shapes of what crosses each cut
-at the first step (ours is told them), posts each tick's sends and receives together
-(``batch_isend_irecv``), keeps its own buffers, and offers many schedules (interleaved,
+at the first step (ours is told them), posts a send together with the next receive
+(``batch_isend_irecv``), keeps its own receive buffers, and offers many schedules (interleaved,
 zero bubble) under one ``step(x)``. What is the same: stages of consecutive layers, one per
 rank, 1F1B's order (warm-up forwards, then one forward one backward, then the backwards), an
 activation forward and a gradient back per microbatch and cut.
