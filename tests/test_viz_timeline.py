@@ -7,13 +7,15 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from mpgpu_edu.trace import CATEGORIES, KINDS, Event, Trace  # noqa: E402
 from mpgpu_edu.viz import palette  # noqa: E402
 from mpgpu_edu.viz.timeline import (  # noqa: E402
-    BAR_HEIGHT, idle_gaps, plot_timeline, plot_timelines_side_by_side,
+    BAR_HEIGHT, MAX_LANES, assign_lanes, count_badge, idle_gaps, plot_timeline,
+    plot_timelines_side_by_side,
 )
 
 MS = 1e-3
@@ -105,6 +107,100 @@ def test_overlapping_send_and_recv_split_into_half_lanes() -> None:
     alone = plot_timeline(two_devices()).axes[0]
     assert all(p.get_height() == pytest.approx(BAR_HEIGHT)
                for p in events_by_gid(alone, "event:"))
+
+
+def server_row(workers: int = 7) -> Trace:
+    """A server's comm row: gradients in one after the other, then the parameters out to
+    every worker at once (they share the port and end together); each worker's row holds
+    its own send and receive."""
+    s = workers
+    events = []
+    for w in range(workers):
+        events.append(Event(s, "comm", "recv", w * MS, (w + 0.8) * MS, f"from {w}", peer=w))
+        events.append(Event(w, "comm", "send", w * MS, (w + 0.8) * MS, f"to {s}", peer=s))
+        events.append(Event(s, "comm", "send", 8 * MS, 14 * MS, f"to {w}", peer=w))
+        events.append(Event(w, "comm", "recv", 8 * MS, 14 * MS, f"from {s}", peer=s))
+    return Trace(workers + 1, events)
+
+
+def spans_y(patches) -> list[tuple[float, float]]:
+    return sorted((p.get_y(), p.get_y() + p.get_height()) for p in patches)
+
+
+@pytest.mark.parametrize("workers", [2, 3, 7])
+def test_concurrent_messages_of_one_kind_take_their_own_sub_lanes(workers: int) -> None:
+    ax = plot_timeline(server_row(workers), streams=("comm",)).axes[0]
+    server = workers
+    out = [p for p in events_by_gid(ax, "event:send")
+           if abs(p.get_y() + p.get_height() / 2 - server) < 0.5]
+    assert len(out) == workers
+    spans = spans_y(out)
+    assert len({round(a, 9) for a, _ in spans}) == workers, "every send has its own y"
+    assert all(b1 <= a2 + 1e-9 for (_, b1), (a2, _) in zip(spans, spans[1:])), "no overlap"
+    assert spans[0][0] >= server - BAR_HEIGHT / 2 - 1e-9
+    assert spans[-1][1] <= server + BAR_HEIGHT / 2 + 1e-9, "the row keeps its height"
+    # the server's receives follow each other: each is one full-height bar
+    ins = [p for p in events_by_gid(ax, "event:recv")
+           if abs(p.get_y() + p.get_height() / 2 - server) < 0.5]
+    assert [p.get_height() for p in ins] == [pytest.approx(BAR_HEIGHT)] * workers
+
+
+def test_a_group_whose_labels_do_not_fit_is_counted_once() -> None:
+    ax = plot_timeline(server_row(7), streams=("comm",)).axes[0]
+    assert texts(ax, "lane-count") == ["\u00d77 to 0..6"]
+    assert "to 3" not in texts(ax, "bar-label")
+
+
+def test_labels_never_overlap() -> None:
+    trace = server_row(7)
+    trace.events.extend([  # a send and a receive at once, and two long sends at once
+        Event(0, "comm", "send", 15 * MS, 40 * MS, "to 5", peer=5),
+        Event(0, "comm", "recv", 15 * MS, 40 * MS, "from 6", peer=6),
+        Event(1, "comm", "send", 15 * MS, 40 * MS, "to 2", peer=2),
+        Event(1, "comm", "send", 16 * MS, 39 * MS, "to 3", peer=3),
+    ])
+    for fig in (plot_timeline(trace), plot_timeline(trace, streams=("comm",)),
+                plot_timelines_side_by_side({"a": trace, "b": server_row(3)})):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        for ax in fig.axes:
+            shown = [t for t in ax.texts if t.get_gid() in ("bar-label", "lane-count")]
+            assert shown
+            boxes = [t.get_window_extent(renderer) for t in shown]
+            for i, a in enumerate(boxes):
+                for j in range(i + 1, len(boxes)):
+                    assert not a.overlaps(boxes[j]), (shown[i].get_text(), shown[j].get_text())
+
+
+def test_greedy_lanes_and_badges() -> None:
+    events = [Event(0, "comm", "send", a * MS, b * MS, f"to {k}")
+              for k, (a, b) in enumerate([(0, 4), (1, 2), (2, 3), (3, 5), (1, 6)])]
+    lanes, n = assign_lanes(events)
+    assert n == 3  # at most three run at once
+    assert lanes == [0, 1, 1, 1, 2]  # a lane is reused once its message has ended
+    for k, a in enumerate(events):
+        for b, lane in zip(events[k + 1:], lanes[k + 1:]):
+            if a.start < b.end and b.start < a.end:
+                assert lanes[k] != lane
+    assert count_badge(events) == "\u00d75 to 0..4"
+    assert count_badge([Event(0, "comm", "send", 0, 1, f"to {r}") for r in (0, 2, 3, 4, 7)]) \
+        == "\u00d75 to 0,2..4,7"
+    assert count_badge([Event(0, "comm", "send", 0, 1, "bucket")] * 2) == "\u00d72 bucket"
+    assert count_badge([Event(0, "comm", "send", 0, 1, "a"), Event(0, "comm", "send", 0, 1)]) \
+        == "\u00d72"
+
+
+def test_very_many_at_once_stay_inside_the_row() -> None:
+    n = MAX_LANES + 4
+    trace = Trace(1, [Event(0, "comm", "send", 0, 1 * MS, f"to {k}") for k in range(n)])
+    ax = plot_timeline(trace, streams=("comm",)).axes[0]
+    spans = spans_y(events_by_gid(ax, "event:send"))
+    assert len(spans) == n
+    assert len({round(a, 9) for a, _ in spans}) == MAX_LANES
+    assert min(a for a, _ in spans) >= -BAR_HEIGHT / 2 - 1e-9
+    assert max(b for _, b in spans) <= BAR_HEIGHT / 2 + 1e-9
+    assert texts(ax, "lane-count") == [f"\u00d7{n} to 0..{n - 1}"]
 
 
 def test_legend_lists_the_kinds_present_in_palette_order() -> None:

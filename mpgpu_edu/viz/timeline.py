@@ -6,12 +6,18 @@ grey, and the row ends with the device's idle share of the run ("idle 43%"). A p
 bubble is the hatched triangle you see at the start and end of a GPipe step.
 
 A comm stream can send and receive at the same time (links are full duplex); where it does,
-its row splits into two half-height lanes, sends above and receives below.
+its row splits into two half-height bands, sends above and receives below. Messages of one
+band that run at the same time (a server sending to 7 workers at once) are not drawn on top of
+each other: each takes its own thin sub-lane of the band (greedy interval assignment, at most
+``MAX_LANES`` deep), and a bar's label is written only where it fits. Where no label of such
+a group fits, one badge counts the group: "×7 to 0..6".
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -27,6 +33,8 @@ BAR_HEIGHT = 0.8
 LABEL_FONT_SIZE = 8
 MIN_BAR_PX = 2.5   # the narrowest bar drawn: a tiny message stays visible
 EDGE_MIN_PX = 5.0  # bars narrower than this lose their white edge (it would hide them)
+MAX_LANES = 8      # sub-lanes of one band at most; beyond, the lanes wrap (the badge counts)
+LANE_GAP = 0.2     # share of a sub-lane left blank, so that neighbouring bars stay apart
 
 
 def _kind_color(kind: str) -> str:
@@ -56,9 +64,11 @@ def idle_gaps(events: Sequence[Event], end: float) -> list[tuple[float, float]]:
     return gaps
 
 
-def _has_overlap(events: Sequence[Event]) -> bool:
-    ordered = sorted(events, key=lambda e: e.start)
-    return any(b.start < a.end for a, b in zip(ordered, ordered[1:]))
+def _sends_meet_others(events: Sequence[Event]) -> bool:
+    """Whether some send overlaps in time some event of another kind (a receive)."""
+    sends = [e for e in events if e.kind == "send"]
+    others = [e for e in events if e.kind != "send"]
+    return any(s.start < o.end and o.start < s.end for s in sends for o in others)
 
 
 def _device_name(device: int, device_names: Mapping[int, str] | Sequence[str] | None) -> str:
@@ -67,47 +77,184 @@ def _device_name(device: int, device_names: Mapping[int, str] | Sequence[str] | 
     return str(device_names[device])
 
 
-def _lanes(y: float, events: Sequence[Event], split: bool) -> list[tuple[Event, float, float]]:
-    """(event, centre y, height) for each event; with ``split``, sends take the upper half of
-    the row and everything else the lower half (the y axis points down)."""
+@dataclass(frozen=True)
+class Placed:
+    """Where one event is drawn: its bar's centre ``y`` and ``height``, and the ``cluster``
+    of overlapping events it belongs to (its index in the row's band; ``lanes`` > 1 when the
+    cluster's events run at the same time and take thin sub-lanes)."""
+
+    event: Event
+    y: float
+    height: float
+    lanes: int
+    band: tuple[float, float]  # (top, height) of the band the cluster is drawn in
+    cluster: int
+
+
+def _clusters(events: Sequence[Event]) -> list[list[Event]]:
+    """The events grouped into chains of overlapping intervals, in time order."""
+    out: list[list[Event]] = []
+    reach = float("-inf")
+    for e in sorted(events, key=lambda e: (e.start, e.end)):
+        if out and e.start < reach:
+            out[-1].append(e)
+        else:
+            out.append([e])
+            reach = e.end
+        reach = max(reach, e.end)
+    return out
+
+
+def assign_lanes(events: Sequence[Event]) -> tuple[list[int], int]:
+    """Greedy interval assignment: each event (in the given order) gets the lowest lane free
+    at its start. Returns the lane of each event and the number of lanes used, which is the
+    largest number of events running at once."""
+    order = sorted(range(len(events)), key=lambda i: (events[i].start, events[i].end))
+    ends: list[float] = []
+    lanes = [0] * len(events)
+    for i in order:
+        e = events[i]
+        free = next((k for k, end in enumerate(ends) if end <= e.start), None)
+        if free is None:
+            ends.append(e.end)
+            free = len(ends) - 1
+        else:
+            ends[free] = e.end
+        lanes[i] = free
+    return lanes, len(ends)
+
+
+def _place_band(events: Sequence[Event], top: float, height: float,
+                first_cluster: int) -> list[Placed]:
+    """Place events in the band [top, top + height] (y points down): an event that overlaps
+    nothing takes the whole band; a cluster of events that overlap each other splits the band
+    into one thin sub-lane per event running at once (``assign_lanes``), first lane on top.
+    Beyond ``MAX_LANES`` at once the lanes wrap, and the cluster's count badge says how many
+    there are."""
+    placed = []
+    for c, cluster in enumerate(_clusters(events), start=first_cluster):
+        lanes, n = assign_lanes(cluster)
+        shown = min(n, MAX_LANES)
+        lane_h = height / shown
+        bar_h = lane_h if shown == 1 else lane_h * (1 - LANE_GAP)
+        for e, lane in zip(cluster, lanes):
+            y = top + (lane % shown + 0.5) * lane_h
+            placed.append(Placed(e, y, bar_h, n, (top, height), c))
+    return placed
+
+
+def _lanes(y: float, events: Sequence[Event], split: bool) -> list[Placed]:
+    """Where each event of one row is drawn. With ``split``, sends take the upper half of
+    the row and everything else the lower half (the y axis points down); within its band,
+    events that run at the same time take separate sub-lanes (``_place_band``)."""
+    top = y - BAR_HEIGHT / 2
     if not split:
-        return [(e, y, BAR_HEIGHT) for e in events]
+        return _place_band(events, top, BAR_HEIGHT, 0)
     half = BAR_HEIGHT / 2
-    return [(e, y - half / 2 if e.kind == "send" else y + half / 2, half) for e in events]
+    sends = [e for e in events if e.kind == "send"]
+    placed = _place_band(sends, top, half, 0)
+    others = [e for e in events if e.kind != "send"]
+    return placed + _place_band(others, y, half, len(placed))
 
 
-def _draw_bars(ax: Axes, placed: list[tuple[Event, float, float]], seconds_per_px: float) -> None:
+def _text_px(text: str, size: float, dpi: float) -> float:
+    """About how wide ``text`` is drawn at ``size`` points, padding included."""
+    return len(text) * size * 0.62 * dpi / 72 + 4
+
+
+def _fits(text: str, size: float, width_px: float, height_px: float, dpi: float) -> bool:
+    return width_px >= _text_px(text, size, dpi) and height_px >= size * dpi / 72 * 1.2
+
+
+def _ranges(numbers: Sequence[int]) -> str:
+    """Sorted numbers written short: runs of three or more as "a..b" ("0,2..7")."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}..{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs)
+
+
+def count_badge(events: Sequence[Event]) -> str:
+    """One label for events drawn together: "×7 to 0..6" when their labels are one word and
+    a peer each ("to 3"), "×3 F1" when they share a label, else "×3"."""
+    head = f"\u00d7{len(events)}"
+    labels = [e.label or "" for e in events]
+    parsed = [re.fullmatch(r"(.*?)(\d+)", label) for label in labels]
+    if all(parsed) and len({m.group(1) for m in parsed}) == 1:
+        prefix = parsed[0].group(1)
+        return f"{head} {prefix}{_ranges(sorted({int(m.group(2)) for m in parsed}))}"
+    if len(set(labels)) == 1 and labels[0]:
+        return f"{head} {labels[0]}"
+    return head
+
+
+def _draw_bars(ax: Axes, placed: Sequence[Placed], seconds_per_px: float,
+               row_px: float) -> None:
     """One bar per event. A message too short to see at this scale (a 4 KiB send beside a
     40 ms backward) is drawn ``MIN_BAR_PX`` wide and without the white edge that separates
-    neighbouring bars, so it shows as a solid mark of its kind's colour, not a pale smear."""
+    neighbouring bars, so it shows as a solid mark of its kind's colour, not a pale smear.
+    Bars in sub-lanes have no edge either: the gap between lanes keeps them apart."""
     narrow = EDGE_MIN_PX * seconds_per_px
-    for kind in dict.fromkeys(e.kind for e, _, _ in placed):
-        mine = [(e, y, h) for e, y, h in placed if e.kind == kind]
-        for wide in (True, False):
-            group = [(e, y, h) for e, y, h in mine if (e.duration >= narrow) == wide]
+    for kind in dict.fromkeys(p.event.kind for p in placed):
+        mine = [p for p in placed if p.event.kind == kind]
+        for edged in (True, False):
+            group = [p for p in mine
+                     if (p.event.duration >= narrow and p.lanes == 1) == edged]
             if not group:
                 continue
-            bars = ax.barh([y for _, y, _ in group],
-                           [max(e.duration, MIN_BAR_PX * seconds_per_px) for e, _, _ in group],
-                           left=[e.start for e, _, _ in group], height=[h for _, _, h in group],
-                           color=_kind_color(kind), edgecolor="white" if wide else "none",
-                           linewidth=0.6 if wide else 0, label=kind)
+            bars = ax.barh([p.y for p in group],
+                           [max(p.event.duration, MIN_BAR_PX * seconds_per_px) for p in group],
+                           left=[p.event.start for p in group],
+                           height=[p.height for p in group],
+                           color=_kind_color(kind), edgecolor="white" if edged else "none",
+                           linewidth=0.6 if edged else 0, label=kind)
             for rect in bars.patches:
                 rect.set_gid(f"event:{kind}")
-        for e, y, h in mine:
-            _label_inside(ax, e, y, h, seconds_per_px)
+    _draw_labels(ax, placed, seconds_per_px, row_px)
 
 
-def _label_inside(ax: Axes, e: Event, y: float, height: float, seconds_per_px: float) -> None:
-    """Write the event's label ("F3") inside its bar, only when it fits."""
-    if not e.label:
-        return
-    size = LABEL_FONT_SIZE if height >= BAR_HEIGHT else LABEL_FONT_SIZE - 1
-    text_px = len(e.label) * size * 0.62 * ax.figure.dpi / 72 + 4
-    if e.duration / seconds_per_px < text_px:
-        return
-    ax.text(e.start + e.duration / 2, y, e.label, ha="center", va="center", fontsize=size,
-            color=text_color_on(_kind_color(e.kind)), clip_on=True, gid="bar-label")
+def _draw_labels(ax: Axes, placed: Sequence[Placed], seconds_per_px: float,
+                 row_px: float) -> None:
+    """Each event's label ("F3", "to 2") inside its bar, only where it fits in the bar's
+    width and its lane's height. A group of events running at once of which no label fits
+    gets one count badge ("×7 to 0..6") across the group, if that fits."""
+    dpi = ax.figure.dpi
+    clusters: dict[int, list[Placed]] = {}
+    for p in placed:
+        clusters.setdefault(p.cluster, []).append(p)
+    for group in clusters.values():
+        wrote = False
+        for p in group:
+            e = p.event
+            if not e.label:
+                continue
+            sizes = (LABEL_FONT_SIZE, LABEL_FONT_SIZE - 1) if p.height >= BAR_HEIGHT else (
+                LABEL_FONT_SIZE - 1,)
+            size = next((size for size in sizes if _fits(
+                e.label, size, e.duration / seconds_per_px, p.height * row_px, dpi)), None)
+            if size is not None:
+                ax.text(e.start + e.duration / 2, p.y, e.label, ha="center", va="center",
+                        fontsize=size, color=text_color_on(_kind_color(e.kind)),
+                        clip_on=True, gid="bar-label")
+                wrote = True
+        if wrote or group[0].lanes == 1:
+            continue
+        events = [p.event for p in group]
+        start, end = min(e.start for e in events), max(e.end for e in events)
+        top, height = group[0].band
+        size = LABEL_FONT_SIZE - 1
+        for text in dict.fromkeys((count_badge(events), count_badge(events).split()[0])):
+            if _fits(text, size, (end - start) / seconds_per_px, height * row_px, dpi):
+                kind = max({e.kind for e in events}, key=[e.kind for e in events].count)
+                ax.text((start + end) / 2, top + height / 2, text, ha="center", va="center",
+                        fontsize=size, color=text_color_on(_kind_color(kind)), clip_on=True,
+                        gid="lane-count",
+                        bbox={"boxstyle": "round,pad=0.15", "facecolor": _kind_color(kind),
+                              "edgecolor": "none"})
+                break
 
 
 def _draw_idle(ax: Axes, y: float, trace: Trace, device: int, show_idle: bool) -> bool:
@@ -146,13 +293,15 @@ def _draw_timeline(ax: Axes, trace: Trace, *, title: str | None, devices: Sequen
     # whether a bar's label fits inside it.
     width_px = max(ax.get_window_extent().width - 90, 50)
     seconds_per_px = (span if span > 0 else 1.0) / width_px
+    # Likewise the height of one row (the title and legend above take a little of it).
+    row_px = 0.85 * ax.get_window_extent().height / max(len(rows), 1)
     kinds: set[str] = set()
     drew_idle = False
     for y, (device, stream) in enumerate(rows):
         events = trace.on(device, stream)
         kinds.update(e.kind for e in events)
-        split = stream == "comm" and _has_overlap(events)
-        _draw_bars(ax, _lanes(y, events, split), seconds_per_px)
+        split = stream == "comm" and _sends_meet_others(events)
+        _draw_bars(ax, _lanes(y, events, split), seconds_per_px, row_px)
         if stream == "compute" and trace.makespan > 0:
             drew_idle = _draw_idle(ax, y, trace, device, show_idle) or drew_idle
     for i in range(1, len(devices)):
