@@ -33,6 +33,7 @@ import torch
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 EXAMPLE = "torchrun --nproc-per-node 2 -m mpgpu_edu.run allreduce"
+LOST_PEER_DELAY_S = 2.0
 
 
 def no_options(parser: argparse.ArgumentParser) -> None:
@@ -129,8 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("target", nargs="?", help="an entry name (see --list) or module:function")
     parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     parser.add_argument("--json", action="store_true", help="print rank 0's result as JSON")
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds a message may wait before the process group gives up")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds a message may wait before the process group gives up "
+                             "and the rank names what it waited for (default 120)")
     parser.add_argument("--list", action="store_true", help="list the named entries")
     return parser
 
@@ -217,11 +219,28 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"mpgpu_edu.run: error: {exc}", file=sys.stderr)
         return 2
-    rank, result = run_rank(fn, args, kwargs, options.backend, options.timeout)
+    from mpgpu_edu.comm.dist import PeerLostError
+
+    try:
+        rank, result = run_rank(fn, args, kwargs, options.backend, options.timeout)
+    except PeerLostError:
+        # The peer failed first: fail a little later, so that torchrun (which orders
+        # failures by the second they happened) names the peer's error as the root cause.
+        time.sleep(LOST_PEER_DELAY_S)
+        raise
     if rank == 0:
         print(json.dumps(result, default=_jsonable) if options.json else result)
     return 0
 
 
+def main_recorded(argv: list[str] | None = None) -> int:
+    """``main`` under torch's elastic ``record``: a rank that raises writes its error to the
+    file torchrun gives it, so torchrun names the rank that raised first as the root cause,
+    not a rank that later lost its peer."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(main)(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_recorded())

@@ -141,3 +141,25 @@ def late_wait(comm, seconds: float) -> None:
         time.sleep(seconds)
     work.wait()
     return got.sum().item()
+
+
+def size_mismatch(comm, how: str) -> None:
+    """Rank 0 sends four float32 values; rank 1 receives them into the wrong buffer."""
+    if comm.rank == 0:
+        comm.send(torch.ones(4), 1)
+        return None
+    buffer = {"larger": torch.zeros(6), "smaller": torch.zeros(2),
+              "dtype": torch.zeros(4, dtype=torch.float64),
+              "shape": torch.zeros(2, 2)}[how.split("-")[-1]]
+    if how.startswith("irecv"):
+        comm.irecv(buffer, 0).wait()
+    elif how.startswith("any"):
+        comm.recv_any(buffer, [0])
+    else:
+        comm.recv(buffer, 0)
+    return None
+
+
+def deadlock(comm) -> None:
+    """Both ranks receive first: nobody ever sends."""
+    comm.recv(torch.empty(4), 1 - comm.rank)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# lesson number -> (exercise module, notebook), filled as each ``Lesson`` is made, so that an
+# exercise names its files without importing the package above it.
+LESSON_FILES: dict[int, tuple[str, str]] = {}
+
 WARM_UP, CAPSTONE = "warm-up", "capstone"
 
 
@@ -35,9 +39,7 @@ class Exercise:
     @property
     def module(self) -> str:
         """File stem in ``exercises/`` and ``solutions/``, e.g. ``"ex01_communication"``."""
-        from mpgpu_edu.course import LESSONS
-
-        return LESSONS[self.lesson].module
+        return LESSON_FILES[self.lesson][0]
 
     @property
     def filename(self) -> str:
@@ -45,9 +47,7 @@ class Exercise:
 
     @property
     def notebook(self) -> str:
-        from mpgpu_edu.course import LESSONS
-
-        return LESSONS[self.lesson].notebook
+        return LESSON_FILES[self.lesson][1]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,9 @@ class Lesson:
     exercises: tuple[Exercise, ...]
     predictions: tuple[Prediction, ...] = ()
     drives_demos: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        LESSON_FILES[self.number] = (self.module, self.notebook)
 
 
 def ex(id: str, function: str, title: str, points: int,  # noqa: A002 - the exercise's id

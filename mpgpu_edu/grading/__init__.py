@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mpgpu_edu.grading.progress import CourseNotFound, Progress, find_root
+from mpgpu_edu.grading.progress import CourseNotFound, Progress, find_root, resolve_impl
 from mpgpu_edu.grading.progress import progress as _progress
 from mpgpu_edu.grading.registry import EXERCISES, get
 from mpgpu_edu.grading.hints import hint
@@ -140,17 +140,6 @@ def _importable_file(fn: Callable[..., Any]) -> Path | None:
     except TypeError:
         return None
     return Path(file) if file and Path(file).is_file() and file.endswith(".py") else None
-
-
-def resolve_impl(impl: str | Path | None, root: Path | None) -> Path:
-    """``None`` or ``"exercises"``: the learner's folder; ``"solutions"``; or a folder."""
-    if impl is None or str(impl) in ("exercises", "solutions"):
-        assert root is not None
-        return root / (str(impl) if impl is not None else "exercises")
-    folder = Path(impl).expanduser().resolve()
-    if not folder.is_dir():
-        raise ValueError(f"--impl {impl}: no such folder")
-    return folder
 
 
 def _shown(folder: Path, root: Path | None) -> str:

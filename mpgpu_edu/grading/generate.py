@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import datetime as _dt
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,3 +204,13 @@ def function_source(text: str, name: str) -> str:
             first = min([node.lineno] + [d.lineno for d in node.decorator_list])
             return "\n".join(lines[first - 1:node.end_lineno]) + "\n"
     raise GenerateError(f"no top-level function {name} in the module")
+
+
+def source_sha(file: Path, function: str) -> str:
+    """SHA-256 of top-level ``function``'s source in ``file`` ("" if absent or unreadable)."""
+    try:
+        text = file.read_text()
+        source = function_source(text, function)
+    except (OSError, ValueError, SyntaxError, UnicodeDecodeError):
+        return ""
+    return hashlib.sha256(source.encode()).hexdigest()

@@ -19,7 +19,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mpgpu_edu.grading.generate import backup_file, function_source, generate_text, stub_source
+from mpgpu_edu.grading.generate import (backup_file, function_source, generate_text,
+                                        source_sha, stub_source)
 from mpgpu_edu.grading.registry import EXERCISES, LESSON_TITLES, LESSONS, Exercise
 from mpgpu_edu.grading.report import ExerciseResult
 
@@ -94,8 +95,6 @@ def record(root: Path, results: list[ExerciseResult],
     """Remember the latest result of each exercise checked, with the SHA-256 of the
     function's source as it was checked (``shas``; by default hashed from ``exercises/``
     now), so a later edit makes the record stale for ``mp.yours``."""
-    from mpgpu_edu.grading.yours import source_sha
-
     now = _dt.datetime.now().isoformat(timespec="seconds")
     for r in results:
         sha = (shas or {}).get(r.id)
@@ -158,8 +157,6 @@ class Progress:
 
 def progress(root: Path | str | None = None) -> Progress:
     """The learner's progress from the latest checks (``mpgpu_edu.check`` records them)."""
-    from mpgpu_edu.grading.yours import source_sha
-
     folder = Path(root) if root is not None else find_root()
     entries = load(folder)
     for exercise_id, entry in entries.items():  # edited since its check: no longer counts
@@ -273,3 +270,14 @@ def _span_by_indentation(lines: list[str], name: str) -> tuple[int, int] | None:
     while end > start + 1 and not lines[end - 1].strip():
         end -= 1  # keep the blank lines between functions
     return first, end
+
+
+def resolve_impl(impl: str | Path | None, root: Path | None) -> Path:
+    """``None`` or ``"exercises"``: the learner's folder; ``"solutions"``; or a folder."""
+    if impl is None or str(impl) in ("exercises", "solutions"):
+        assert root is not None
+        return root / (str(impl) if impl is not None else "exercises")
+    folder = Path(impl).expanduser().resolve()
+    if not folder.is_dir():
+        raise ValueError(f"--impl {impl}: no such folder")
+    return folder

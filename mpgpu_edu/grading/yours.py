@@ -14,7 +14,6 @@ next check. The folder is the one ``check`` uses: ``exercises/``, or ``$MPGPU_ED
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import sys
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mpgpu_edu.grading.generate import function_source
+from mpgpu_edu.grading.generate import source_sha
 from mpgpu_edu.grading.registry import Exercise, get
 
 IMPL_ENV = "MPGPU_EDU_IMPL"
@@ -31,16 +30,6 @@ IMPL_ENV = "MPGPU_EDU_IMPL"
 # (resolved file, exercise id) -> SHA-256 of the function's source that passed its check in
 # this process. Written only by ``remember``; a stale entry can never match a changed file.
 _PASSED: dict[tuple[str, str], str] = {}
-
-
-def source_sha(file: Path, function: str) -> str:
-    """SHA-256 of top-level ``function``'s source in ``file`` ("" if absent or unreadable)."""
-    try:
-        text = file.read_text()
-        source = function_source(text, function)
-    except (OSError, ValueError, SyntaxError, UnicodeDecodeError):
-        return ""
-    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def remember(file: Path, exercise_id: str, passed: bool) -> str:
@@ -106,8 +95,7 @@ def yours(exercise_id: str, reference: Callable[..., Any], *, what: str | None =
 
 
 def _folder(impl: str | Path | None) -> Path:
-    from mpgpu_edu.grading import resolve_impl
-    from mpgpu_edu.grading.progress import find_root
+    from mpgpu_edu.grading.progress import find_root, resolve_impl
 
     if impl is None and os.environ.get(IMPL_ENV):
         impl = os.environ[IMPL_ENV]

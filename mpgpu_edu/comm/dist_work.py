@@ -1,0 +1,250 @@
+"""The parts of a ``DistCommunicator`` rank: its process groups (``Lanes``), the board where
+it writes what it waits for, its messages in flight (``DistWork``), its comm-stream thread and
+its memory records. ``mpgpu_edu.comm.dist`` puts them together."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mpgpu_edu.cluster.ledger import MemoryLedger
+from mpgpu_edu.comm.base import RESERVED_TAG, MemoryRecorder, Work, nbytes_of
+from mpgpu_edu.comm.envelope import check_envelope
+from mpgpu_edu.trace import MemoryEvent
+
+MAIN, STREAM = 0, 1  # lanes: the rank's program, and its communication stream
+POLL_S = 1e-4  # wait_any polls its works this often
+
+
+@dataclass
+class Lanes:
+    """The process groups of one process: ``main`` for the rank's program (``None``: the
+    default group) and ``stream`` for its communication stream; and the rank's device.
+    Made once per process, by every rank at the same point (``init_lanes``)."""
+
+    main: Any
+    stream: Any
+    device: torch.device
+
+
+def init_lanes(backend: str) -> Lanes:
+    """After ``dist.init_process_group``: pick the device and make the stream's group."""
+    device = torch.device("cpu")
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    return Lanes(None, dist.new_group(backend=backend), device)
+
+
+class OpBoard:
+    """Where a rank writes what it is blocked on, so that its launcher can read it while the
+    rank is stuck inside C++. The default keeps it in this process; pool workers use shared
+    memory (``mpgpu_edu.runtime.board.SharedBoard``)."""
+
+    def __init__(self) -> None:
+        self.slots = ["", ""]
+
+    def set(self, lane: int, text: str) -> None:
+        self.slots[lane] = text
+
+    def get(self, lane: int) -> str:
+        return self.slots[lane]
+
+
+def describe(op: str, tensor: torch.Tensor, peer: int, tag: int, lane: int = MAIN) -> str:
+    """``"recv from rank 0, tag 0, 16 bytes (float32 [4])"``: a pending message, in words."""
+    what = f"send to rank {peer}" if op == "send" else f"recv from rank {peer}"
+    dtype = str(tensor.dtype).replace("torch.", "")
+    tag_text = f"barrier round {tag - RESERVED_TAG}" if tag >= RESERVED_TAG else f"tag {tag}"
+    return (f"{what}, {tag_text}, {nbytes_of(tensor)} bytes ({dtype} {list(tensor.shape)})"
+            + (", on its comm stream" if lane == STREAM else ""))
+
+
+class DistWork(Work):
+    """An ``isend``/``irecv`` in flight; its event spans from the post to the end of ``wait``.
+    ``works`` are torch's works in order (the envelope's first, when messages are checked);
+    ``envelope`` is the received envelope a receive checks before its data counts."""
+
+    def __init__(self, comm: Any, works: list[Any], op: str, tensor: torch.Tensor,
+                 peer: int, tag: int, start: float, envelope: torch.Tensor | None = None
+                 ) -> None:
+        self.comm, self.works, self.op, self.tensor = comm, works, op, tensor
+        self.peer, self.tag, self.start, self.done = peer, tag, start, False
+        self.envelope = envelope
+        self.lane = comm.lane
+        # wait_any: gloo's works do not report completion before wait(), so a thread waits
+        self.waiter: threading.Thread | None = None
+        self.completed = threading.Event()
+        self.error: BaseException | None = None
+
+    def wait_in_background(self) -> None:
+        """Start a thread that waits for this work and sets ``completed`` (once)."""
+        if self.waiter is not None or self.done:
+            return
+
+        def run() -> None:
+            try:
+                for work in self.works:
+                    work.wait()
+            except BaseException as exc:  # noqa: BLE001 - raised again by wait()
+                self.error = exc
+            self.completed.set()
+
+        self.waiter = threading.Thread(target=run, daemon=True, name="wait-any")
+        self.waiter.start()
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        comm = self.comm
+        what = describe(self.op, self.tensor, self.peer, self.tag, self.lane)
+        with comm.blocked("waiting for its " + what):
+            if self.waiter is None:
+                for index, work in enumerate(self.works):
+                    work.wait()
+                    if index == 0:
+                        self._check()
+            else:
+                self.waiter.join()
+                if self.error is not None:
+                    raise self.error
+                self._check()
+            comm.sync()
+        self.done = True
+        comm.record_message(self.op, self.tensor, self.peer, self.tag, self.start)
+        with comm.lock:
+            comm.in_flight.discard(self)
+
+    def _check(self) -> None:
+        if self.envelope is not None:
+            check_envelope(self.envelope, self.tensor, self.peer, self.comm.rank, self.tag)
+
+
+def check_args(rank: int, world_size: int, device: torch.device, op: str,
+           tensor: torch.Tensor, peer: int, tag: int) -> None:
+    """The arguments of a send or receive, checked before anything is posted."""
+    if not 0 <= peer < world_size:
+        raise ValueError(f"rank {rank}: peer {peer} does not exist (world size "
+                         f"{world_size}, ranks 0..{world_size - 1})")
+    if peer == rank:
+        raise ValueError(f"rank {rank} tries to {op} to/from itself: a rank already "
+                         "has its own data, skip the message")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{op} needs a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_meta:
+        raise ValueError(f"{op} of a meta tensor: meta tensors hold no data, so they only "
+                         "travel on the simulator (backend='sim')")
+    if tensor.device != device:
+        raise ValueError(f"rank {rank}: {op} of a tensor on {tensor.device}, but this "
+                         f"backend's tensors live on {device}: use "
+                         "tensor.to(comm.device)")
+    if op == "recv" and not tensor.is_contiguous():
+        raise ValueError("recv needs a contiguous tensor to fill: pass tensor.contiguous() "
+                         "and copy the result back")
+    if tag < 0:
+        raise ValueError(f"tag must be >= 0, got {tag}")
+
+
+def wait_first(comm: Any, works: Sequence[Work]) -> int:
+    """``comm.wait_any``: the index of the first of ``works`` to complete, waited on."""
+    works = list(works)
+    if not works or not all(isinstance(w, DistWork) for w in works):
+        raise TypeError("wait_any needs a non-empty list of works from isend/irecv")
+    for work in works:
+        work.wait_in_background()
+    with comm.blocked("waiting for the first of " + "; ".join(
+            describe(w.op, w.tensor, w.peer, w.tag, w.lane) for w in works)):
+        while True:
+            for index, work in enumerate(works):
+                if work.done or work.completed.is_set():
+                    break
+            else:
+                time.sleep(POLL_S)
+                continue
+            break
+    works[index].wait()
+    return index
+
+
+class JobWork(Work):
+    """A job on the comm stream (``run_async``)."""
+
+    def __init__(self, comm: Any, future: Future) -> None:
+        self.comm, self.future = comm, future
+
+    def wait(self) -> Any:
+        with self.comm.blocked("waiting for a job on its comm stream"):
+            return self.future.result()
+
+
+class DistMemory(MemoryRecorder):
+    """Memory records on a real device, with the wall-clock time of each change."""
+
+    def __init__(self, comm: Any, ledger: MemoryLedger) -> None:
+        self.comm, self.ledger = comm, ledger
+        self.events: list[MemoryEvent] = []
+        self.held: dict[int, tuple[str, int, str]] = {}
+
+    def alloc(self, category: str, nbytes: int, label: str = "") -> int:
+        with self.comm.lock:
+            token = self.ledger.alloc(category, nbytes, label)
+            self.held[token] = (category, nbytes, label)
+            self._record(category, nbytes, label)
+        return token
+
+    def free(self, token: int) -> None:
+        with self.comm.lock:
+            self.ledger.free(token)
+            category, nbytes, label = self.held.pop(token)
+            self._record(category, -nbytes, label)
+
+    def _record(self, category: str, delta: int, label: str) -> None:
+        self.events.append(MemoryEvent(self.comm.global_rank, self.comm.now(), category, delta,
+                                       label, self.ledger.current()))
+
+
+def device_capacity(device: torch.device) -> int:
+    """Bytes of memory the device has: the GPU's total, or the machine's RAM for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class Stream:
+    """A rank's communication stream: one daemon thread that runs submitted jobs in order."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, daemon=True,
+                                       name=f"rank-{comm.rank}-stream")
+        self.thread.start()
+
+    def submit(self, fn: Callable[..., Any], args: tuple) -> Future:
+        future: Future = Future()
+        self.jobs.put((fn, args, future))
+        return future
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            self.comm.board.set(STREAM, "running")
+            self.comm.run_stream_job(*job)

@@ -1,0 +1,54 @@
+"""The runtime: every process this package starts.
+
+``ForkServer`` (``forkserver``, ``server``) starts children from a fresh process that imported
+torch once: each child leads its own process group, dies with the server, and the server dies
+with its owner; what a child leaves behind (double forks, ``setsid`` daemons) is found and
+killed. ``WorkerGroup`` (``pool``) runs jobs on a group of such children (``comm``'s ranks on
+gloo and nccl); ``SharedBoard`` (``board``) is memory they share with the owner; ``sandbox``
+wraps a server in a namespace sandbox for grading a class. ``comm`` and ``grading`` both use
+this package; it imports neither.
+
+``local_server()`` is this process's own (unsandboxed) server, shared by ``comm``'s worker
+pool and a learner's ``check``: one torch import serves both.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+
+from mpgpu_edu.runtime.errors import RuntimeStartError, SandboxUnavailable
+from mpgpu_edu.runtime.forkserver import Child, ForkServer
+
+__all__ = ["PRELOAD", "Child", "ForkServer", "RuntimeStartError", "SandboxUnavailable",
+           "local_server", "warm_up"]
+
+# What the local server imports before it forks: torch, and the entry point of comm's
+# workers (a child imports the rest of what it needs after the fork).
+PRELOAD = ("torch", "torch._dynamo", "mpgpu_edu.comm.worker")
+
+_local: list[ForkServer] = []
+_local_lock = threading.Lock()
+
+
+def local_server() -> ForkServer:
+    """This process's fork server (made on first use; started by its first ``spawn``)."""
+    with _local_lock:
+        if not _local:
+            server = ForkServer(PRELOAD, name="mpgpu-edu")
+            atexit.register(server.stop)
+            _local.append(server)
+        return _local[0]
+
+
+def warm_up() -> None:
+    """Start the local server in the background, so that a first check or launch does not
+    wait for torch to be imported (a call that comes sooner waits on the server's lock)."""
+    threading.Thread(target=_start_quietly, daemon=True, name="mpgpu-edu-warm-up").start()
+
+
+def _start_quietly() -> None:
+    try:
+        local_server().start()
+    except RuntimeStartError:
+        pass  # the first real use reports it

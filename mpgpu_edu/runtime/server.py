@@ -1,0 +1,174 @@
+"""The fork server's own process: ``python -m mpgpu_edu.runtime.server FD MODULE...``.
+
+It imports ``MODULE...`` once (torch takes seconds), then forks a child per request from
+its owner (``forkserver.ForkServer``) on the control socket ``FD``. Every child
+
+* leads its own session and process group (``setsid``), so it and what it starts are
+  killed at once;
+* is killed by the kernel if this server dies (``PR_SET_PDEATHSIG``), and the server exits
+  when its owner does (end of file on the control socket), so a killed launcher takes
+  everything with it;
+* runs ``module:function(*connections, *args)`` and exits with ``os._exit``.
+
+The server is a subreaper (``PR_SET_CHILD_SUBREAPER``): a process a child left behind (a
+double fork, a ``setsid`` daemon) becomes the server's child when its parent ends, and is
+killed when seen, for a few seconds after any child ends. Messages to the owner are JSON,
+so that nothing a child could write is ever unpickled by the owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+SWEEP_S = 3.0  # after a child ends, look for what it left behind this long
+MAX_MESSAGE = 1 << 20
+
+
+def prctl(option: int, value: int) -> bool:
+    """Linux's prctl(2); False where there is none."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_of(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as handle:
+                    stat = handle.read()
+            except OSError:
+                continue
+            fields = stat.rsplit(b")", 1)[-1].split()
+            if len(fields) > 1 and int(fields[1]) == pid:
+                found.append(int(name))
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid``'s process group (it leads one) and ``pid`` itself."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(OSError):
+            kill(pid, signal.SIGKILL)
+
+
+class Server:
+    def __init__(self, control: socket.socket) -> None:
+        self.control = control
+        self.jobs: set[int] = set()  # children forked on request, still running
+        self.sweep_until = 0.0
+
+    def send(self, message: dict) -> None:
+        with contextlib.suppress(OSError):
+            self.control.send(json.dumps(message).encode())
+
+    def serve(self) -> None:
+        self.send({"ready": os.getpid()})
+        while True:
+            timeout = 0.05 if time.monotonic() < self.sweep_until else 0.5
+            ready, _, _ = select.select([self.control], [], [], timeout)
+            if ready:
+                try:
+                    data, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE, 16)
+                except OSError:
+                    data, fds = b"", []
+                if not data:
+                    break  # the owner has gone
+                self.handle(pickle.loads(data), fds)
+            self.reap()
+            if time.monotonic() < self.sweep_until:
+                self.sweep()
+        for pid in list(self.jobs):
+            kill_tree(pid)
+        self.sweep()
+
+    def handle(self, request: tuple, fds: list[int]) -> None:
+        kind = request[0]
+        if kind == "spawn":
+            _, request_id, target, args = request
+            pid = self.fork(target, args, fds)
+            self.jobs.add(pid)
+            self.send({"spawned": request_id, "pid": pid})
+        elif kind == "kill":
+            kill_tree(request[1])
+            self.sweep_until = time.monotonic() + SWEEP_S
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def fork(self, target: str, args: tuple, fds: list[int]) -> int:
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            self.control.close()
+            os.setsid()
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            module, _, name = target.partition(":")
+            function = getattr(importlib.import_module(module), name)
+            function(*[Connection(fd) for fd in fds], *args)
+            code = 0
+        except BaseException:  # noqa: BLE001 - the child's last words, then it exits
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            os._exit(code)
+        return 0  # not reached
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.jobs:
+                self.jobs.discard(pid)
+                kill_tree(pid)  # what it started in its own group goes with it
+                self.sweep_until = time.monotonic() + SWEEP_S
+                self.send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def sweep(self) -> None:
+        """Kill every child of this server that it did not fork itself: orphans of a job."""
+        for pid in children_of(os.getpid()):
+            if pid not in self.jobs:
+                kill_tree(pid)
+
+
+def main(argv: list[str]) -> None:
+    control = socket.socket(fileno=int(argv[0]))
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle
+    for module in argv[1:]:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the child that needs it reports the error
+            traceback.print_exc()
+    Server(control).serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

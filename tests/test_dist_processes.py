@@ -1,0 +1,115 @@
+"""Real processes on gloo: message sizes checked as on the simulator, a killed launcher
+leaves nothing behind, and under torchrun the rank that raised is the root cause and a
+deadlock ends with the pending messages named."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import dist_fns
+import psutil
+import pytest
+
+from mpgpu_edu.comm import MessageMismatchError, launch
+
+pytestmark = pytest.mark.gloo
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize("how", ["larger", "smaller", "dtype", "shape", "irecv-larger",
+                                 "any-larger"])
+def test_a_receive_into_another_size_fails_as_on_the_simulator(how):
+    if not how.startswith("any"):  # the simulator's recv_any waits for a message that fits
+        with pytest.raises(MessageMismatchError, match="same shape and dtype"):
+            launch(dist_fns.size_mismatch, 2, how)
+    with pytest.raises(MessageMismatchError) as gloo:
+        launch(dist_fns.size_mismatch, 2, how, backend="gloo", timeout=30)
+    message = str(gloo.value)
+    assert "rank 0 sends float32 [4] (16 bytes) but rank 1 receives into" in message
+    assert "same shape and dtype" in message
+
+
+def test_message_checks_can_be_turned_off_and_then_gloo_does_not_notice(monkeypatch):
+    monkeypatch.setenv("MPGPU_EDU_CHECK_MESSAGES", "0")
+    launch(dist_fns.size_mismatch, 2, "larger", backend="gloo", timeout=30)  # no error
+
+
+def _alive(pids: list[int]) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_a_killed_launcher_takes_its_workers_and_fork_server_with_it():
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        import dist_fns
+        from mpgpu_edu.comm import launch
+        print("launching", flush=True)
+        launch(dist_fns.deadlock, 2, backend="gloo", timeout=600)
+    """)
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                text=True, cwd=REPO)
+    try:
+        assert launcher.stdout.readline().strip() == "launching"
+        me = psutil.Process(launcher.pid)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the server and both ranks are up
+            descendants = me.children(recursive=True)
+            if len(descendants) >= 3:
+                break
+            time.sleep(0.5)
+        time.sleep(2.0)  # the ranks are blocked in their receives
+        pids = [p.pid for p in me.children(recursive=True)]
+        assert len(pids) >= 3, pids
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _alive(pids) == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def _torchrun(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)])}
+    return subprocess.run([str(torchrun), "--nproc-per-node", "2", "-m", "mpgpu_edu.run",
+                           *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.slow
+def test_torchrun_names_the_rank_that_raised_as_the_root_cause():
+    done = _torchrun("dist_fns:raise_on_rank_1")
+    assert done.returncode != 0
+    root = done.stderr.split("Root Cause", 1)[1]
+    assert "rank      : 1" in root.split("\n-", 1)[0] or "rank: 1" in root
+    assert "rank one is broken" in root
+
+
+@pytest.mark.slow
+def test_a_deadlock_under_torchrun_ends_at_the_timeout_naming_the_pending_messages():
+    start = time.monotonic()
+    done = _torchrun("dist_fns:deadlock", "--timeout", "5")
+    assert done.returncode != 0
+    assert time.monotonic() - start < 5 + 90  # startup of two ranks under load, then 5 s
+    assert "MessageTimeoutError" in done.stderr
+    assert "gave up waiting for: recv from rank 1, tag 0, 16 bytes (float32 [4])" in \
+        done.stderr or "gave up waiting for: recv from rank 0, tag 0, 16 bytes" in done.stderr
