@@ -186,7 +186,7 @@ def composed_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     n = comm.world_size
     flat = tensor.reshape(-1)
     padded = torch.zeros(-(-flat.numel() // n) * n, dtype=tensor.dtype, device=tensor.device)
-    padded[: flat.numel()] = flat  # all-gather needs chunks of one size: pad to N x chunk
+    padded[: flat.numel()] = flat  # pad first: both halves then see N chunks of one size
     mine = ring_reduce_scatter(comm, padded)
     full = torch.cat(ring_all_gather(comm, mine))
     tensor.copy_(full[: flat.numel()].view_as(tensor))

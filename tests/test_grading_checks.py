@@ -163,6 +163,15 @@ def test_a_composed_all_reduce_that_crashes_earns_no_case() -> None:
     assert "MessageMismatchError" in results["time: as fast as the ring"][1]
 
 
+def test_a_buffer_made_on_the_cpu_fails_only_on_the_figures_meta_tensors() -> None:
+    """Right sums, traffic and time on CPU tensors; the lesson's figures run meta tensors."""
+    from tests.mutants.lesson_01 import composed_buffer_on_the_cpu
+
+    results = verdicts("1.7", composed_buffer_on_the_cpu)
+    assert failing(results) == {"runs on meta tensors, as the lesson's figures do"}, results
+    assert "tensor.new_zeros" in results["runs on meta tensors, as the lesson's figures do"][1]
+
+
 def test_the_padded_byte_count_is_explained_and_one_message_is_singular() -> None:
     from mpgpu_edu.grading.checks.lesson_01 import _count
 

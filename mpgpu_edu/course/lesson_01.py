@@ -67,7 +67,8 @@ EXERCISES = (
         'sends up and receives the total back. Down: start the sends to both children before '
         'waiting on either.',
         'children = [c for c in (2*r + 1, 2*r + 2) if c < N]\n'
-        'works = [comm.irecv(<a scratch tensor per child>, c) for c in children]\n'
+        'works = [comm.irecv(<a scratch tensor per child: torch.empty_like(tensor)>, c)\n'
+        '         for c in children]\n'
         '# wait on every work; add each scratch tensor into tensor\n'
         '# r > 0: send tensor to the parent, then receive the total into tensor\n'
         '# down: one isend per child, and only then wait on them'),
@@ -75,12 +76,15 @@ EXERCISES = (
     ex('1.7', 'composed_all_reduce', 'All-reduce composed: reduce-scatter then all-gather '
        '(choose 1.6 or 1.7)', 10,
        ('all-reduce = reduce-scatter + all-gather: your 1.4 leaves each rank one summed chunk, '
-        'your 1.5 gives every rank every chunk. The catch: all-gather needs tensors of one '
-        'shape, and tensor_split\'s chunks differ when N does not divide the size.',
-        'Pad a flat copy with zeros to a multiple of N, reduce-scatter it, all-gather your '
-        'chunk, concatenate, drop the padding, and copy the result into tensor (in place).',
+        'your 1.5 gives every rank every chunk. The catch: the traffic asked for is 2(N - 1) '
+        'messages of ceil(numel / N) elements, N chunks of one size in both halves, and '
+        'tensor_split\'s chunks differ when N does not divide the size.',
+        'Pad a flat copy with zeros to a multiple of N BEFORE the reduce-scatter, reduce-scatter '
+        'it, all-gather your chunk, concatenate, drop the padding, and copy the result into '
+        'tensor (in place). Make the padded buffer where tensor lives (tensor.new_zeros): the '
+        'lesson\'s figures run your function on meta tensors.',
         'chunk = -(-numel // N)   # ceil(numel / N)\n'
-        'padded = torch.zeros(N * chunk, dtype=tensor.dtype)\n'
+        'padded = tensor.new_zeros(N * chunk)   # same dtype and device as tensor\n'
         'padded[:numel] = ...     # a flat copy of tensor\n'
         'mine = ring_reduce_scatter(comm, padded)\n'
         'full = ...               # every rank\'s chunk, in rank order, as one flat tensor\n'

@@ -279,6 +279,17 @@ def composed_without_padding(comm: Any, tensor: torch.Tensor) -> None:
     tensor.copy_(torch.cat(_SOL.ring_all_gather(comm, mine)).view_as(tensor))
 
 
+
+def composed_buffer_on_the_cpu(comm: Any, tensor: torch.Tensor) -> None:
+    """Pads into torch.zeros(...) without device=tensor.device: right on CPU tensors, but on
+    the meta tensors of the lesson's figures the copy into the CPU buffer fails."""
+    n = comm.world_size
+    flat = tensor.reshape(-1)
+    padded = torch.zeros(-(-flat.numel() // n) * n, dtype=tensor.dtype)
+    padded[: flat.numel()] = flat
+    full = torch.cat(_SOL.ring_all_gather(comm, _SOL.ring_reduce_scatter(comm, padded)))
+    tensor.copy_(full[: flat.numel()].view_as(tensor))
+
 MUTANTS: dict[str, list[str]] = {
     "1.1": ["p2p_ignores_alpha", "p2p_bits_not_bytes"],
     "1.2": ["naive_forgets_to_send_back", "naive_averages"],
@@ -289,5 +300,5 @@ MUTANTS: dict[str, list[str]] = {
             "all_gather_own_entry_is_input"],
     "1.6": ["tree_skips_last_level", "tree_through_the_root", "tree_binomial",
             "tree_children_one_after_another", "tree_is_a_ring"],
-    "1.7": ["composed_averages", "composed_without_padding"],
+    "1.7": ["composed_averages", "composed_without_padding", "composed_buffer_on_the_cpu"],
 }

@@ -24,7 +24,7 @@ from mpgpu_edu.grading.checks._support import (ALPHA, BETA, bytes_of, compute_ex
                                                evidence, examples, expect, expect_close,
                                                from_scratch, judge_examples, launch_facts,
                                                rank_inputs, run_spmd, showing, uniform)
-from mpgpu_edu.lessons.l01 import binary_tree_all_reduce, tree_children
+from mpgpu_edu.lessons.l01 import all_reduce_meta, binary_tree_all_reduce, tree_children
 
 Impl = Callable[..., Any]
 Facts = dict[str, Any]
@@ -261,7 +261,7 @@ def _naive_traffic() -> Case:
     def judge(facts: Facts) -> None:
         _judge_sums(facts, 4, 1000)
         _judge_naive_traffic(facts, 4, 1000)
-    return Case("traffic: everything goes through rank 0", 2, compute, judge)
+    return Case("traffic: everything goes through rank 0", 1, compute, judge)
 
 
 def _judge_naive_hidden(facts: Facts, world_size: int, numel: int, seed: int) -> None:
@@ -340,6 +340,40 @@ def _time_case(name: str, exercise: str, reference: Impl, what: str,
     return Case(name, points, compute, judge)
 
 
+# ---- every all-reduce also runs on meta tensors, as the lesson's figures do -----------------
+
+def _meta_case(exercise: str, runs: tuple[tuple[int, int], ...] = ((4, 1000), (3, 10))) -> Case:
+    """The lesson's figures run the learner's all-reduce on meta tensors (shapes without
+    data, so that 1 GiB costs nothing): a buffer made with ``torch.zeros(n)`` instead of
+    ``tensor.new_zeros(n)`` lives on the CPU, and copying a meta tensor into it fails."""
+    def compute(impl: Impl) -> list[Facts]:
+        out: list[Facts] = []
+        for n, numel in runs:
+            try:
+                with from_scratch(impl, exercise):
+                    run_spmd(all_reduce_meta, uniform(n), impl, numel)
+            except NotImplementedError as exc:
+                if "meta" not in str(exc):
+                    raise  # the stub itself
+                out.append({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
+            except Exception as exc:  # noqa: BLE001 - only a failure that meta tensors cause
+                if "meta" not in str(exc):
+                    raise
+                out.append({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
+            else:
+                out.append({"error": ""})
+        return out
+
+    def judge(all_facts: list[Facts]) -> None:
+        for facts, (n, numel) in zip(all_facts, runs):
+            expect(not facts["error"],
+                   f"on {n} ranks with a meta tensor of {numel} elements (shapes without "
+                   f"data: what the lesson's figures run) your function raised "
+                   f"{facts['error']}. Make every buffer where the input lives: "
+                   f"tensor.new_zeros(...), tensor.new_empty(...), or device=tensor.device")
+    return Case("runs on meta tensors, as the lesson's figures do", 1, compute, judge)
+
+
 # ---- 1.6 tree --------------------------------------------------------------------------------
 
 def _judge_tree_traffic(facts: Facts, n: int, numel: int) -> None:
@@ -368,7 +402,7 @@ def _tree_traffic() -> Case:
         for facts, (n, numel) in zip(runs, sizes):
             _judge_sums(facts, n, numel)
             _judge_tree_traffic(facts, n, numel)
-    return Case("traffic: each rank talks to its parent and children only", 4, compute, judge)
+    return Case("traffic: each rank talks to its parent and children only", 3, compute, judge)
 
 
 def _judge_tree_hidden(facts: Facts, world_size: int, numel: int, seed: int) -> None:
@@ -511,10 +545,12 @@ CASES: dict[str, list[Case]] = {
         _sums_case("sums in place on 4 ranks", 1, "1.2", [(4, 100)]),
         _sums_case("world sizes 1, 2, 3, 5", 1, "1.2", [(1, 5), (2, 5), (3, 7), (5, 11)]),
         _naive_traffic(),
+        _meta_case("1.2"),
         _hidden_case("1.2", _all_reduce_facts, _judge_naive_hidden),
     ],
     "1.3": [
-        _sums_case("sums in place on 4 ranks", 2, "1.3", [(4, 1000)]),
+        _sums_case("sums in place on 4 ranks", 1, "1.3", [(4, 1000)]),
+        _meta_case("1.3"),
         _sums_case("any size: uneven chunks, fewer elements than ranks", 2, "1.3",
                    [(3, 10), (5, 3), (2, 1), (1, 4)]),
         _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 2, "1.3"),
@@ -543,6 +579,7 @@ CASES: dict[str, list[Case]] = {
         _sums_case("sums in place, N = 1 to 7", 2, "1.6",
                    [(1, 4), (2, 5), (3, 6), (4, 4), (5, 3), (6, 7), (7, 10)]),
         _tree_traffic(),
+        _meta_case("1.6"),
         _time_case("time: both subtrees at once, on a fully connected cluster", "1.6",
                    binary_tree_all_reduce, "reference binary tree", [(7, 4096), (6, 4096)],
                    "on this cluster a rank can take both children's messages (and send to "
@@ -554,8 +591,9 @@ CASES: dict[str, list[Case]] = {
     "1.7": [
         _sums_case("sums in place, any size", 2, "1.7",
                    [(4, 1000), (3, 10), (5, 3), (2, 1), (1, 4)]),
-        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 4, "1.7",
+        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 3, "1.7",
                       padded=True),
+        _meta_case("1.7"),
         _time_case("time: as fast as the ring", "1.7", all_reduce_ring, "ring",
                    [(4, 2**18 + 3)], "do all ranks send at the same time?"),
         _hidden_case("1.7", _all_reduce_facts, _judge_ring_hidden(padded=True), points=2),
