@@ -52,6 +52,18 @@ def test_palette_names_every_kind_and_category_with_distinct_colours() -> None:
         palette.color("warp drive")
 
 
+def test_a_log_axis_draws_its_mathematics_without_font_warnings(caplog) -> None:
+    assert palette._register_bundled_fonts() == 0  # done when the palette was imported
+    fig = palette.new_figure(4, 3)
+    ax = fig.add_subplot()
+    ax.plot([1, 2, 3], [0.02, 0.1, 0.05])
+    ax.set_yscale("log")
+    ax.set_title(r"$\alpha + S / \beta$")
+    with caplog.at_level("WARNING", logger="matplotlib.font_manager"):
+        FigureCanvasAgg(fig).draw()
+    assert not [r for r in caplog.records if "findfont" in r.getMessage()]
+
+
 @pytest.mark.parametrize("seconds, text", [
     (0, "0 s"), (2.5, "2.5 s"), (0.0123, "12.3 ms"), (4.5e-6, "4.5 µs"), (3e-9, "3 ns"),
     (0.25, "250 ms"), (1e-3, "1 ms"),

@@ -11,11 +11,38 @@ from __future__ import annotations
 
 import math
 
+import matplotlib
 import matplotlib.pyplot  # noqa: F401  (in Jupyter: selects the inline backend)
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 import numpy as np
 from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+
+def _register_bundled_fonts() -> int:
+    """Add matplotlib's own fonts (DejaVu, STIX, Computer Modern) to its font list where that
+    list lacks them; returns how many files were added.
+
+    Mathematics in a figure (the "10^-2" ticks of a log axis) is set in DejaVu Sans with STIX
+    and Computer Modern behind it, all shipped with matplotlib. Its font list is cached on
+    disk, though, and a cache written by another matplotlib of the same version (one built
+    against the system's fonts, which ships none of its own) holds none of them: every
+    figure with a log axis then printed a screenful of "findfont: Font family ['STIXGeneral']
+    not found" warnings and fell back to other glyphs."""
+    from pathlib import Path
+
+    from matplotlib import font_manager
+
+    known = {Path(f.fname).name for f in font_manager.fontManager.ttflist}
+    folder = Path(matplotlib.get_data_path(), "fonts", "ttf")
+    missing = [p for p in sorted(folder.glob("*.ttf")) if p.name not in known]
+    for path in missing:
+        font_manager.fontManager.addfont(str(path))
+    return len(missing)
+
+
+_register_bundled_fonts()
+
 
 OKABE_ITO = {
     "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73",
