@@ -1,0 +1,205 @@
+"""Plausible wrong answers for lesson 08 (see tests/mutants/__init__.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from mpgpu_edu.collectives import all_gather, all_reduce, reduce_scatter
+
+# ---- 8.1 ----------------------------------------------------------------------------------
+
+
+def shard_unpadded(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """torch.tensor_split's chunks: no padding, so the shards differ in size by one."""
+    return torch.tensor_split(flat, world_size)[rank].clone()
+
+
+def shard_padded_in_front(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Pads at the start instead of the end: rank 0's shard begins with zeros."""
+    size = -(-flat.numel() // world_size)
+    padded = torch.cat([flat.new_zeros(size * world_size - flat.numel()), flat])
+    return padded[rank * size: (rank + 1) * size].clone()
+
+
+def shard_as_view(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Returns a view of the vector when no padding is needed: the whole vector stays alive."""
+    size = -(-flat.numel() // world_size)
+    if size * world_size == flat.numel():
+        return flat[rank * size: (rank + 1) * size]
+    padded = torch.zeros(size * world_size, dtype=flat.dtype)
+    padded[: flat.numel()] = flat
+    return padded[rank * size: (rank + 1) * size].clone()
+
+
+# ---- 8.2 ----------------------------------------------------------------------------------
+
+def bubble_idle_fraction(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """The idle share of the makespan, (P-1)/(V M + P - 1), not the share of compute time."""
+    if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
+        raise ValueError("bad sizes")
+    return (n_stages - 1) / (n_chunks * n_microbatches + n_stages - 1)
+
+
+def bubble_ignores_chunks(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """1F1B's (P-1)/M: forgets that chunk steps are V times shorter."""
+    if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
+        raise ValueError("bad sizes")
+    return (n_stages - 1) / n_microbatches
+
+
+def bubble_never_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """The right formula, but sizes the schedule cannot run (M not a multiple of P) pass."""
+    return (n_stages - 1) / max(1, n_chunks * n_microbatches)
+
+
+# ---- 8.3 ----------------------------------------------------------------------------------
+
+def _views(layer: nn.Module, full: torch.Tensor) -> dict[str, torch.Tensor]:
+    views, offset = {}, 0
+    for name, param in layer.named_parameters():
+        views[name] = full[offset: offset + param.numel()].view(param.shape)
+        offset += param.numel()
+    return views
+
+
+def _shard(flat: torch.Tensor, rank: int, n: int) -> torch.Tensor:
+    size = -(-flat.numel() // n)
+    padded = torch.zeros(size * n, dtype=flat.dtype)
+    padded[: flat.numel()] = flat
+    return padded[rank * size: (rank + 1) * size].clone()
+
+
+def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
+          use_prefetch: bool = True, regather: bool = True, all_reduce_grads: bool = False,
+          reverse_backward_gather: bool = True) -> Any:
+    """The solution's wrapper, with one switch per mistake."""
+    layers = list(module)
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    shards = [nn.Parameter(_shard(torch.cat([p.detach().reshape(-1) for p in layer.parameters()]),
+                                  comm.rank, comm.world_size)) if size else None
+              for layer, size in zip(layers, sizes)]
+
+    class Sharded:
+        def __init__(self) -> None:
+            self.pending: dict[int, Any] = {}
+            self.reducing: list[tuple[int, Any]] = []
+            self.kept: dict[int, torch.Tensor] = {}
+
+        def start(self, i: int) -> None:
+            if 0 <= i < len(layers) and sizes[i] and i not in self.pending:
+                self.pending[i] = comm.run_async(all_gather, comm, shards[i].detach())
+
+        def gather(self, i: int, step: int) -> torch.Tensor:
+            self.start(i)
+            full = torch.cat(self.pending.pop(i).wait())[: sizes[i]]
+            if prefetch and use_prefetch:
+                j = i + step
+                while 0 <= j < len(layers) and not sizes[j]:
+                    j += step
+                self.start(j)
+            return full
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            for i, layer in enumerate(layers):
+                x = _Layer.apply(x, shards[i], self, i) if sizes[i] else layer(x)
+            return x
+
+        def finish(self) -> None:
+            for i, work in self.reducing:
+                grad = work.wait()
+                if all_reduce_grads:
+                    size = shards[i].numel()
+                    grad = grad[comm.rank * size: (comm.rank + 1) * size]
+                shards[i].grad = grad if shards[i].grad is None else shards[i].grad + grad
+            self.reducing.clear()
+
+        def parameters(self) -> list[nn.Parameter]:
+            return [s for s in shards if s is not None]
+
+    class _Layer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, shard: torch.Tensor, owner: Sharded,
+                    i: int) -> torch.Tensor:
+            full = owner.gather(i, +1)
+            if not regather:
+                owner.kept[i] = full  # kept from forward to backward: no second gather
+            with torch.no_grad():
+                out = functional_call(layers[i], _views(layers[i], full), (x,))
+            ctx.save_for_backward(x)
+            ctx.owner, ctx.i = owner, i
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+            (x,), owner, i = ctx.saved_tensors, ctx.owner, ctx.i
+            full = (owner.kept.pop(i) if not regather else owner.gather(i, -1)).requires_grad_()
+            x = x.detach().requires_grad_(ctx.needs_input_grad[0])
+            with torch.enable_grad():
+                out = functional_call(layers[i], _views(layers[i], full), (x,))
+                torch.autograd.backward(out, grad_out)
+            padded = torch.zeros(shards[i].numel() * comm.world_size, dtype=full.dtype)
+            padded[: sizes[i]] = full.grad
+            if all_reduce_grads:
+                owner.reducing.append((i, comm.run_async(_all_reduce_mean, comm, padded)))
+            else:
+                owner.reducing.append((i, comm.run_async(reduce_scatter, comm, padded, op)))
+            return (x.grad if ctx.needs_input_grad[0] else None), None, None, None
+
+    return Sharded()
+
+
+def _all_reduce_mean(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+    all_reduce(comm, tensor, op="mean")
+    return tensor
+
+
+def fsdp_sums(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """Reduce-scatters with op="sum": every step N times too large."""
+    return _wrap(comm, module, prefetch, op="sum")
+
+
+def fsdp_ignores_prefetch(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """Right values and collectives, but prefetch=True gathers nothing ahead."""
+    return _wrap(comm, module, prefetch, use_prefetch=False)
+
+
+def fsdp_keeps_gathered(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """Keeps each layer's full parameters from forward to backward (ZeRO-2's memory): no
+    second all-gather, the whole model gathered at once."""
+    return _wrap(comm, module, prefetch, regather=False)
+
+
+def fsdp_all_reduces(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """DDP's all-reduce of the whole gradient, then keeps its slice: right values, but
+    twice the reduce-scatter's traffic and no reduce-scatter at all."""
+    return _wrap(comm, module, prefetch, all_reduce_grads=True)
+
+
+def fsdp_package_reference(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """Hands in the package's own wrapper instead of writing one."""
+    from mpgpu_edu.dp.fsdp import wrap_fsdp
+
+    return wrap_fsdp(comm, module, prefetch)
+
+
+def fsdp_unpadded_shards(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """Shards as torch.tensor_split cuts them (no padding): unequal pieces, which the
+    all-gather cannot put together."""
+    layers = [layer for layer in module if any(True for _ in layer.parameters())]
+    wrapper = _wrap(comm, module, prefetch)
+    for shard, layer in zip(wrapper.parameters(), layers):
+        flat = torch.cat([p.detach().reshape(-1) for p in layer.parameters()])
+        shard.data = torch.tensor_split(flat, comm.world_size)[comm.rank].clone()
+    return wrapper
+
+
+MUTANTS: dict[str, list[str]] = {
+    "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view"],
+    "8.2": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses"],
+    "8.3": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
+            "fsdp_package_reference", "fsdp_unpadded_shards"],
+}
