@@ -138,8 +138,24 @@ def test_ssp_program_on_recv_any_applies_every_gradient_within_the_bound(bound: 
         assert clock[w] - 1 - min(clock) <= bound + 1
     assert clock == [5, 5, 5]
     assert (log["held"] > 0) == (bound < 4)
+    assert sum(log["held_by"]) == log["held"]  # per worker, and the slowest is never held
+    assert log["held_by"][2] == 0 and (log["held_by"][0] > 0) == (bound < 4)
     # gradient k of worker w is 0.5 |p - w|^2's: the server applied all 15 of them
     assert torch.isfinite(log["params"]).all()
+
+
+def test_ssp_program_charges_the_server_for_every_update() -> None:
+    from mpgpu_edu.ps import ssp_program
+
+    speeds, cluster = [1e-3, 3e-3], Cluster.uniform(3, 1e-5, BETA)
+    given = launch(ssp_program, cluster, speeds, 8, 4, 1, 0.1, 50e-6).trace
+    updates = given.on(2, "compute", "optimizer")
+    assert len(updates) == 8 and all(e.duration == pytest.approx(50e-6) for e in updates)
+    assert given.busy(2) == pytest.approx(8 * 50e-6)
+    a100 = Cluster.preset("8xA100-nvlink").with_visible("0,1,2")
+    measured = launch(ssp_program, a100, speeds, 8, 4, 1).trace  # timed by the simulator
+    assert len(measured.on(2, "compute", "optimizer")) == 8
+    assert measured.busy(2) >= 8 * a100.launch_overhead_s > 0  # a kernel each, at least
 
 
 def test_async_is_deterministic() -> None:

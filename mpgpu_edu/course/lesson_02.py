@@ -66,9 +66,11 @@ PREDICTIONS = (
                  "about as long: the compute shrinks, the server's link grows, they cancel",
                  "longer: the server's link grows more than the compute shrinks"),
         answer=2,
-        why=("Each worker's compute shrinks like 1 / (N - 1), but the server's link carries "
-             "2 (N - 1) messages of the whole model every step. For a light model on fast "
-             "links the server's link wins: 8 devices are slower than 4."),
+        why=("Each worker's share of the FLOPs shrinks like 1 / (N - 1), but its compute time "
+             "shrinks less (kernel launches and the elementwise work on the whole parameter "
+             "vector do not depend on the batch), while the server's link carries 2 (N - 1) "
+             "messages of the whole model every step. For a light model on fast links the "
+             "server's link wins: 8 devices are slower than 4."),
     ),
     Prediction(
         key="02.sharded-vs-one",
@@ -79,9 +81,10 @@ PREDICTIONS = (
                  "about the same time",
                  "more time: fewer workers compute, so each does more"),
         answer=0,
-        why=("With 4 servers every server's link carries a quarter of the bytes, and the 4 "
-             "links work at once: the communication shrinks about 4-fold, which far outweighs "
-             "the extra compute of 4 workers instead of 7."),
+        why=("With 4 servers each server receives 4 quarter-size gradients, S bytes in all, "
+             "against 7 whole gradients (7 S) for the one server, and the 4 servers' links "
+             "work at once: each server's receiving time shrinks about 7-fold, which far "
+             "outweighs the extra compute of 4 workers instead of 7."),
     ),
     Prediction(
         key="02.ssp-fast-worker",

@@ -10,12 +10,17 @@
   timeline, redrawn as a slider changes the number of workers.
 - ``sharded_program`` / ``run_sharded_program``: the parameter server sharded over every
   rank, with the sharded step passed in (exercise 2.4).
-- ``link_seconds``: how long a device's link was busy receiving (or sending).
+- ``link_seconds``: how long a device's link was busy receiving (or sending);
+  ``setup_seconds``: a device's compute before its first message (the program's setup);
+  ``worker_compute_parts``: where a worker's compute time goes (FLOPs, kernel launches,
+  memory-bound work), to see why it does not shrink like its share of the batch.
 - ``sync_with_stragglers``: synchronous steps where the workers differ in speed, to set
   beside the asynchronous server (``mpgpu_edu.ps.async_ps``) with the same costs.
 - ``run_async`` / ``update_times``: the asynchronous server with a staleness bound (SSP) on
-  the demo model, and when each of its updates was applied; ``run_ssp``: the same protocol
-  as an SPMD program (``ps.ssp_program``) on the simulator, to see who waits.
+  the demo model, and when each of its updates was applied; ``run_async_seeds``,
+  ``mean_curve`` and ``smoothed``: the same over several seeds, averaged, for curves that a
+  single noisy run cannot give; ``run_ssp``: the same protocol as an SPMD program
+  (``ps.ssp_program``) on the simulator, to see who waits.
 - ``plot_loss_curves``: loss against updates (and against simulated time).
 - ``one_torch_thread``: the context the demos run in (why: its docstring).
 """
@@ -45,6 +50,7 @@ from mpgpu_edu.viz.timeline import plot_timeline, time_axis
 
 StepFn = Callable[..., None]
 
+SEED_STRIDE = 1000  # run_async's seed s uses batch seeds 1000 s, 1000 s + 1, ..: no overlap
 FORWARD_SHARE = 1 / 3  # backward costs about twice the forward: 2 of every 3 FLOPs
 # Solid and thick, then dashed and thin on top: two curves that coincide both stay visible.
 LINE_STYLES = (("-", 2.6), ("--", 1.6))
@@ -345,6 +351,47 @@ def link_seconds(trace: Trace, device: int, kind: str = "recv") -> float:
     return total
 
 
+def setup_seconds(trace: Trace, device: int) -> float:
+    """Seconds of elementwise work (kind "compute") that ``device`` does before anything
+    else (a forward pass or a message): the program's setup. A ``ps_program`` rank writes its
+    model's initial weights and copies them into one flat vector; the server also zeroes its
+    running sum."""
+    others = [e.start for e in trace.events if e.device == device and e.kind != "compute"]
+    first = min(others, default=trace.makespan)
+    return sum(min(e.end, first) - e.start for e in trace.on(device, "compute", "compute")
+               if e.start < first)
+
+
+def worker_compute_parts(workload: Workload, cluster: Cluster | str, workers: int,
+                         worker: int = 0) -> dict[str, float]:
+    """Where a ``ps_program`` worker's forward and backward time goes, with ``workers``
+    workers sharing ``workload``'s batch. The simulator times every kernel as
+    ``max(flops / (peak * efficiency), bytes / memory bandwidth) + launch overhead``, so:
+
+    - ``"flops_s"``: the FLOPs over peak times efficiency; shrinks with the batch share;
+    - ``"launch_s"``: ``kernels`` times the launch overhead, whatever the batch size;
+    - ``"memory_s"``: what the kernels' bytes took beyond their FLOP time (reading the
+      weights is the same for 74 samples as for 512);
+    - ``"samples"``, ``"kernels"``: the worker's share of the batch, its kernel count.
+
+    Their sum is the worker's forward and backward time in ``run_ps_program``'s trace.
+    Elementwise work on the whole parameter vector (setup, flattening the gradient, zeroing
+    it) comes on top, and does not depend on the batch either."""
+    from mpgpu_edu.comm.flops import FlopCount
+    from mpgpu_edu.data import loss_fn
+
+    machine = first_devices(cluster, workers + 1)
+    model = workload.model("meta")
+    (x, y), share = shard(workload.make_batch("meta"), worker, workers, who="workers")
+    with FlopCount(machine) as counter:
+        loss = loss_fn(model(x), y)
+        (loss * share).backward()
+    launch_s = counter.kernels * machine.launch_overhead_s
+    return {"flops_s": machine.flop_seconds(counter.total), "launch_s": launch_s,
+            "memory_s": counter.memory_extra_s, "samples": len(x),
+            "kernels": counter.kernels}
+
+
 # ---- synchronous against asynchronous, with stragglers ----------------------------------------
 
 def sync_with_stragglers(comm: Communicator, worker_seconds: Sequence[float], numel: int,
@@ -393,27 +440,64 @@ def run_sync(cluster: Cluster | str, worker_seconds: Sequence[float], steps: int
 
 def run_async(cluster: Cluster | str, staleness_bound: int, updates: int, *,
               worker_seconds: Sequence[float] | None = None, lr: float = 0.05,
-              server_seconds: float = 0.0, n_batches: int = 40) -> ps.AsyncResult:
+              server_seconds: float = 0.0, n_batches: int = 40,
+              seed: int = 0) -> ps.AsyncResult:
     """The asynchronous parameter server (``ps.async_ps``) training the demo model on the
     first ``len(worker_seconds) + 1`` devices of ``cluster`` (all of them by default) until
-    ``updates`` gradients were applied, each computed on a whole demo batch."""
+    ``updates`` gradients were applied, each computed on a whole demo batch. ``seed`` picks
+    the model's initial weights and the batches (seed 0: the course's usual ones)."""
     n = None if worker_seconds is None else len(worker_seconds) + 1
-    batches = make_batches(n_batches, DEMO_BATCH, DEMO_SIZES[0], DEMO_SIZES[-1])
+    batches = make_batches(n_batches, DEMO_BATCH, DEMO_SIZES[0], DEMO_SIZES[-1],
+                           seed=SEED_STRIDE * seed)
     with one_torch_thread():
-        return ps.async_ps(first_devices(cluster, n), functools.partial(make_mlp, DEMO_SIZES),
-                           batches, updates, worker_seconds=worker_seconds,
-                           staleness_bound=staleness_bound, lr=lr,
-                           server_seconds=server_seconds)
+        return ps.async_ps(first_devices(cluster, n),
+                           functools.partial(make_mlp, DEMO_SIZES, seed), batches, updates,
+                           worker_seconds=worker_seconds, staleness_bound=staleness_bound,
+                           lr=lr, server_seconds=server_seconds)
+
+
+def run_async_seeds(cluster: Cluster | str, staleness_bound: int, updates: int,
+                    seeds: Sequence[int], **kwargs: Any) -> list[ps.AsyncResult]:
+    """``run_async`` once per seed, with the same settings (``kwargs``)."""
+    return [run_async(cluster, staleness_bound, updates, seed=seed, **kwargs)
+            for seed in seeds]
+
+
+def smoothed(values: Sequence[float], window: int) -> list[float]:
+    """The trailing moving average of ``values`` over ``window`` of them (fewer at the
+    start): update k's value is the mean of updates k - window + 1 .. k."""
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    out, total = [], 0.0
+    for k, v in enumerate(values):
+        total += v
+        if k >= window:
+            total -= values[k - window]
+        out.append(total / min(k + 1, window))
+    return out
+
+
+def mean_curve(runs: Sequence[ps.AsyncResult]) -> tuple[list[float], list[float]]:
+    """Update by update, the mean over ``runs`` of the time it was applied
+    (``update_times``) and of the loss after it; as long as the shortest run."""
+    if not runs:
+        raise ValueError("mean_curve needs at least one run")
+    n = min(len(run.losses) for run in runs)
+    times = [update_times(run)[:n] for run in runs]
+    mean = lambda columns: [sum(c) / len(c) for c in zip(*columns)]  # noqa: E731
+    return mean(times), mean([run.losses[:n] for run in runs])
 
 
 def run_ssp(cluster: Cluster | str, worker_seconds: Sequence[float], steps: int,
-            staleness_bound: int) -> LaunchResult:
+            staleness_bound: int, server_seconds: float | None = None) -> LaunchResult:
     """``ps.ssp_program`` (SSP as SPMD, on ``comm.recv_any``) on the first
-    ``len(worker_seconds) + 1`` devices, with messages the size of the demo model's."""
+    ``len(worker_seconds) + 1`` devices, with messages the size of the demo model's; the
+    server spends ``server_seconds`` on each update (``None``: what the simulator measures
+    for it)."""
     machine = first_devices(cluster, len(worker_seconds) + 1)
     with one_torch_thread():
         return launch(ps.ssp_program, machine, list(worker_seconds), demo_numel(), steps,
-                      staleness_bound)
+                      staleness_bound, 0.1, server_seconds)
 
 
 def update_times(result: ps.AsyncResult) -> list[float]:

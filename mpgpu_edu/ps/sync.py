@@ -11,8 +11,11 @@ of every batch. One step:
    to every worker, which wait for them before their next step.
 
 The server's link is the bottleneck: it receives N - 1 gradients and sends N - 1 copies of
-the parameters, one after another, while each worker's link carries one of each. The time of
-a step grows linearly with N (``ps.sharded`` spreads the load over several servers).
+the parameters through its one port, while each worker's link carries one of each. Messages
+that cross the port at the same time share it (on an NVSwitch each gets a fair share of its
+bandwidth and they end together) or queue for it (a port that carries one transfer at a
+time); either way the port's busy time grows linearly with N (``ps.sharded`` spreads the
+load over several servers).
 Cost per step: compute + 2 (N - 1)(alpha + S / beta) on the server's link.
 Li et al., "Scaling Distributed Machine Learning with the Parameter Server", OSDI 2014.
 """
