@@ -114,7 +114,8 @@ def test_yours_uses_the_learners_code_only_while_it_passes_as_it_is(course: Path
 
     stub = mp.yours("1.3", reference=all_reduce_ring, what="ring")
     assert not stub.is_yours and stub.fn is all_reduce_ring
-    assert stub.label.startswith("reference ring; yours: not yet")
+    assert stub.label == "reference ring (yours: not yet)"
+    assert stub.note.startswith('reference ring; yours: not yet (mp.check("1.3")')
     _solve(course, "1.3")
     assert not mp.yours("1.3", reference=all_reduce_ring).is_yours  # not checked yet
     assert mp.check("1.3").passed

@@ -48,7 +48,8 @@ def remember(file: Path, exercise_id: str, passed: bool) -> str:
 @dataclass(frozen=True)
 class Chosen:
     """The function a demo runs: the learner's (``is_yours``) or the package's reference.
-    Call it like the function itself; ``label`` says whose it is, for figure titles."""
+    Call it like the function itself; ``label`` says whose it is, for figure titles, and
+    ``note`` says it in full (why the reference runs, and how to use yours)."""
 
     fn: Callable[..., Any]
     exercise: Exercise
@@ -61,12 +62,20 @@ class Chosen:
 
     @property
     def label(self) -> str:
+        """Short, for a figure's title: "your ring" or "reference ring (yours: not yet)"."""
+        if self.is_yours:
+            return f"your {self.what}"
+        return f"reference {self.what} (yours: {self.reason.split(' (')[0]})"
+
+    @property
+    def note(self) -> str:
+        """In full, for a printed line: why the reference runs and how to use yours."""
         if self.is_yours:
             return f"your {self.what}"
         return f"reference {self.what}; yours: {self.reason}"
 
     def __repr__(self) -> str:
-        return f"<{self.label} (exercise {self.exercise.id})>"
+        return f"<{self.note} (exercise {self.exercise.id})>"
 
 
 def yours(exercise_id: str, reference: Callable[..., Any], *, what: str | None = None,

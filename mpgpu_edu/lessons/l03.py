@@ -181,10 +181,8 @@ def plot_steps(traces: dict[str, Trace], devices: Sequence[int] | None = None) -
 
 def whose(chosen: Any) -> str:
     """A short figure title for what ``mp.yours`` chose: "your DDP wrapper", or "reference
-    DDP wrapper (yours: not yet)" (``chosen.label`` says more, for a printed line)."""
-    if chosen.is_yours:
-        return chosen.label
-    return f"reference {chosen.what} (yours: {chosen.reason.split(' (')[0]})"
+    DDP wrapper (yours: not yet)" (``chosen.note`` says more, for a printed line)."""
+    return chosen.label
 
 
 # ---- whole runs -------------------------------------------------------------------------------
