@@ -1,9 +1,9 @@
 """Ours against torch's real tools on gloo processes: DDP, 1F1B pipelining, ZeRO-3 / FSDP2.
 
-Each comparison trains the same model on the same batches with the capstone's solution (or a
-sharded wrapper written here to lesson 08's contract), with torch's tool and on one device,
-and the losses must agree to 1e-5 at every step; the oracle ``reference.train_single`` must
-give the one-device losses too. Step times are reported (printed), never asserted.
+Each comparison trains the same model on the same batches with the capstone's solution (and
+a second sharded wrapper written here to lesson 08's contract), with torch's tool and on one
+device, and the losses must agree to 1e-5 at every step; the oracle ``reference.train_single``
+must give the one-device losses too. Step times are reported (printed), never asserted.
 """
 
 from __future__ import annotations
@@ -158,6 +158,14 @@ def test_pipeline_solution_equals_schedule_1f1b_and_one_device() -> None:
                                 optimizer="adam", lr=1e-3)
     assert_equal_to_one_device(result, PIPE_SIZES, 16, "adam", 1e-3)
     assert "mean over microbatches" in result.convention
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_fsdp_solution_equals_fsdp2_and_one_device(prefetch: bool) -> None:
+    result = compare_fsdp(solution("ex08_bigger_models").wrap_fsdp, ranks=2, steps=STEPS,
+                          sizes=SIZES, batch=24, optimizer="adam", lr=1e-3, prefetch=prefetch)
+    assert_equal_to_one_device(result, SIZES, 24, "adam", 1e-3)
+    assert result.labels["torch"] == "torch fully_shard (FSDP2)"
 
 
 def test_sharded_wrapper_equals_fsdp2_and_one_device() -> None:
