@@ -299,6 +299,42 @@ def allreduce_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def hierarchy_view(log2_bytes: int = 28, preset: str = "2x8xH100-ib",
+                   hierarchical: Callable | None = None, label: str | None = None
+                   ) -> tuple[Any, dict]:
+    """The explorer's view: ``plot_allreduce_timelines`` of one all-reduce of 2**log2_bytes
+    bytes on ``preset``, and the numbers it shows."""
+    if not 10 <= log2_bytes <= 32:
+        raise ValueError(f"log2_bytes must be from 10 (1 KiB) to 32 (4 GiB), got {log2_bytes}")
+    runs = allreduce_runs(preset, 2**log2_bytes, hierarchical)
+    _, per_node, _ = link_forms(preset)
+    fig = plot_allreduce_timelines(runs, per_node, f" ({label})" if label else "")
+    flat, hier = runs["flat ring"], runs["hierarchical"]
+    return fig, {"bytes": 2**log2_bytes, "preset": preset, "flat_s": flat["seconds"],
+                 "hier_s": hier["seconds"], "speedup": flat["seconds"] / hier["seconds"],
+                 "speedup_form": flat["closed_form"] / hier["closed_form"]}
+
+
+def _describe(info: dict) -> str:
+    from mpgpu_edu.viz.palette import format_bytes, format_seconds
+
+    return (f"<b>{format_bytes(info['bytes'])}</b> on {info['preset']}: flat ring "
+            f"{format_seconds(info['flat_s'])}, hierarchical {format_seconds(info['hier_s'])}: "
+            f"<b>{info['speedup']:.2f}x</b> faster (closed forms: {info['speedup_form']:.2f}x)")
+
+
+def hierarchy_explorer(hierarchical: Callable | None = None, log2_bytes: int = 24,
+                       preset: str = "2x8xH100-ib") -> Any:
+    """A size slider (2**k bytes) and a preset menu over ``hierarchy_view``: the flat ring
+    and ``hierarchical`` (a ``Chosen`` from ``mp.yours`` names itself in the titles)."""
+    from mpgpu_edu.explore.live import Explorer, dropdown, slider
+
+    controls = {"log2_bytes": slider("size: 2^k bytes, k =", log2_bytes, 10, 32),
+                "preset": dropdown("cluster", ["2x8xH100-ib", "2x8xA100-ib"], preset)}
+    fixed = {"hierarchical": hierarchical, "label": getattr(hierarchical, "label", None)}
+    return Explorer(hierarchy_view, controls, _describe, fixed=fixed)
+
+
 # ---- where each kind of parallelism goes on a 2-node mesh ---------------------------------------
 
 @dataclass(frozen=True)

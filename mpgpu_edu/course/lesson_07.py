@@ -1,0 +1,97 @@
+"""Lesson 07: many machines."""
+
+from __future__ import annotations
+
+from mpgpu_edu.course._types import CAPSTONE, WARM_UP, Lesson, Prediction, ex
+
+EXERCISES = (
+    ex('7.1', 'node_and_rail_groups', 'Nodes and rails: the groups of a 2-level cluster', 3,
+       ("torchrun numbers the ranks node by node: node k's GPUs are ranks k * per_node, "
+        "k * per_node + 1, and so on. A rail is the same local GPU on every node: read the "
+        "same table by columns instead of rows.",
+        "Refuse bad input first (both at least 1, per_node divides world_size: else "
+        "ValueError). With M = world_size // per_node nodes, node k lists rank(k, i) for "
+        "every local rank i; rail i lists rank(k, i) for every node k.",
+        "if <a size below 1, or a remainder>: raise ValueError(...)\n"
+        "rank(k, i) = k * per_node + i   # node k, local rank i\n"
+        "nodes = [[rank(k, i) for i in ...] for k in ...]\n"
+        "rails = [[rank(k, i) for k in ...] for i in ...]   # the same cells, by column"),
+       WARM_UP),
+    ex('7.2', 'hierarchical_seconds', 'The closed form of the hierarchical all-reduce', 4,
+       ("Three ring phases, one after another. Inside a node the ring has per_node ranks and "
+        "works on the whole tensor; across nodes every rail's ring has `nodes` ranks and "
+        "works on one GPU's chunk only, 1/per_node of the tensor.",
+        "A reduce-scatter (or all-gather) on R ranks of an S'-byte tensor: R - 1 steps, each "
+        "one message of S' / R bytes. The node's two phases use R = per_node, S' = nbytes, "
+        "the intra link; the rail's all-reduce is two phases with R = nodes, S' = nbytes / "
+        "per_node, the inter link.",
+        "inside = 2 * (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))\n"
+        "chunk = nbytes / per_node\n"
+        "across = 2 * (nodes - 1) * (inter_alpha_s + ... / (... * inter_beta_Bps))\n"
+        "return inside + across"),
+       WARM_UP),
+    ex('7.3', 'hierarchical_all_reduce', 'The hierarchical all-reduce, on comm sub-groups', 13,
+       ("Keep the bulk of the bytes on the fast links. Inside a node, a reduce-scatter leaves "
+        "each GPU with the node's sum of one chunk (1/per_node of the tensor). Only that "
+        "chunk travels across the network, between the GPUs that hold the same chunk on "
+        "other nodes: one rail. Then the node shares the finished chunks.",
+        "Make two groups with comm.group: your node's ranks and your rail's ranks (7.1 gives "
+        "both). Split tensor.view(-1) into per_node chunks with torch.tensor_split. Phase 1: "
+        "a ring reduce-scatter on the node group, arranged so that local rank i finishes "
+        "chunk i. Phase 2: ring_all_reduce(rail, chunk i). Divide by the world size for the "
+        "mean. Phase 3: a ring all-gather on the node group. Use ring_step for the rings.",
+        "node, local = divmod(comm.rank, per_node)\n"
+        "inside = comm.group(<my node's ranks>); rail = comm.group(<my rail's ranks>)\n"
+        "chunks = list(torch.tensor_split(tensor.view(-1), per_node))\n"
+        "for k in range(per_node - 1):   # reduce-scatter: send (local - k - 1), add into "
+        "(local - k - 2)\n"
+        "    ring_step(inside, chunks[...], received); chunks[...].add_(received)\n"
+        "ring_all_reduce(rail, chunks[local])   # then .div_(world_size) for the mean\n"
+        "for k in range(per_node - 1):   # all-gather: send (local - k), receive (local - k - 1)\n"
+        "    ring_step(inside, chunks[...], chunks[...])"),
+       CAPSTONE),
+)
+
+PREDICTIONS = (
+    Prediction(
+        key="07.global-rank",
+        question=("Two machines each run `torchrun --nnodes 2 --node-rank K --nproc-per-node 8 "
+                  "...`. The process with LOCAL_RANK=3 on the machine started with "
+                  "--node-rank 1: what is its global RANK?"),
+        choices=("3: local ranks are the ranks", "4: node 1 starts at rank 1 per GPU",
+                 "11: node 1's ranks start at 8", "19: ranks count GPUs and NICs"),
+        answer=2,
+        why=("Global rank = node x nproc_per_node + local rank = 1 x 8 + 3 = 11. LOCAL_RANK "
+             "picks the GPU (cuda:3 under that machine's CUDA_VISIBLE_DEVICES); RANK is the "
+             "process's place in the whole job, what send and recv address.")),
+    Prediction(
+        key="07.flat-vs-hierarchical",
+        question=("One 256 MiB all-reduce over 2 nodes x 8 H100 (NVLink 370 GB/s inside a "
+                  "node, one 400 Gb/s NIC per GPU across). How much faster is the "
+                  "hierarchical all-reduce than one flat ring over the 16 GPUs?"),
+        choices=("about the same: every rank sends about 2S either way",
+                 "about 2x", "about 5x", "about 16x: 8 NICs at work instead of 1, 2x fewer steps"),
+        answer=2,
+        why=("A flat ring's every step waits for its slowest hop: the two GPUs at the nodes' "
+             "edges send 2(N-1)/N S = 480 MiB each through one NIC at 47 GB/s. The "
+             "hierarchical all-reduce sends 2(G-1)/G S over NVLink (8x faster) and only "
+             "2(M-1)/(GM) S = 32 MiB per GPU across, on all 8 NICs at once. Its NVLink phases "
+             "now dominate, so the gain is about 5x, not 16x.")),
+    Prediction(
+        key="07.tp-across-nodes",
+        question=("LLaMA-7B on 2 nodes x 8 H100, tensor parallelism over 8 GPUs and two "
+                  "data-parallel replicas. Each TP group either stays inside a node, or takes "
+                  "4 GPUs from each node. How much longer is the step of the split groups?"),
+        choices=("within 20%: the same bytes move either way",
+                 "between 1.5x and 4x longer",
+                 "more than 4x longer"),
+        answer=1,
+        why=("Tensor parallelism all-reduces the activations 4 times per layer and "
+             "micro-batch, on the critical path: split over two nodes, each all-reduce's "
+             "ring crosses the network at 47 GB/s instead of NVLink's 370 GB/s. Compute "
+             "still takes the same time, so the step grows by about 2-2.5x, not 8x. Data "
+             "parallelism's one gradient all-reduce per step is what should cross.")),
+)
+
+LESSON = Lesson(7, 'many machines', 'ex07_many_machines', 'notebooks/07_many_machines.ipynb',
+                EXERCISES, PREDICTIONS, drives_demos=('7.3',))

@@ -1,0 +1,247 @@
+"""Checks of lesson 07: the groups of a 2-level cluster, the hierarchical all-reduce's closed
+form, and the hierarchical all-reduce itself.
+
+Oracles: ``collectives.hierarchical.node_groups`` / ``rail_groups`` for the groups,
+``collectives.cost.hierarchical_allreduce_time`` for the closed form, the sum (or mean) of
+every rank's tensor for the values, ``cost.hierarchical_bytes_sent`` for the bytes each rank
+sends inside its node and across the network. The capstone runs with every built-in
+collective switched off (``from_scratch``) on a two-level cluster: NVSwitch-like links inside
+each node, one NIC per GPU between nodes, free additions, so that its simulated time must
+equal the closed form; a flat ring, or whole tensors sent across, or the groups swapped, send
+the wrong bytes on the wrong links.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.cluster import topology as topo
+from mpgpu_edu.collectives import cost
+from mpgpu_edu.collectives.hierarchical import node_groups, rail_groups
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks._plain import type_name
+from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
+                                               expect_close, from_scratch, judge_examples,
+                                               launch_facts, rank_inputs, run_spmd)
+from mpgpu_edu.hardware import GPUS, LinkSpec
+
+Impl = Callable[..., Any]
+Judge = Callable[[Any], None]
+
+# Inside a node: 2 us, 8 GB/s; a NIC: 6 us, 1 GB/s (8 us between nodes: both latencies).
+INTRA_ALPHA, INTRA_BETA, NIC_ALPHA, NIC_BETA = 2e-6, 8e9, 6e-6, 1e9
+
+
+def two_level(nodes: int, per_node: int) -> Cluster:
+    """``nodes`` nodes of ``per_node`` devices, one NIC per device, additions free."""
+    wiring = topo.multi_node(nodes, per_node, LinkSpec("intra", INTRA_ALPHA, INTRA_BETA, "check"),
+                             LinkSpec("nic", NIC_ALPHA, NIC_BETA, "check"),
+                             nics_per_node=per_node)
+    return Cluster(f"{nodes}x{per_node}-two-level", GPUS["H100-SXM-80GB"], wiring,
+                   efficiency=1.0, launch_overhead_s=0.0, memory_Bps=0.0)
+
+
+def _each(configs: list[dict[str, Any]], compute_one: Callable[..., Any],
+          judge_one: Callable[..., None]) -> tuple[Impl, Judge]:
+    return (lambda impl: compute_examples(lambda **c: compute_one(impl, **c), configs),
+            lambda records: judge_examples(records, judge_one))
+
+
+def _case(name: str, points: int, halves: tuple[Impl, Judge], hidden: bool = False,
+          timeout_s: float = 20.0) -> Case:
+    return Case(name, points, halves[0], halves[1], hidden=hidden, timeout_s=timeout_s)
+
+
+# ---- 7.1 nodes and rails ------------------------------------------------------------------------
+
+def _groups_compute(impl: Impl, world_size: int, per_node: int) -> Any:
+    return impl(world_size, per_node)
+
+
+def _groups_agree(got: Any, world_size: int, per_node: int) -> None:
+    expect(isinstance(got, (list, tuple)) and len(got) == 2,
+           f"expected (nodes, rails), a pair of lists, got {type_name(got)}")
+    nodes, rails = got
+    want_nodes = node_groups(world_size // per_node, per_node)
+    want_rails = rail_groups(world_size // per_node, per_node)
+    expect(nodes == want_nodes, f"{world_size} ranks on nodes of {per_node}: nodes should be "
+                                f"{want_nodes}, got {nodes}")
+    expect(rails == want_rails, f"{world_size} ranks on nodes of {per_node}: rails should be "
+                                f"{want_rails} (local rank i of every node), got {rails}")
+
+
+def _groups_bad_compute(impl: Impl) -> list[str]:
+    outcomes = []
+    for world_size, per_node in [(6, 4), (4, 0), (0, 2), (5, 2)]:
+        try:
+            impl(world_size, per_node)
+            outcomes.append(f"({world_size}, {per_node}) returned")
+        except ValueError:
+            outcomes.append("ValueError")
+    return outcomes
+
+
+def _groups_bad_judge(outcomes: Any) -> None:
+    bad = [o for o in outcomes if o != "ValueError"]
+    expect(not bad, "ranks that do not fill whole nodes must raise ValueError, but "
+                    + ", ".join(bad))
+
+
+def _groups_examples() -> list[dict[str, int]]:
+    drawn = examples(12, 71, nodes=(1, 5), per_node=(1, 6))
+    return [dict(world_size=e["nodes"] * e["per_node"], per_node=e["per_node"]) for e in drawn]
+
+
+# ---- 7.2 the closed form --------------------------------------------------------------------------
+
+def _form_compute(impl: Impl, nodes: int, per_node: int, nbytes: float, alphas: tuple,
+                  betas: tuple) -> Any:
+    return impl(nodes, per_node, nbytes, alphas[0], betas[0], alphas[1], betas[1])
+
+
+def _form_agree(got: Any, nodes: int, per_node: int, nbytes: float, alphas: tuple,
+                betas: tuple) -> None:
+    want = cost.hierarchical_allreduce_time(nodes, per_node, nbytes, alphas[0], betas[0],
+                                            alphas[1], betas[1])
+    expect(isinstance(got, (int, float)) and not isinstance(got, bool),
+           f"expected a number of seconds, got {type_name(got)}")
+    expect(abs(got - want) <= 1e-9 * max(want, 1e-30),
+           f"{nodes} nodes x {per_node}, {nbytes:g} bytes, inside a node alpha {alphas[0]:g} "
+           f"s and beta {betas[0]:g} B/s, across alpha {alphas[1]:g} s and beta {betas[1]:g} "
+           f"B/s: expected {want:.6g} s, got {got:.6g} s")
+
+
+_FORM_MAIN = [dict(nodes=2, per_node=8, nbytes=2.0**28, alphas=(3e-6, 8e-6),
+                   betas=(370e9, 47e9)),
+              dict(nodes=4, per_node=2, nbytes=1e6, alphas=(1e-5, 1e-4), betas=(1e9, 1e8)),
+              dict(nodes=1, per_node=4, nbytes=1e6, alphas=(1e-5, 1e-4), betas=(1e9, 1e8)),
+              dict(nodes=3, per_node=1, nbytes=1e6, alphas=(1e-5, 1e-4), betas=(1e9, 1e8))]
+
+
+def _form_examples() -> list[dict[str, Any]]:
+    drawn = examples(12, 72, nodes=(1, 6), per_node=(1, 8), kib=(1, 2**20), a=(1, 50),
+                     b=(1, 400))
+    return [dict(nodes=e["nodes"], per_node=e["per_node"], nbytes=float(e["kib"] * 1024),
+                 alphas=(e["a"] * 1e-6, e["a"] * 3e-6), betas=(e["b"] * 1e9, e["b"] * 1e8))
+            for e in drawn]
+
+
+# ---- 7.3 the hierarchical all-reduce ---------------------------------------------------------------
+
+def _hier_compute(impl: Impl, nodes: int, per_node: int, numel: int, op: str = "sum",
+                  seed: int = 0) -> dict[str, Any]:
+    inputs = rank_inputs(nodes * per_node, numel, seed)
+
+    def program(comm: Any) -> torch.Tensor:
+        tensor = inputs[comm.rank].clone()
+        impl(comm, tensor, per_node, op)
+        return tensor
+
+    with from_scratch(impl, "7.3"):
+        return launch_facts(run_spmd(program, two_level(nodes, per_node)))
+
+
+def _hier_values(facts: dict, nodes: int, per_node: int, numel: int, op: str = "sum",
+                 seed: int = 0) -> None:
+    n = nodes * per_node
+    total = torch.stack(rank_inputs(n, numel, seed)).sum(0)
+    want = total / n if op == "mean" else total
+    for rank, got in enumerate(facts["results"]):
+        expect_close(got, want, f"{nodes} nodes x {per_node}, {numel} elements, op={op!r}: "
+                                f"rank {rank}'s tensor")
+
+
+def _hier_traffic(facts: dict, nodes: int, per_node: int, numel: int, **example: Any) -> None:
+    _hier_values(facts, nodes, per_node, numel, **example)
+    want = cost.hierarchical_bytes_sent(nodes, per_node, bytes_of(numel))
+    for rank, stats in enumerate(facts["stats"]):
+        node = rank // per_node
+        inside = sum(b for peer, b in stats["sent_to"].items() if int(peer) // per_node == node)
+        across = {int(peer): b for peer, b in stats["sent_to"].items()
+                  if int(peer) // per_node != node and b}
+        off_rail = sorted(p for p in across if p % per_node != rank % per_node)
+        expect(not off_rail, f"rank {rank} (local rank {rank % per_node} of node {node}) sent "
+                             f"across the network to rank(s) {off_rail}, which are not on its "
+                             f"rail (local rank {rank % per_node} of the other nodes)")
+        expect(sum(across.values()) == want["inter"],
+               f"{nodes} nodes x {per_node}, {bytes_of(numel)} bytes: rank {rank} sent "
+               f"{sum(across.values())} bytes across the network; 1/{per_node} of the tensor "
+               f"on its rail's ring all-reduce is {want['inter']:.0f}")
+        expect(inside == want["intra"],
+               f"{nodes} nodes x {per_node}, {bytes_of(numel)} bytes: rank {rank} sent "
+               f"{inside} bytes inside its node; a ring reduce-scatter and all-gather there "
+               f"send {want['intra']:.0f}")
+
+
+def _hier_time(facts: dict, nodes: int, per_node: int, numel: int, **example: Any) -> None:
+    _hier_values(facts, nodes, per_node, numel, **example)
+    want = cost.hierarchical_allreduce_time(nodes, per_node, bytes_of(numel), INTRA_ALPHA,
+                                            INTRA_BETA, INTRA_ALPHA + NIC_ALPHA, NIC_BETA)
+    got = facts["makespan"]
+    expect(abs(got - want) <= 1e-6 * want,
+           f"{nodes} nodes x {per_node}, {bytes_of(numel)} bytes: simulated {got * 1e6:.2f} us; "
+           f"the closed form (2(G-1)(a + S/(G b)) inside, 2(M-1)(a' + S/(G M b')) across) "
+           f"gives {want * 1e6:.2f} us")
+
+
+def _hier_all(facts: dict, **example: Any) -> None:
+    if example["numel"] % (example["nodes"] * example["per_node"]):
+        _hier_values(facts, **example)  # uneven chunks: the forms hold for whole chunks
+        return
+    _hier_traffic(facts, **example)
+    _hier_time(facts, **example)
+
+
+_HIER_MAIN = [dict(nodes=2, per_node=4, numel=64), dict(nodes=2, per_node=4, numel=8, op="mean")]
+_HIER_SHAPES = [dict(nodes=2, per_node=4, numel=800), dict(nodes=3, per_node=2, numel=600),
+                dict(nodes=2, per_node=8, numel=1600)]
+_HIER_EDGES = [dict(nodes=2, per_node=4, numel=13), dict(nodes=3, per_node=2, numel=5, op="mean"),
+               dict(nodes=1, per_node=4, numel=9), dict(nodes=4, per_node=1, numel=7),
+               dict(nodes=2, per_node=3, numel=2)]
+
+
+def _hier_examples() -> list[dict[str, Any]]:
+    drawn = examples(10, 73, nodes=(1, 4), per_node=(1, 4), whole=(0, 1), size=(1, 40),
+                     mean=(0, 1))
+    return [dict(nodes=e["nodes"], per_node=e["per_node"],
+                 numel=e["size"] * (e["nodes"] * e["per_node"] if e["whole"] else 1),
+                 op="mean" if e["mean"] else "sum", seed=i) for i, e in enumerate(drawn)]
+
+
+CASES: dict[str, list[Case]] = {
+    "7.1": [
+        _case("the docstring's example; 2 x 8, 4 x 2, 1 node, 1 GPU per node", 1,
+              _each([dict(world_size=w, per_node=p) for w, p in
+                     [(4, 2), (16, 8), (8, 2), (3, 3), (3, 1)]],
+                    _groups_compute, _groups_agree)),
+        Case("per_node must divide world_size", 1, _groups_bad_compute, _groups_bad_judge),
+        _case("hidden: random clusters", 1,
+              _each(_groups_examples(), _groups_compute, _groups_agree), hidden=True),
+    ],
+    "7.2": [
+        _case("2 x 8 H100-like, 4 x 2, one node, one GPU per node", 2,
+              _each(_FORM_MAIN, _form_compute, _form_agree)),
+        _case("hidden: random clusters and sizes", 2,
+              _each(_form_examples(), _form_compute, _form_agree), hidden=True),
+    ],
+    "7.3": [
+        _case("sums and means in place on 2 nodes x 4", 3,
+              _each(_HIER_MAIN, _hier_compute, _hier_values)),
+        _case("traffic: 2(G-1)/G S inside the node, 2(M-1)/(GM) S across, on its own rail", 3,
+              _each(_HIER_SHAPES, _hier_compute, _hier_traffic)),
+        _case("time: the closed form on a two-level cluster", 3,
+              _each(_HIER_SHAPES, _hier_compute, _hier_time)),
+        _case("sizes that do not divide, 3 nodes, 1 node, 1 GPU per node", 2,
+              _each(_HIER_EDGES, _hier_compute, _hier_values)),
+        _case("hidden: random clusters, sizes and ops", 2,
+              _each(_hier_examples(), _hier_compute, _hier_all), hidden=True, timeout_s=40.0),
+    ],
+}
+
+# The package's own implementation of each exercise: it must not run while the exercise is
+# checked (``from_scratch`` switches it off, with the other collectives, for 7.3).
+REFERENCES = {"7.3": ["mpgpu_edu.collectives.hierarchical:all_reduce_hierarchical"]}

@@ -1,0 +1,181 @@
+"""Plausible wrong answers for lesson 07 (see tests/mutants/__init__.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# ---- 7.1 nodes and rails -----------------------------------------------------------------------
+
+
+def groups_swapped(world_size: int, per_node: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Returns (rails, nodes): the two lists in the wrong order."""
+    if world_size < 1 or per_node < 1 or world_size % per_node:
+        raise ValueError("not whole nodes")
+    m = world_size // per_node
+    return ([[k * per_node + i for k in range(m)] for i in range(per_node)],
+            [[k * per_node + i for i in range(per_node)] for k in range(m)])
+
+
+def groups_node_major_rails(world_size: int, per_node: int
+                            ) -> tuple[list[list[int]], list[list[int]]]:
+    """Numbers the ranks node-minor (rank = local * nodes + node), as if torchrun interleaved
+    the machines."""
+    if world_size < 1 or per_node < 1 or world_size % per_node:
+        raise ValueError("not whole nodes")
+    m = world_size // per_node
+    return ([[i * m + k for i in range(per_node)] for k in range(m)],
+            [[i * m + k for k in range(m)] for i in range(per_node)])
+
+
+def groups_never_raise(world_size: int, per_node: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Never raises: ranks that do not fill a node are dropped silently."""
+    m = world_size // per_node if per_node else 0
+    return ([[k * per_node + i for i in range(per_node)] for k in range(m)],
+            [[k * per_node + i for k in range(m)] for i in range(per_node)])
+
+
+# ---- 7.2 the closed form --------------------------------------------------------------------------
+
+def seconds_whole_tensor_across(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
+                                intra_beta_Bps: float, inter_alpha_s: float,
+                                inter_beta_Bps: float) -> float:
+    """Sends the whole tensor across the network, not one GPU's 1/per_node chunk."""
+    inside = 2 * (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))
+    return inside + 2 * (nodes - 1) * (inter_alpha_s + nbytes / (nodes * inter_beta_Bps))
+
+
+def seconds_flat_ring(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
+                      intra_beta_Bps: float, inter_alpha_s: float,
+                      inter_beta_Bps: float) -> float:
+    """The flat ring over all ranks at the network's pace."""
+    n = nodes * per_node
+    return 2 * (n - 1) * (inter_alpha_s + nbytes / (n * inter_beta_Bps))
+
+
+def seconds_one_way_only(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
+                         intra_beta_Bps: float, inter_alpha_s: float,
+                         inter_beta_Bps: float) -> float:
+    """Counts the reduce-scatter inside the node but forgets the all-gather."""
+    inside = (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))
+    chunk = nbytes / per_node
+    return inside + 2 * (nodes - 1) * (inter_alpha_s + chunk / (nodes * inter_beta_Bps))
+
+
+# ---- 7.3 the hierarchical all-reduce --------------------------------------------------------------
+
+def _step(comm: Any, send: torch.Tensor, recv: torch.Tensor) -> None:
+    n = comm.world_size
+    work = comm.isend(send, (comm.rank + 1) % n)
+    comm.recv(recv, (comm.rank - 1) % n)
+    work.wait()
+
+
+def _ring(comm: Any, tensor: torch.Tensor) -> None:
+    """The exercise file's solved ring_all_reduce."""
+    n, r = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    for k in range(n - 1):
+        incoming = chunks[(r - k - 1) % n]
+        received = torch.empty_like(incoming)
+        _step(comm, chunks[(r - k) % n], received)
+        incoming.add_(received)
+    for k in range(n - 1):
+        _step(comm, chunks[(r + 1 - k) % n], chunks[(r - k) % n])
+
+
+def hier_flat_ring(comm: Any, tensor: torch.Tensor, per_node: int, op: str = "sum") -> None:
+    """One flat ring over every rank: right sums, but every step waits for the network."""
+    _ring(comm, tensor)
+    if op == "mean":
+        tensor.div_(comm.world_size)
+
+
+def hier_whole_tensor_across(comm: Any, tensor: torch.Tensor, per_node: int,
+                             op: str = "sum") -> None:
+    """All-reduces the whole tensor inside the node, then the whole tensor on the rail:
+    right sums, per_node times the bytes across the network."""
+    n, g = comm.world_size, per_node
+    node, local = divmod(comm.rank, g)
+    _ring(comm.group([node * g + i for i in range(g)]), tensor)
+    _ring(comm.group(list(range(local, n, g))), tensor)
+    if op == "mean":
+        tensor.div_(n)
+
+
+def hier_groups_swapped(comm: Any, tensor: torch.Tensor, per_node: int, op: str = "sum") -> None:
+    """Takes rank r's node to be r % nodes and its rail r // nodes: the phases run on the
+    wrong links (right sums, the bulk of the bytes across the network)."""
+    n, g = comm.world_size, per_node
+    m = n // g
+    local, node = divmod(comm.rank, m)
+    inside = comm.group([i * m + node for i in range(g)])
+    rail = comm.group([local * m + k for k in range(m)])
+    chunks = list(torch.tensor_split(tensor.view(-1), g))
+    for k in range(g - 1):
+        incoming = chunks[(local - k - 2) % g]
+        received = torch.empty_like(incoming)
+        _step(inside, chunks[(local - k - 1) % g], received)
+        incoming.add_(received)
+    _ring(rail, chunks[local])
+    if op == "mean":
+        chunks[local].div_(n)
+    for k in range(g - 1):
+        _step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
+
+
+def hier_mean_over_node(comm: Any, tensor: torch.Tensor, per_node: int, op: str = "sum") -> None:
+    """Divides by the GPUs per node, not the world size, for the mean."""
+    n, g = comm.world_size, per_node
+    node, local = divmod(comm.rank, g)
+    inside = comm.group([node * g + i for i in range(g)])
+    rail = comm.group(list(range(local, n, g)))
+    chunks = list(torch.tensor_split(tensor.view(-1), g))
+    for k in range(g - 1):
+        incoming = chunks[(local - k - 2) % g]
+        received = torch.empty_like(incoming)
+        _step(inside, chunks[(local - k - 1) % g], received)
+        incoming.add_(received)
+    _ring(rail, chunks[local])
+    if op == "mean":
+        chunks[local].div_(g)
+    for k in range(g - 1):
+        _step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
+
+
+def hier_wrong_chunk_on_the_rail(comm: Any, tensor: torch.Tensor, per_node: int,
+                                 op: str = "sum") -> None:
+    """Reduce-scatters so that local rank i finishes chunk i + 1, but all-reduces chunk i on
+    the rail: a chunk still holding partial sums."""
+    n, g = comm.world_size, per_node
+    node, local = divmod(comm.rank, g)
+    inside = comm.group([node * g + i for i in range(g)])
+    rail = comm.group(list(range(local, n, g)))
+    chunks = list(torch.tensor_split(tensor.view(-1), g))
+    for k in range(g - 1):
+        incoming = chunks[(local - k - 1) % g]
+        received = torch.empty_like(incoming)
+        _step(inside, chunks[(local - k) % g], received)
+        incoming.add_(received)
+    _ring(rail, chunks[local])
+    if op == "mean":
+        chunks[local].div_(n)
+    for k in range(g - 1):
+        _step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
+
+
+def hier_calls_the_package(comm: Any, tensor: torch.Tensor, per_node: int,
+                           op: str = "sum") -> None:
+    """Calls the package's own hierarchical all-reduce."""
+    from mpgpu_edu.collectives.hierarchical import all_reduce_hierarchical
+
+    all_reduce_hierarchical(comm, tensor, per_node, op)
+
+
+MUTANTS = {
+    "7.1": ["groups_swapped", "groups_node_major_rails", "groups_never_raise"],
+    "7.2": ["seconds_whole_tensor_across", "seconds_flat_ring", "seconds_one_way_only"],
+    "7.3": ["hier_flat_ring", "hier_whole_tensor_across", "hier_groups_swapped",
+            "hier_mean_over_node", "hier_wrong_chunk_on_the_rail", "hier_calls_the_package"],
+}

@@ -1,0 +1,76 @@
+"""Lesson 07's checks: the solution earns every case; wrong answers fail the right cases."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mpgpu_edu.course import LESSONS
+from mpgpu_edu.grading._outcome import classify
+from mpgpu_edu.grading.checks import cases_for
+from tests.mutants import lesson_07 as wrong
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def solution() -> Any:
+    spec = importlib.util.spec_from_file_location("solution_ex07",
+                                                  ROOT / "solutions" / "ex07_many_machines.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def verdicts(exercise_id: str, impl: Any) -> dict[str, tuple[str, str]]:
+    out = {}
+    for case in cases_for(exercise_id):
+        try:
+            case.run(impl)
+            out[case.name] = ("passed", "")
+        except BaseException as exc:  # noqa: BLE001 - what the runner does too
+            out[case.name] = classify(exc, case.timeout_s, 2**30, "", "")
+    return out
+
+
+def failing(results: dict[str, tuple[str, str]]) -> set[str]:
+    return {name for name, (status, _) in results.items() if status != "passed"}
+
+
+@pytest.mark.parametrize("exercise_id", ["7.1", "7.2", "7.3"])
+def test_the_solution_earns_every_case(exercise_id: str) -> None:
+    exercise = next(e for e in LESSONS[7].exercises if e.id == exercise_id)
+    results = verdicts(exercise_id, getattr(solution(), exercise.function))
+    assert failing(results) == set(), results
+
+
+def test_the_capstone_is_most_of_the_lesson() -> None:
+    points = {e.id: e.points for e in LESSONS[7].exercises}
+    assert points["7.3"] * 2 >= sum(points.values())
+    assert sum(c.points for c in cases_for("7.3")) == points["7.3"]
+
+
+def test_a_flat_ring_has_the_right_sums_and_the_wrong_links() -> None:
+    results = verdicts("7.3", wrong.hier_flat_ring)
+    assert results["sums and means in place on 2 nodes x 4"][0] == "passed"
+    assert "traffic: 2(G-1)/G S inside the node, 2(M-1)/(GM) S across, on its own rail" \
+        in failing(results)
+    assert "time: the closed form on a two-level cluster" in failing(results)
+
+
+def test_sending_whole_tensors_across_is_told_the_bytes() -> None:
+    status, message = verdicts("7.3", wrong.hier_whole_tensor_across)[
+        "traffic: 2(G-1)/G S inside the node, 2(M-1)/(GM) S across, on its own rail"]
+    assert status == "failed" and "across the network" in message and "3200" in message
+
+
+def test_calling_the_package_fails_every_case() -> None:
+    results = verdicts("7.3", wrong.hier_calls_the_package)
+    assert all(status == "failed" for status, _ in results.values())
+    assert "mpgpu_edu.collectives.hierarchical" in results[
+        "sums and means in place on 2 nodes x 4"][1]
+    import mpgpu_edu.collectives.hierarchical as package  # restored afterwards
+
+    assert package.all_reduce_hierarchical.__name__ == "all_reduce_hierarchical"
