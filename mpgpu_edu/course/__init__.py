@@ -14,7 +14,7 @@ from mpgpu_edu.course._types import CAPSTONE, WARM_UP, Exercise, Lesson, Predict
 __all__ = ["CAPSTONE", "LESSONS", "WARM_UP", "Exercise", "Lesson", "Prediction", "ex",
            "prediction"]
 
-LESSON_NUMBERS = (0, 1, 2, 3, 4, 5, 6, 7)
+LESSON_NUMBERS = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 
 LESSONS: dict[int, Lesson] = {
     n: importlib.import_module(f"{__name__}.lesson_{n:02d}").LESSON for n in LESSON_NUMBERS}
