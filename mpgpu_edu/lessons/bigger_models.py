@@ -133,15 +133,15 @@ def run_training(wrap: Wrap, world_size: int = 3, steps: int = 10, optimizer: st
 
 def plot_losses(report: dict[str, Any], label: str) -> Figure:
     """The sharded run's loss per step over one device's."""
-    fig = new_figure(7, 3.2)
+    fig = new_figure(8, 3.2)
     ax = style(fig.add_subplot())
     ax.plot(report["reference_losses"], color="#9CC7E6", linewidth=4, label="one device")
     ax.plot(report["losses"], color="#0072B2", linestyle="--", marker="o", label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()
-    ax.set_title(f"{label} against one device: largest parameter gap "
-                 f"{report['max_abs_param_diff']:.1e}", loc="left")
+    ax.set_title(f"{label}: largest parameter gap to one device "
+                 f"{report['max_abs_param_diff']:.0e}", loc="left")
     return fig
 
 
@@ -239,9 +239,21 @@ def schedule_traces(n_stages: int, n_microbatches: int, n_chunks: int, forward_s
                                  (f"interleaved, {v} chunks", inter, forward_s / v,
                                   backward_s / v)):
         overhead = timed_bubble_overhead(schedule, f, b)
-        label = f"{name}: bubble {overhead:.1%} of compute"
-        out[label] = timeline_trace(schedule_timeline(schedule, f, b), n_stages)
+        label = f"{name}: bubble {overhead:.2%} of compute"
+        out[label] = _shade_odd_chunks(timeline_trace(schedule_timeline(schedule, f, b),
+                                                      n_stages), schedule)
     return out
+
+
+def _shade_odd_chunks(trace: Trace, schedule: Any) -> Trace:
+    """Steps of odd model chunks as the kinds "forward, odd chunk" and "backward, odd chunk"
+    (a lighter shade), so that a microbatch's passes through the chunks can be told apart."""
+    if schedule.n_chunks == 1:
+        return trace
+    odd = {(s.stage, s.token) for row in schedule.grid for s in row if s and s.chunk % 2}
+    events = [replace(e, kind=f"{e.kind}, odd chunk") if (e.device, e.label) in odd else e
+              for e in trace.events]
+    return Trace(trace.n_devices, events, trace.memory, trace.source, dict(trace.meta))
 
 
 def interleaved_view(stages: int = 4, rounds: int = 2, chunks: int = 2) -> tuple[Figure, dict]:

@@ -55,6 +55,8 @@ KIND_COLORS = {
     "forward": _C["blue"], "backward": _C["orange"], "optimizer": _C["bluish_green"],
     "compute": _C["sky_blue"], "data": _C["yellow"], "send": _C["vermillion"],
     "recv": _C["reddish_purple"],
+    # interleaved 1F1B: the steps of odd model chunks, a lighter shade of the same kind
+    "forward, odd chunk": _C["sky_blue"], "backward, odd chunk": _C["yellow"],
 }
 MEMORY_COLORS = {
     "parameters": _C["sky_blue"], "gradients": _C["orange"], "optimizer": _C["bluish_green"],
