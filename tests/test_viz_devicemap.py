@@ -59,11 +59,12 @@ def test_pcie_map_gives_every_gpu_its_own_uplink_to_shared_host_memory() -> None
     assert gids(fig, "physical:") == [f"physical:{p}" for p in range(4)]
     assert gids(fig, "logical:") == [f"logical:{i}" for i in range(4)]
     assert gids(fig, "arrow:") == [f"arrow:{p}->{p}" for p in range(4)]
-    assert gids(fig, "fabric:") == ["fabric:bridge0"]
-    assert texts(fig, "fabric-name") == ["CPU root complex"]
+    assert gids(fig, "fabric:") == ["fabric:bridge0", "fabric:memory"]
+    assert texts(fig, "fabric-name") == ["CPU root complex", "host memory"]
     assert texts(fig, "link-label") == [
-        "PCIe 4 x16: 24 GB/s per card; copies via host memory, 76.8 GB/s shared"]
-    assert len(gids(fig, "link")) == 4  # one uplink per GPU to the CPU
+        "PCIe 4 x16: 24 GB/s per card, each its own uplink",
+        "every copy between two cards is staged here: 76.8 GB/s shared by all"]
+    assert len(gids(fig, "link")) == 5  # one uplink per GPU to the CPU, one to host memory
     assert "cuda:2 = GPU 2" in texts(fig, "logical-name")
     assert "(RTX 4090)" in texts(fig, "logical-model")
 
@@ -77,10 +78,12 @@ def test_two_bridges_meet_at_the_host() -> None:
 
 def test_cards_behind_one_pcie_switch_share_its_uplink() -> None:
     fig = plot_device_map(Cluster.preset("4xRTX4090-pcie-switch"))
-    assert gids(fig, "fabric:") == ["fabric:switch0"]
-    assert texts(fig, "fabric-name") == ["PCIe switch"]
+    assert gids(fig, "fabric:") == ["fabric:cpu", "fabric:switch0"]
+    assert texts(fig, "fabric-name") == ["PCIe switch", "CPU root complex"]
     assert texts(fig, "link-label") == [
-        "PCIe 4 x16: one 24 GB/s uplink to the CPU, shared by 4 cards"]
+        "PCIe 4 x16: 24 GB/s per card, to the switch",
+        "one x16 uplink from the switch: 24 GB/s shared by 4 cards"]
+    assert len(gids(fig, "link")) == 5  # a line per card to the switch, ONE from it to the CPU
 
 
 def test_visible_devices_are_renumbered_and_the_others_greyed_out() -> None:

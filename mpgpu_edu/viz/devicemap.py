@@ -174,12 +174,15 @@ def _fabric(ax: Axes, cluster: Cluster, y: float) -> float:
         if topo.kind == "pcie_host_bridge":
             memory = _share(cluster, devices, "memory")
             title = "CPU root complex" + (f" {g}" if len(groups) > 1 else "")
-            note = (f"{spec}: {_gbps(beta)} per card; copies via host memory, "
+            note = (f"{spec}: {_gbps(beta)} per card, each its own uplink" if len(groups) == 1
+                    else f"{spec}: {_gbps(beta)} per card; copies via host memory, "
                     f"{_gbps(memory)} shared")
         elif topo.kind == "pcie_switch":
             uplink = _share(cluster, devices, ".up")
             title = "PCIe switch" + (f" {g}" if len(groups) > 1 else "")
-            note = f"{spec}: one {_gbps(uplink)} uplink to the CPU, shared by {len(devices)} cards"
+            note = (f"{spec}: {_gbps(beta)} per card, to the switch" if len(groups) == 1
+                    else f"{spec}: one {_gbps(uplink)} uplink to the CPU, shared by "
+                    f"{len(devices)} cards")
         elif topo.kind == "uniform":
             title, note = "network", f"{spec}: {_gbps(beta)} per device, own port"
         else:
@@ -195,7 +198,30 @@ def _fabric(ax: Axes, cluster: Cluster, y: float) -> float:
         top = _nodes(ax, cluster, y, top)
     elif topo.kind == "pcie_host_bridge" and len(groups) > 1:
         top = _host(ax, groups, top, links[-1])
+    elif topo.kind == "pcie_host_bridge" and len(devices) > 1:  # one CPU
+        memory = _share(cluster, devices, "memory")
+        top = _above(ax, first, last, top, "host memory",
+                     f"every copy between two cards is staged here: {_gbps(memory)} "
+                     f"shared by all", memory, "fabric:memory")
+    elif topo.kind == "pcie_switch" and len(groups) == 1 and len(devices) > 1:
+        uplink = _share(cluster, devices, ".up")
+        top = _above(ax, first, last, top, "CPU root complex",
+                     f"one x16 uplink from the switch: {_gbps(uplink)} shared by "
+                     f"{len(devices)} cards", uplink, "fabric:cpu")
     return top
+
+
+def _above(ax: Axes, first: int, last: int, y: float, title: str, note: str, beta: float,
+           gid: str) -> float:
+    """One box above the fabric (whose top is ``y``) joined to it by ONE line: the shared
+    resource every copy between cards goes through; returns the new top."""
+    base, centre = y + FABRIC_GAP, (first + last + 1) / 2
+    ax.plot([centre, centre], [y, base], color="#333333", linewidth=_link_width(beta),
+            solid_capstyle="butt", gid="link", zorder=0.5)
+    _box(ax, first + 0.08, base, last - first + 0.84, FABRIC_H, gid, face=FABRIC_FACE)
+    _text(ax, centre, base + FABRIC_H * 0.68, title, "fabric-name", fontweight="bold")
+    _text(ax, centre, base + FABRIC_H * 0.3, note, "link-label", size=FONT_SIZE - 2)
+    return base + FABRIC_H
 
 
 def _share(cluster: Cluster, devices: Sequence[int], part: str) -> float:
@@ -351,8 +377,8 @@ def plot_device_map(cluster: Cluster, placement: Placement | None = None, *,
     logical_h = 0.62 + 0.17 * max(map(len, lines), default=0) + (0.42 if held else 0)
     logical_h += 0.0 if wide else 0.16
     y_phys = 0.1 + logical_h + GAP_H
-    extra = {"multi_node": 2.2, "pcie_host_bridge": 2.3 if len(cluster.topology.groups()) > 1
-             else 1.1}.get(cluster.topology.kind, 1.1)
+    extra = {"multi_node": 2.2, "pcie_host_bridge": 2.3, "pcie_switch": 2.3,
+             }.get(cluster.topology.kind, 1.1)
     ax, left = _canvas(n, col_in, y_phys + PHYS_H + extra)
     gpu = short_gpu_name(cluster.gpu)
     cpu = gpu == "CPU"  # the gloo presets: one CPU process per rank, no CUDA involved
