@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -54,12 +53,11 @@ def test_json_report_is_consistent(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["closed_form_s"] == pytest.approx(want, rel=1e-12)
 
 
-def test_one_gib_on_eight_ranks_is_instant(capsys: pytest.CaptureFixture[str]) -> None:
-    start = time.perf_counter()
+def test_one_gib_on_eight_ranks_runs_on_meta_tensors(capsys: pytest.CaptureFixture[str]) -> None:
+    # Meta tensors: nothing is allocated or copied (how fast is benchmarks/' business).
     for algo in ("naive", "tree"):
         r = run_json(capsys, "--algo", algo, "--world-size", "8", "--bytes", "1GiB")
         assert r["bytes_received_per_rank"][0] == {"naive": 7, "tree": 3}[algo] * 2**30
-    assert time.perf_counter() - start < 20  # meta tensors: nothing is allocated or copied
 
 
 def test_size_is_rounded_up_to_fp32_elements(capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,13 +104,11 @@ def test_measured_trace_stats_logs_memory_and_output(capsys):
     assert "[rank 0] printed by rank 0" in out and "[rank 1] printed by rank 1" in out
 
 
-def test_pool_is_kept_between_launches_and_a_warm_launch_is_quick():
+def test_pool_is_kept_between_launches():
     gloo(dist_fns.whoami, 2)
     before = get_pool(2, "gloo").pids
-    start = time.perf_counter()
     pids = gloo(dist_fns.pid, 2).results
-    assert time.perf_counter() - start < 2.0
-    assert pids == before
+    assert pids == before  # the same worker processes: no start-up paid again
 
 
 def test_an_edited_module_is_imported_again(tmp_path, monkeypatch):
