@@ -109,10 +109,8 @@ def label_of(fn: Any) -> str:
     """What ran as "ours", in a few words: a ``mp.yours`` choice's label ("your DDP
     wrapper", "reference DDP wrapper (yours: not yet)"), else the function's module and
     name."""
-    if getattr(fn, "is_yours", False):
+    if hasattr(fn, "is_yours"):
         return fn.label
-    if hasattr(fn, "what"):
-        return f"reference {fn.what} (yours: {fn.reason.split(' (')[0]})"
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
