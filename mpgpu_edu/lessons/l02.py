@@ -517,13 +517,13 @@ def plot_loss_curves(curves: Mapping[str, Sequence[float]], *,
                      times: Mapping[str, Sequence[float]] | None = None,
                      title: str | None = None, log: bool = True,
                      colors: Mapping[str, str] | None = None,
-                     dashed: Sequence[str] = ()) -> Figure:
+                     dashed: Sequence[str] = (), marked: Sequence[str] = ()) -> Figure:
     """Loss against update, one line per run (``{label: losses}``). ``colors`` gives a
     label its colour (default: the series colours in order), so that two runs of one
-    setting can share it; the labels in ``dashed`` are drawn dashed and thinner on top, so
-    a curve that coincides with a solid one stays visible. With ``times`` (``{label: the
-    time of each update}``, same labels) a second panel shows the loss against simulated
-    time."""
+    setting can share it; the labels in ``dashed`` are drawn dashed and thinner on top, and
+    those in ``marked`` also get a white circle at every point, so that a curve lying
+    exactly on a solid one stays visible. With ``times`` (``{label: the time of each
+    update}``, same labels) a second panel shows the loss against simulated time."""
     panels = 2 if times else 1
     fig = new_figure(5.2 * panels + 2.2, 3.8)
     axes = fig.subplots(1, panels, sharey=True, squeeze=False)[0]
@@ -531,6 +531,9 @@ def plot_loss_curves(curves: Mapping[str, Sequence[float]], *,
         dashes, width = LINE_STYLES[1 if label in dashed else 0]
         look = {"color": (colors or {}).get(label, series_color(i)), "linestyle": dashes,
                 "linewidth": width, "label": label}
+        if label in marked:
+            look.update(marker="o", markersize=5, markerfacecolor="white",
+                        markeredgewidth=1.3)
         axes[0].plot(range(1, len(losses) + 1), losses, **look)
         if times:
             axes[1].plot(times[label], losses, **look)
