@@ -365,8 +365,8 @@ PLACEMENTS = (
               why="one stage boundary crosses the network, once per micro-batch: cheap; "
                   "the bubble (15 of 31 ticks) costs"),
     Placement("ZeRO-3 DP 16\nover both nodes", "zero3", 1,
-              why="every layer's weights are all-gathered (forward and backward) and its "
-                  "gradients reduce-scattered, each a flat ring through the network"),
+              why="each layer's weights all-gathered twice, its gradients reduce-scattered: "
+                  "flat rings through the network"),
 )
 # TP over all 16 GPUs is slower still (every all-reduce crosses, thinner matrices) and
 # takes the longest to simulate: not in the default list.
@@ -407,10 +407,10 @@ def placement_rows(model: str = "llama-7b", preset: str = "2x8xH100-ib", seq: in
 def placements_table(rows: list[dict]) -> str:
     from mpgpu_edu.viz.palette import format_bytes, format_seconds
 
-    lines = [f"{'placement':<34} {'step':>9} {'MFU':>5} {'memory/GPU':>11} "
+    lines = [f"{'placement':<38} {'step':>9} {'MFU':>5} {'memory/GPU':>11} "
              f"{'sent across the network/GPU':>28}"]
     for r in rows:
-        lines.append(f"{r['name'].replace(chr(10), ' '):<34} {format_seconds(r['step_s']):>9} "
+        lines.append(f"{r['name'].replace(chr(10), ' '):<38} {format_seconds(r['step_s']):>9} "
                      f"{r['mfu']:>5.0%} {format_bytes(r['memory']):>11} "
                      f"{format_bytes(r['across_bytes']):>28}")
     return "\n".join(lines)
