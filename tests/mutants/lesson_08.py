@@ -75,7 +75,7 @@ def _shard(flat: torch.Tensor, rank: int, n: int) -> torch.Tensor:
 
 def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
           use_prefetch: bool = True, regather: bool = True, all_reduce_grads: bool = False,
-          reverse_backward_gather: bool = True) -> Any:
+          autograd_keeps: bool = False) -> Any:
     """The solution's wrapper, with one switch per mistake."""
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
@@ -127,20 +127,33 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
             full = owner.gather(i, +1)
             if not regather:
                 owner.kept[i] = full  # kept from forward to backward: no second gather
+            ctx.owner, ctx.i = owner, i
+            if autograd_keeps:  # the layer's graph, with its weights saved, kept for backward
+                ctx.full = full.requires_grad_()
+                ctx.x = x.detach().requires_grad_(x.requires_grad)
+                with torch.enable_grad():
+                    ctx.out = functional_call(layers[i], _views(layers[i], ctx.full), (ctx.x,))
+                return ctx.out.detach()
             with torch.no_grad():
                 out = functional_call(layers[i], _views(layers[i], full), (x,))
             ctx.save_for_backward(x)
-            ctx.owner, ctx.i = owner, i
             return out
 
         @staticmethod
         def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-            (x,), owner, i = ctx.saved_tensors, ctx.owner, ctx.i
-            full = (owner.kept.pop(i) if not regather else owner.gather(i, -1)).requires_grad_()
-            x = x.detach().requires_grad_(ctx.needs_input_grad[0])
-            with torch.enable_grad():
-                out = functional_call(layers[i], _views(layers[i], full), (x,))
-                torch.autograd.backward(out, grad_out)
+            owner, i = ctx.owner, ctx.i
+            if autograd_keeps:
+                owner.gather(i, -1)  # gathered again as the contract says, then not used
+                full, x = ctx.full, ctx.x
+                torch.autograd.backward(ctx.out, grad_out)
+            else:
+                (x,) = ctx.saved_tensors
+                full = (owner.kept.pop(i) if not regather
+                        else owner.gather(i, -1)).requires_grad_()
+                x = x.detach().requires_grad_(ctx.needs_input_grad[0])
+                with torch.enable_grad():
+                    out = functional_call(layers[i], _views(layers[i], full), (x,))
+                    torch.autograd.backward(out, grad_out)
             padded = torch.zeros(shards[i].numel() * comm.world_size, dtype=full.dtype)
             padded[: sizes[i]] = full.grad
             if all_reduce_grads:
@@ -173,6 +186,14 @@ def fsdp_keeps_gathered(comm: Any, module: nn.Sequential, prefetch: bool = False
     return _wrap(comm, module, prefetch, regather=False)
 
 
+def fsdp_autograd_keeps_weights(comm: Any, module: nn.Sequential,
+                                prefetch: bool = False) -> Any:
+    """Runs each layer's forward with grad on the gathered weights and keeps that graph for
+    backward: autograd holds every layer's full parameters until backward (it still gathers
+    a second time, and throws that copy away)."""
+    return _wrap(comm, module, prefetch, autograd_keeps=True)
+
+
 def fsdp_all_reduces(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
     """DDP's all-reduce of the whole gradient, then keeps its slice: right values, but
     twice the reduce-scatter's traffic and no reduce-scatter at all."""
@@ -201,5 +222,5 @@ MUTANTS: dict[str, list[str]] = {
     "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view"],
     "8.2": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses"],
     "8.3": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
-            "fsdp_package_reference", "fsdp_unpadded_shards"],
+            "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights"],
 }

@@ -248,6 +248,33 @@ def _recording(impl: Impl) -> Iterator[list]:
             _set(owner, name, value)
 
 
+class _SavedWeights(torch.autograd.graph.saved_tensors_hooks):
+    """While the first forward runs: the layers whose full parameters autograd was asked to
+    keep for backward (a saved tensor equal to a layer's weight, bias or flat vector)."""
+
+    def __init__(self, model: nn.Sequential) -> None:
+        self.kept: set[int] = set()
+        self.layers = [(i, [p.detach() for p in layer.parameters()])
+                       for i, layer in enumerate(model) if any(True for _ in layer.parameters())]
+        super().__init__(self._pack, lambda tensor: tensor)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            for i, params in self.layers:
+                flat = torch.cat([p.reshape(-1) for p in params])
+                if any(_same(tensor, p) or _same(tensor, p.t())  # addmm saves W transposed
+                       for p in params if p.dim() == 2) or (
+                        tensor.dim() == 1 and tensor.numel() >= flat.numel()
+                        and _same(tensor[: flat.numel()], flat)):
+                    self.kept.add(i)
+        return tensor
+
+
+def _same(tensor: torch.Tensor, want: torch.Tensor) -> bool:
+    return (tensor.shape == want.shape and not tensor.is_meta
+            and torch.equal(tensor.detach().cpu(), want))
+
+
 def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
              optimizer: str, prefetch: bool) -> Callable[..., Any]:
     base = _model(widths)
@@ -261,10 +288,13 @@ def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
         opt = (torch.optim.SGD(shards, lr=LR) if optimizer == "sgd"
                else torch.optim.Adam(shards, lr=LR))
         grads = []
-        for x, y in batches:
+        saved = _SavedWeights(base)
+        for step, (x, y) in enumerate(batches):
             xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
             share = len(xs) / len(x)
-            loss = nn.functional.mse_loss(replica(xs), ys) * share * comm.world_size
+            with saved if step == 0 else contextlib.nullcontext():
+                out = replica(xs)
+            loss = nn.functional.mse_loss(out, ys) * share * comm.world_size
             loss.backward()
             replica.finish()
             grads.append([None if s.grad is None else s.grad.detach().clone() for s in shards])
@@ -273,7 +303,7 @@ def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
         untouched = all(torch.equal(a, b) for a, b in zip(module.state_dict().values(),
                                                           base.state_dict().values()))
         return {"start": start, "final": [s.detach().clone() for s in shards],
-                "grads": grads, "untouched": untouched,
+                "grads": grads, "untouched": untouched, "kept": sorted(saved.kept),
                 "is_param": all(isinstance(s, nn.Parameter) for s in shards)}
     return program
 
@@ -362,6 +392,15 @@ def _judge_calls(data: dict, n: int, widths: tuple[int, ...], steps: int = 3) ->
         ops = {op for _, kind, _, op in mine if kind == "reduce_scatter"}
         expect(ops == {"mean"}, f"rank {rank} reduce-scattered with op {sorted(ops)}: the "
                                 "gradient is the mean over ranks")
+
+
+def _judge_freed(data: dict) -> None:
+    for rank, held in enumerate(data["results"]):
+        expect(not held["kept"],
+               f"rank {rank}: in forward, autograd kept the full parameters of layer(s) "
+               f"{held['kept']} (of the model's Sequential) for backward, so every gathered "
+               "layer stays in memory until backward reaches it: the contract frees them "
+               "after the layer's forward and gathers them again for its backward")
 
 
 WIDTHS = (6, 9, 7, 3)  # layers of 63, 70 and 24 elements: none divides by 3 or 4
@@ -460,10 +499,12 @@ CASES: dict[str, list[Case]] = {
         Case("hidden: other sizes", 1, _bubble_hidden, _judge_bubble_hidden, hidden=True),
     ],
     "8.3": [
-        Case("3 ranks: the shards, the mean gradients, then one device's training", 6,
+        Case("3 ranks: the shards, the mean gradients, then one device's training", 5,
              _basic, _judge_basic),
-        Case("collectives: two all-gathers and one reduce-scatter (mean) per layer", 4,
+        Case("collectives: two all-gathers and one reduce-scatter (mean) per layer", 3,
              _basic, _judge_basic_calls),
+        Case("memory: forward leaves no layer's full parameters for backward", 2,
+             _basic, _judge_freed),
         Case("4 ranks, Adam, uneven batch shards, prefetch on", 3, _adam_prefetch,
              _judge_adam_prefetch),
         Case("timeline: prefetch hides the gathers", 3, _prefetch_runs, _judge_prefetch,
