@@ -14,6 +14,9 @@ thing for every one of them, whatever the schedule's name:
 That is the seed's picture: activations flow forward, gradients flow back, and a device
 with nothing to receive yet waits (a bubble). Naive model parallelism, GPipe and 1F1B differ
 only in the order of steps, which the schedule holds; the executor holds no schedule logic.
+Interleaved 1F1B adds one thing to each step, the model chunk it runs: a rank then holds one
+module per chunk, and a step's input comes from (and its output goes to) the neighbouring
+virtual stage, which wraps from the last rank back to the first.
 
 Messages: sends are ``isend`` (waited for at the end), receives block. In a valid schedule
 every step's inputs come from steps at earlier ticks, so by induction on the tick every
