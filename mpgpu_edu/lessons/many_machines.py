@@ -238,7 +238,8 @@ def plot_allreduce_timelines(runs: dict[str, dict], per_node: int = 8,
     red across the network (a NIC). ``runs`` as ``allreduce_runs`` returns them."""
     from matplotlib.patches import Patch
 
-    from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO, format_seconds, new_figure, style
+    from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, format_seconds, new_figure, style,
+                                       time_axis)
 
     inside, across = OKABE_ITO["blue"], OKABE_ITO["vermillion"]
     longest = max(r["seconds"] for r in runs.values())
@@ -258,17 +259,37 @@ def plot_allreduce_timelines(runs: dict[str, dict], per_node: int = 8,
         ax.set_yticks(range(n), [f"node {d // per_node} GPU {d % per_node}" for d in range(n)],
                       fontsize=FONT_SIZE - 3)
         ax.set_ylim(n - 0.5, -0.5)
+        time_axis(ax, longest)
         ax.set_xlim(0, longest * 1.02)
+        _label_phases(ax, run["trace"], per_node, n, gap=longest * 0.03)
         style(ax, grid="x")
         ax.set_title(f"{name}{label}: {format_seconds(run['seconds'])} simulated, closed form "
                      f"{format_seconds(run['closed_form'])} (additions free)", loc="left",
                      fontsize=FONT_SIZE)
-    axes[-1].set_xlabel("time (s)")
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
     axes[0].legend(handles=[Patch(color=inside, label="send inside a node (NVLink)"),
                             Patch(color=across, label="send across nodes (a NIC)")],
                    loc="lower right", bbox_to_anchor=(1.0, 1.12), ncol=2, frameon=False,
                    fontsize=FONT_SIZE - 1)
     return fig
+
+
+def _label_phases(ax: Any, trace: Any, per_node: int, n: int, gap: float) -> None:
+    """Name the phases when the network is used only in the middle of the run (the
+    hierarchical all-reduce): inside the nodes, across on every rail, inside again."""
+    across = [e for e in trace.events if e.kind == "send" and e.peer is not None
+              and e.device // per_node != e.peer // per_node]
+    if not across:
+        return
+    start, end = min(e.start for e in across), max(e.end for e in across)
+    if start <= 0 or end >= trace.makespan:
+        return
+    ax.text(trace.makespan + gap, (n - 1) / 2,
+            "left to right:\n1. reduce-scatter inside each node (blue)\n"
+            "2. all-reduce of one chunk per rail, across the network (red)\n"
+            "3. all-gather inside each node (blue)", ha="left", va="center", fontsize=9,
+            bbox={"facecolor": "white", "edgecolor": "#999999", "pad": 4})
 
 
 def allreduce_rows(preset: str = "2x8xH100-ib", sizes: tuple[int, ...] = (2**16, 2**22, 2**28),
