@@ -185,10 +185,9 @@ def test_instrumented_solutions_log_calls_outside_the_checks(tmp_path: Path,
 def test_the_checker_can_be_warmed_up_in_the_background(course: Path) -> None:
     """A notebook's first ``mp.progress()`` starts the checker's fork server in a thread;
     a check that follows uses it (and one that comes sooner waits for it)."""
-    from multiprocessing import forkserver
-
     from mpgpu_edu.grading import runner
+    from mpgpu_edu.runtime import local_server
 
     runner.warm_up()
     assert mp.check("0.2", impl="solutions").passed
-    assert getattr(forkserver._forkserver, "_forkserver_pid", None)
+    assert local_server().running() and local_server().server_pid

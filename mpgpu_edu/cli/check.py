@@ -57,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
         root = find_root() if named else None
     except CourseNotFound as exc:
         raise UsageError(str(exc)) from None
-    folder = resolve_impl(args.impl, root)
+    try:
+        folder = resolve_impl(args.impl, root)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not folder.is_dir():
         raise UsageError(f"{folder} does not exist")
 

@@ -4,9 +4,12 @@
     mpgpu-edu grade submissions/ --csv grades.csv --ids 1 3.2 --timeout 30 --html grades.html
 
 Every subfolder of SUBMISSIONS_DIR is one learner: a copy of the course folder or just their
-exercises/ files. Each exercise runs in isolation (time budget ``--timeout`` per exercise,
-``--memory`` GiB, capped output); a submission that crashes, hangs or exits loses only the
-points of what it broke, and grading goes on. No submitted file is changed.
+exercises/ files. Each learner runs in their own sandbox (bubblewrap; ``--no-isolation``
+grades without one, for submissions you trust) and each exercise in its own process (time
+budget ``--timeout`` per exercise, ``--memory`` GiB, capped output); a submission that
+crashes, hangs, exits or cheats loses only the points of what it broke, and grading goes on.
+No submitted file is changed. The CSV is rewritten after every learner; a run that finds its
+CSV (same exercises) resumes after the learners already in it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--memory", type=number(float, 0.0, MAX_MEMORY_GIB, above=True),
                         default=4.0, metavar="GIB",
                         help="memory a check may allocate, GiB (default 4)")
+    parser.add_argument("--no-isolation", action="store_true",
+                        help="grade without a sandbox (only for submissions you trust: they "
+                             "could then read solutions/ and write outside their folder)")
     parser.add_argument("--json", action="store_true", help="also print one JSON object")
     parser.add_argument("--html", metavar="PATH", help="also write an HTML report")
     parser.set_defaults(func=run)
@@ -64,13 +70,32 @@ def run(args: argparse.Namespace) -> int:
                          + LAYOUT.format(folder=folder))
     csv_path = writable_file(args.csv, "--csv")  # before any grading
     html_path = writable_file(args.html, "--html") if args.html else None
+    if not args.no_isolation:
+        from mpgpu_edu.runtime.sandbox import problem
+
+        why = problem()
+        if why is not None:
+            raise UsageError(f"cannot isolate the submissions: {why}; or pass --no-isolation "
+                             "to grade them in plain processes (only if you trust them)")
+    rows = grade.read_rows(csv_path, ids)
+    if rows is None:
+        raise UsageError(f"{args.csv} holds something other than grades of these exercises: "
+                         "give another --csv path, or remove the file")
+    if rows:
+        print(f"resuming: {len(rows)} learner(s) already graded in {args.csv}",
+              file=sys.stderr, flush=True)
     limits = runner.Limits(timeout_s=args.timeout, memory_bytes=int(args.memory * 2**30))
 
     def show(learner: str, result: object) -> None:
         print(f"  {learner}: {result!r}", file=sys.stderr, flush=True)
 
-    graded = grade.grade(folder, ids, limits, on_result=show)
-    grade.write_csv(csv_path, graded, ids)
+    def save(graded: grade.Graded) -> None:
+        rows[graded.learner] = grade.csv_row(graded, ids)
+        grade.write_rows(csv_path, rows, ids)
+
+    graded = grade.grade(folder, ids, limits, on_result=show, isolate=not args.no_isolation,
+                         skip=set(rows), on_learner=save)
+    grade.write_rows(csv_path, rows, ids)
     if html_path is not None:
         html_path.write_text(grade.html_report(graded))
     if args.json:

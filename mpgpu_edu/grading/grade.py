@@ -1,24 +1,36 @@
 """Grade a class: every learner's submission checked in isolation, one CSV row each.
 
 ``SUBMISSIONS_DIR`` holds one folder per learner: either a copy of the whole course folder
-(with ``exercises/`` inside) or just the learner's ``exercises/`` files. Each exercise of each
-learner runs in its own child process with a time budget, a memory limit and capped output
-(``runner``), so a submission that crashes, hangs, exits or floods stdout costs only its own
-points. Partial credit is per case. Submissions are copied before they are imported, so
-grading changes no file.
+(with ``exercises/`` inside) or just the learner's ``exercises/`` files. Each learner's files
+are copied into a private temporary folder, and each of their exercises runs in a child
+process of that learner's own sandbox (``runtime.sandbox``: read-only file system, private
+/tmp and /dev/shm, no network, the course's solutions and the other submissions hidden, a
+process limit; everything it started is killed when the learner is done), with a time
+budget, a memory limit and capped output (``runner``). The child only computes; this process
+judges. A submission that crashes, hangs, exits, floods stdout or cheats costs only its own
+points. Partial credit is per case. Symbolic links in a submission are not followed.
+
+Results are written learner by learner (``on_learner``; the CLI rewrites the CSV atomically
+after each), so a grader that is killed loses nothing already graded, and a run that finds
+its CSV resumes after the learners it holds (``skip``).
 """
 
 from __future__ import annotations
 
 import csv
 import html
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from mpgpu_edu.grading.registry import EXERCISES, get
 from mpgpu_edu.grading.report import ExerciseResult, Report, exercise_html, html_page
 from mpgpu_edu.grading.runner import Limits, missing_file, run_many
+
+MAX_PROCESSES = 256  # processes one learner's sandbox may hold at once
 
 
 @dataclass
@@ -51,7 +63,9 @@ def find_submissions(directory: Path) -> list[tuple[str, Path | None]]:
     found = []
     folders = [p for p in directory.iterdir() if p.is_dir() and not p.name.startswith(".")]
     for sub in sorted(folders):
-        if (sub / "exercises").is_dir():
+        if sub.is_symlink() or (sub / "exercises").is_symlink():
+            found.append((sub.name, None))  # a link could point at anything (solutions/)
+        elif (sub / "exercises").is_dir():
             found.append((sub.name, sub / "exercises"))
         elif any(sub.glob("ex[0-9][0-9]_*.py")):
             found.append((sub.name, sub))
@@ -61,32 +75,91 @@ def find_submissions(directory: Path) -> list[tuple[str, Path | None]]:
 
 
 def grade(directory: Path, ids: list[str] | None = None, limits: Limits = Limits(),
-          on_result: Callable[[str, ExerciseResult], None] | None = None) -> list[Graded]:
-    """Check exercises ``ids`` (default: all) for every submission in ``directory``."""
+          on_result: Callable[[str, ExerciseResult], None] | None = None, *,
+          isolate: bool = True, skip: Collection[str] = (),
+          on_learner: Callable[[Graded], None] | None = None) -> list[Graded]:
+    """Check exercises ``ids`` (default: all) for every submission in ``directory`` but the
+    learners in ``skip``; ``isolate=False`` runs them in this machine's plain processes."""
     ids = [get(i).id for i in ids] if ids else list(EXERCISES)
     graded = []
     for learner, folder in find_submissions(directory):
+        if learner in skip:
+            continue
         if folder is None:
             results = [missing_file(get(i), f"{learner}/exercises/{get(i).filename}")
                        for i in ids]
         else:
             callback = (lambda r, who=learner: on_result(who, r)) if on_result else None
-            results = run_many(folder, ids, limits=limits, display_dir=f"{learner}/exercises",
-                               on_result=callback)
+            results = _grade_one(learner, folder, ids, limits, callback, isolate, directory)
         graded.append(Graded(learner, folder, results))
+        if on_learner is not None:
+            on_learner(graded[-1])
     return graded
+
+
+def _grade_one(learner: str, folder: Path, ids: list[str], limits: Limits,
+               callback: Callable[[ExerciseResult], None] | None, isolate: bool,
+               directory: Path) -> list[ExerciseResult]:
+    private = tempfile.mkdtemp(prefix="mpgpu-learner-")
+    server = None
+    try:
+        if isolate:
+            from mpgpu_edu.runtime import PRELOAD
+            from mpgpu_edu.runtime.sandbox import Sandbox
+
+            server = Sandbox(PRELOAD, private, hide=[directory],
+                             max_processes=limits.max_processes or MAX_PROCESSES,
+                             name=f"sandbox of {learner}")
+        return run_many(folder, ids, limits=limits, display_dir=f"{learner}/exercises",
+                        on_result=callback, server=server, workdir=private)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def csv_header(ids: list[str]) -> list[str]:
+    return ["learner", *ids, "total", "max_total", "notes"]
+
+
+def csv_row(g: Graded, ids: list[str]) -> list[str]:
+    points = {r.id: r.points for r in g.results}
+    return [g.learner, *(str(points.get(i, 0)) for i in ids), str(g.score), str(g.max_score),
+            g.notes()]
+
+
+def read_rows(path: Path, ids: list[str]) -> dict[str, list[str]] | None:
+    """The rows of an earlier run's CSV at ``path`` by learner; ``{}`` if there is none;
+    ``None`` if it is not a grades CSV of these exercises."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        with path.open(newline="") as handle:
+            rows = list(csv.reader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    if not rows or rows[0] != csv_header(ids):
+        return None
+    return {row[0]: row for row in rows[1:] if len(row) == len(rows[0])}
+
+
+def write_rows(path: Path, rows: dict[str, list[str]], ids: list[str]) -> None:
+    """The CSV, written to a temporary file beside ``path`` and renamed over it (atomic)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with temporary.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(csv_header(ids))
+        for learner in sorted(rows):
+            writer.writerow(rows[learner])
+    os.replace(temporary, path)
 
 
 def write_csv(path: Path, graded: list[Graded], ids: list[str] | None = None) -> None:
     """One row per learner: points per exercise, total, and notes (errors, timeouts)."""
     ids = [get(i).id for i in ids] if ids else list(EXERCISES)
-    with Path(path).open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["learner", *ids, "total", "max_total", "notes"])
-        for g in graded:
-            points = {r.id: r.points for r in g.results}
-            writer.writerow([g.learner, *(points.get(i, 0) for i in ids), g.score, g.max_score,
-                             g.notes()])
+    write_rows(Path(path), {g.learner: csv_row(g, ids) for g in graded}, ids)
 
 
 def to_dict(graded: list[Graded]) -> dict:

@@ -163,7 +163,11 @@ def progress(root: Path | str | None = None) -> Progress:
         exercise = EXERCISES.get(exercise_id)
         if exercise is None or not isinstance(entry, dict) or not entry.get("source_sha256"):
             continue
-        now = source_sha(folder / "exercises" / exercise.filename, exercise.function)
+        path = folder / "exercises" / exercise.filename
+        if path.parent.is_symlink() or path.is_symlink():  # not the learner's own file
+            entries[exercise_id] = dict(entry, status="a link, not your own file", points=0)
+            continue
+        now = source_sha(path, exercise.function)
         if now != entry["source_sha256"] and entry.get("status") == "passed":
             entries[exercise_id] = dict(entry, status="changed since its check", points=0)
     lessons = []
@@ -276,7 +280,12 @@ def resolve_impl(impl: str | Path | None, root: Path | None) -> Path:
     """``None`` or ``"exercises"``: the learner's folder; ``"solutions"``; or a folder."""
     if impl is None or str(impl) in ("exercises", "solutions"):
         assert root is not None
-        return root / (str(impl) if impl is not None else "exercises")
+        folder = root / (str(impl) if impl is not None else "exercises")
+        if folder.name == "exercises" and folder.is_symlink():
+            raise ValueError(f"{folder} is a link to {folder.resolve()}, not your own folder: "
+                             "checks and progress count only your own files; replace the "
+                             "link with a folder (`mpgpu-edu generate` writes fresh stubs)")
+        return folder
     folder = Path(impl).expanduser().resolve()
     if not folder.is_dir():
         raise ValueError(f"--impl {impl}: no such folder")

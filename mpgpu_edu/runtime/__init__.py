@@ -23,9 +23,10 @@ from mpgpu_edu.runtime.forkserver import Child, ForkServer
 __all__ = ["PRELOAD", "Child", "ForkServer", "RuntimeStartError", "SandboxUnavailable",
            "local_server", "warm_up"]
 
-# What the local server imports before it forks: torch, and the entry point of comm's
-# workers (a child imports the rest of what it needs after the fork).
-PRELOAD = ("torch", "torch._dynamo", "mpgpu_edu.comm.worker")
+# What the local server imports before it forks: torch, and the entry points of comm's
+# workers and of a check's child (a child imports the rest, such as one lesson's checks,
+# after the fork: the server holds no check).
+PRELOAD = ("torch", "torch._dynamo", "mpgpu_edu.comm.worker", "mpgpu_edu.grading.compute")
 
 _local: list[ForkServer] = []
 _local_lock = threading.Lock()

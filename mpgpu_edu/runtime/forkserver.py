@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 from typing import Any
@@ -56,8 +56,10 @@ class Child:
 
 class ForkServer:
     def __init__(self, preload: Sequence[str], prefix: Sequence[str] = (),
-                 env: dict[str, str] | None = None, name: str = "mpgpu-edu") -> None:
+                 env: dict[str, str] | None = None, name: str = "mpgpu-edu",
+                 preexec: Callable[[], None] | None = None) -> None:
         self.preload, self.prefix, self.name = list(preload), list(prefix), name
+        self.preexec = preexec
         self.extra_env = dict(env or {})
         self.lock = threading.Lock()  # starting, spawning, stopping
         self.cond = threading.Condition()
@@ -87,7 +89,7 @@ class ForkServer:
         command = self.prefix + [sys.executable, "-m", "mpgpu_edu.runtime.server",
                                  str(theirs.fileno()), *self.preload]
         self.process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env,
-                                        stdin=subprocess.DEVNULL)
+                                        stdin=subprocess.DEVNULL, preexec_fn=self.preexec)
         theirs.close()
         self.control, self.spawned, self.exits, self.server_pid = mine, {}, {}, 0
         threading.Thread(target=self._read, args=(mine,), daemon=True,

@@ -102,6 +102,11 @@ def _random_ids() -> list[dict[str, Any]]:
     return out
 
 
+# The package's own implementation of each exercise: unavailable to the learner's code while
+# it is checked (``grading.compute``); the judges here still compare with it.
+REFERENCES = {"0.1": ["mpgpu_edu.cluster.visible:parse_visible"],
+              "0.2": ["mpgpu_edu.cluster.visible:device_ids_to_physical"]}
+
 CASES: dict[str, list[Case]] = {
     "0.1": [
         _visible_case("unset and plain lists", 1,

@@ -1,7 +1,17 @@
-"""The child side of ``runner``: limit itself, import the learner's file, run the cases.
+"""The child side of a check: limit itself, import the learner's file, run the *compute*
+half of each case, and send back plain data. Nothing here decides a verdict: the grader's
+process judges (``runner``), so a child that lies, patches the checks or writes to its pipe
+can only send data the judge then compares with the reference.
 
-Imported by the forkserver before it forks children, so torch and the checks are loaded
-once; everything the learner's code could disturb happens after the fork.
+A child is forked by the runtime's fork server; it imports the exercise's checks only after
+the fork (the server preloads none), works in a scratch folder, sends ``sys.stdout`` and
+``sys.stderr`` to a capped buffer kept per case, limits its memory, file sizes and (where
+the grader asked) its processes, and runs every case under a soft timeout (``SIGALRM``; the
+grader kills the child when a case overruns by its grace).
+
+Messages child -> grader (``wire``): ``import``, ``import_error``, ``start`` (case i, its
+timeout), ``computed`` (case i's data), ``ended`` (case i did not compute: its status and
+message), ``done``.
 """
 
 from __future__ import annotations
@@ -19,18 +29,11 @@ from typing import Any
 
 import torch
 
-from mpgpu_edu.grading._outcome import CaseTimeout, classify, figure_png, learner_frames
-from mpgpu_edu.grading.checks import Case, Evidence, cases_for, lesson_module
-from mpgpu_edu.grading.registry import LESSONS
-
-for _lesson in LESSONS:  # preload every lesson's checks in the server
-    try:
-        lesson_module(_lesson)
-    except Exception:  # noqa: BLE001 - that lesson's own checks report the error when run
-        pass
-
+from mpgpu_edu.grading._outcome import CaseTimeout, classify, learner_frames
+from mpgpu_edu.grading.wire import encode
 
 GRADING_CHILD_ENV = "MPGPU_EDU_GRADING_CHILD"
+FILE_BYTES = 64 * 2**20  # the largest file a check's child may write
 
 
 class CappedOutput(io.TextIOBase):
@@ -60,13 +63,13 @@ class CappedOutput(io.TextIOBase):
 
 
 def main(conn: Any, request: dict) -> None:
-    """Entry point of a child: run cases ``request["start"]..`` of one exercise."""
+    """Entry point of a child (``runtime`` calls it): cases ``request["start"]..``."""
     os.environ[GRADING_CHILD_ENV] = "1"  # this process runs checks (the demo-call log skips it)
     try:
         _isolate(request)
         output = CappedOutput(request["output_chars"])
         sys.stdout = sys.stderr = output
-        _run(conn, request, output)
+        _run(lambda message: conn.send_bytes(encode(message)), request, output)
     finally:
         with contextlib.suppress(Exception):
             conn.close()
@@ -74,8 +77,6 @@ def main(conn: Any, request: dict) -> None:
 
 
 def _isolate(request: dict) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        os.setsid()  # lead a process group: the parent stops it and its children at once
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -84,12 +85,12 @@ def _isolate(request: dict) -> None:
     sys.path.insert(0, str(Path(request["file"]).parent))  # the file's own neighbours
     os.environ["MPLBACKEND"] = "Agg"
     torch.set_num_threads(1)
-    _limit_memory(request["memory_bytes"])
+    _limit(request["memory_bytes"], request.get("max_processes"))
     if hasattr(signal, "SIGALRM"):
         signal.signal(signal.SIGALRM, _on_alarm)
 
 
-def _limit_memory(extra_bytes: int) -> None:
+def _limit(extra_bytes: int, max_processes: int | None) -> None:
     try:
         import resource
     except ImportError:  # pragma: no cover - not on Windows
@@ -99,10 +100,15 @@ def _limit_memory(extra_bytes: int) -> None:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmSize:"):
                 size = int(line.split()[1]) * 1024
-    limit = size + extra_bytes
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    limits = [(resource.RLIMIT_AS, size + extra_bytes), (resource.RLIMIT_CORE, 0),
+              (resource.RLIMIT_FSIZE, FILE_BYTES)]
+    if max_processes:
+        limits.append((resource.RLIMIT_NPROC, max_processes))  # ignored for root: see sandbox
+    for which, value in limits:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(which, (value, value))
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit raises instead
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
@@ -111,7 +117,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def _alarm(seconds: float) -> Iterator[None]:
-    """A soft timeout (SIGALRM); where there is none, the parent's hard timeout remains."""
+    """A soft timeout (SIGALRM); where there is none, the grader's hard timeout remains."""
     if not hasattr(signal, "setitimer"):
         yield
         return
@@ -122,38 +128,73 @@ def _alarm(seconds: float) -> Iterator[None]:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _run(conn: Any, request: dict, output: CappedOutput) -> None:
+def _run(send: Any, request: dict, output: CappedOutput) -> None:
+    from mpgpu_edu.grading.checks import cases_for
+    from mpgpu_edu.grading.checks._plain import plain
+
     started = time.monotonic()
     cases = cases_for(request["exercise"])
-    conn.send({"type": "cases", "cases": [{"name": c.name, "points": c.points,
-                                           "hidden": c.hidden} for c in cases]})
-    conn.send({"type": "import"})
+    _block_references(request["exercise"])
+    send({"type": "import"})
     try:
         with _alarm(min(30.0, request["budget_s"])):
             impl = _load(request["file"], request["function"])
     except BaseException as exc:  # noqa: BLE001 - anything the file does on import
         status = "timeout" if isinstance(exc, CaseTimeout) else "error"
-        conn.send({"type": "import_error", "status": status,
-                   "message": _import_message(exc, request)})
+        send({"type": "import_error", "status": status,
+              "message": _import_message(exc, request)})
         return
-    figure_sent = False
     for index in range(request["start"], len(cases)):
         case = cases[index]
         left = request["budget_s"] - (time.monotonic() - started)
         if left <= 0:
             break
         soft = min(case.timeout_s, request["case_timeout_s"] or case.timeout_s, left)
-        conn.send({"type": "start", "index": index, "timeout_s": soft})
-        result, evidence = _run_case(case, impl, soft, output, request)
-        conn.send(dict(result, type="result", index=index))
-        if request["figures"] and not figure_sent and evidence is not None and evidence.traces:
-            png = figure_png(evidence)
-            if png:
-                conn.send({"type": "figure", "png": png})
-                figure_sent = True
-        if result["status"] == "timeout":
+        send({"type": "start", "index": index, "timeout_s": soft})
+        case_start = time.monotonic()
+        message: dict[str, Any] = {"type": "computed", "index": index}
+        try:
+            with _alarm(soft):
+                message["data"] = plain(case.compute(impl))
+        except BaseException as exc:  # noqa: BLE001 - classified for the report
+            timed_out = isinstance(exc, CaseTimeout)
+            status, text = (("timeout", f"still running after {soft:.1f} s (an endless loop? "
+                             "a rank waiting for a message nobody sends?)") if timed_out else
+                            classify(exc, soft, request["memory_bytes"], request["file"],
+                                     request["display_file"]))
+            message = {"type": "ended", "index": index, "status": status, "message": text}
+        message.update(output=output.take(), seconds=round(time.monotonic() - case_start, 3))
+        send(message)
+        if message.get("status") == "timeout":
             break  # threads may still be running: continue in a fresh process
-    conn.send({"type": "done"})
+    send({"type": "done"})
+
+
+def _block_references(exercise_id: str) -> None:
+    """The package's own implementation of the function being written (a lesson's checks
+    name it in ``REFERENCES``) raises when called in this process, wherever it was imported
+    (as ``checks._support.from_scratch`` does for the collectives during a case)."""
+    import importlib
+
+    from mpgpu_edu.grading.checks import CheckFailure, lesson_module
+    from mpgpu_edu.grading.registry import get
+
+    references = getattr(lesson_module(get(exercise_id).lesson), "REFERENCES", {})
+    names = references.get(exercise_id, ())
+    for target in names:
+        module_name, _, attribute = target.partition(":")
+        original = getattr(importlib.import_module(module_name), attribute)
+
+        def blocked(*args: Any, _name: str = attribute, **kwargs: Any) -> Any:
+            raise CheckFailure(f"exercise {exercise_id} is yours to write: the package's own "
+                               f"{_name} cannot be called while it is checked")
+
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict):
+                for key, value in list(namespace.items()):
+                    if value is original:
+                        namespace[key] = blocked
 
 
 def _load(file: str, function: str) -> Any:
@@ -185,22 +226,3 @@ def _import_message(exc: BaseException, request: dict) -> str:
         return f"importing {shown} called sys.exit({exc.code!r})"
     return (f"importing {shown} failed: {type(exc).__name__}: {exc}"
             + learner_frames(exc, request["file"], shown))
-
-
-def _run_case(case: Case, impl: Any, soft: float, output: CappedOutput,
-              request: dict) -> tuple[dict, Evidence | None]:
-    started = time.monotonic()
-    evidence: Evidence | None = None
-    try:
-        with _alarm(soft):
-            evidence = case.run(impl)
-        status, message = "passed", ""
-    except BaseException as exc:  # noqa: BLE001 - classified for the report
-        evidence = getattr(exc, "evidence", None)
-        status, message = classify(exc, soft, request["memory_bytes"], request["file"],
-                                   request["display_file"])
-    text = evidence.text if isinstance(evidence, Evidence) else ""
-    result = {"name": case.name, "max_points": case.points, "status": status,
-              "message": message, "hidden": case.hidden, "output": output.take(),
-              "seconds": round(time.monotonic() - started, 3), "text": text}
-    return result, evidence if isinstance(evidence, Evidence) else None

@@ -1,0 +1,58 @@
+"""The learner's own check and progress are not fooled by accident: an ``exercises`` folder
+that is a link (to ``solutions/``, say) or an exercise file that is a link counts nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mpgpu_edu.cli import main
+from mpgpu_edu.grading import check
+from mpgpu_edu.grading.progress import progress
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def course(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'course'\n")
+    monkeypatch.setenv("MPGPU_EDU_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def test_check_refuses_an_exercises_folder_that_is_a_link(course: Path) -> None:
+    (course / "exercises").symlink_to(course / "solutions")
+    result = check("0.1")
+    assert result.status == "error" and result.points == 0
+    assert "is a link to" in result.message and "your own" in result.message
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert main(["check", "0.1"]) == 2
+    assert "is a link to" in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1
+
+
+def test_a_file_that_is_a_link_is_not_checked(course: Path) -> None:
+    (course / "exercises").mkdir()
+    (course / "exercises" / "ex00_devices.py").symlink_to(course / "solutions" /
+                                                          "ex00_devices.py")
+    result = check("0.1")
+    assert result.status == "error" and result.points == 0
+    assert "symbolic link" in result.message
+
+
+def test_progress_counts_no_linked_file(course: Path) -> None:
+    (course / "exercises").mkdir()
+    shutil.copyfile(course / "solutions" / "ex00_devices.py",
+                    course / "exercises" / "ex00_devices.py")
+    assert check("0.1").passed
+    assert progress(course).entries["0.1"]["status"] == "passed"
+    shutil.rmtree(course / "exercises")
+    (course / "exercises").symlink_to(course / "solutions")
+    entry = progress(course).entries["0.1"]
+    assert entry["status"] == "a link, not your own file" and entry["points"] == 0
+    assert sum(lesson.points for lesson in progress(course).lessons) == 0
