@@ -235,7 +235,8 @@ def allreduce_runs(preset: str = "2x8xH100-ib", nbytes: int = 2**28,
 def plot_allreduce_timelines(runs: dict[str, dict], per_node: int = 8,
                              label: str = "") -> Any:
     """The sends of each run, one row per GPU on one time axis: blue inside a node (NVLink),
-    red across the network (a NIC). ``runs`` as ``allreduce_runs`` returns them."""
+    red across the network (a NIC). ``runs`` as ``allreduce_runs`` returns them; ``label``
+    (a ``Chosen``'s: whose all-reduce it is) titles the hierarchical run."""
     from matplotlib.patches import Patch
 
     from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, format_seconds, new_figure, style,
@@ -263,7 +264,8 @@ def plot_allreduce_timelines(runs: dict[str, dict], per_node: int = 8,
         ax.set_xlim(0, longest * 1.02)
         _label_phases(ax, run["trace"], per_node, n, gap=longest * 0.03)
         style(ax, grid="x")
-        ax.set_title(f"{name}{label}: {format_seconds(run['seconds'])} simulated, closed form "
+        shown = label if label and name != "flat ring" else name
+        ax.set_title(f"{shown}: {format_seconds(run['seconds'])} simulated, closed form "
                      f"{format_seconds(run['closed_form'])} (additions free)", loc="left",
                      fontsize=FONT_SIZE)
     for ax in axes[:-1]:
@@ -329,7 +331,7 @@ def hierarchy_view(log2_bytes: int = 28, preset: str = "2x8xH100-ib",
         raise ValueError(f"log2_bytes must be from 10 (1 KiB) to 32 (4 GiB), got {log2_bytes}")
     runs = allreduce_runs(preset, 2**log2_bytes, hierarchical)
     _, per_node, _ = link_forms(preset)
-    fig = plot_allreduce_timelines(runs, per_node, f" ({label})" if label else "")
+    fig = plot_allreduce_timelines(runs, per_node, label or "")
     flat, hier = runs["flat ring"], runs["hierarchical"]
     return fig, {"bytes": 2**log2_bytes, "preset": preset, "flat_s": flat["seconds"],
                  "hier_s": hier["seconds"], "speedup": flat["seconds"] / hier["seconds"],
