@@ -70,7 +70,8 @@ def _node(ax: Axes, cluster: Cluster, k: int, per_node: int, y: float, visible: 
         where[name] = top - h
         top -= h
     value = ",".join(map(str, visible))
-    _text(ax, -0.02, y + 0.17 if flip else y + NODE_H - 0.17, f"node {k}: host {k}, torchrun --node-rank {k} "
+    title_y = y + 0.17 if flip else y + NODE_H - 0.17
+    _text(ax, -0.02, title_y, f"node {k}: host {k}, torchrun --node-rank {k} "
           f"--nproc-per-node {nproc}, CUDA_VISIBLE_DEVICES={value}", f"node-title:{k}",
           ha="left", fontweight="bold", fontsize=FONT_SIZE)
     ys = where["switch"]

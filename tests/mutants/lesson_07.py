@@ -36,7 +36,7 @@ def groups_never_raise(world_size: int, per_node: int) -> tuple[list[list[int]],
             [[k * per_node + i for k in range(m)] for i in range(per_node)])
 
 
-# ---- 7.2 the closed form --------------------------------------------------------------------------
+# ---- 7.2 the closed form -------------------------------------------------------------------------
 
 def seconds_whole_tensor_across(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
                                 intra_beta_Bps: float, inter_alpha_s: float,
@@ -63,7 +63,7 @@ def seconds_one_way_only(nodes: int, per_node: int, nbytes: float, intra_alpha_s
     return inside + 2 * (nodes - 1) * (inter_alpha_s + chunk / (nodes * inter_beta_Bps))
 
 
-# ---- 7.3 the hierarchical all-reduce --------------------------------------------------------------
+# ---- 7.3 the hierarchical all-reduce -------------------------------------------------------------
 
 def _step(comm: Any, send: torch.Tensor, recv: torch.Tensor) -> None:
     n = comm.world_size

@@ -96,7 +96,7 @@ def _groups_examples() -> list[dict[str, int]]:
     return [dict(world_size=e["nodes"] * e["per_node"], per_node=e["per_node"]) for e in drawn]
 
 
-# ---- 7.2 the closed form --------------------------------------------------------------------------
+# ---- 7.2 the closed form -------------------------------------------------------------------------
 
 def _form_compute(impl: Impl, nodes: int, per_node: int, nbytes: float, alphas: tuple,
                   betas: tuple) -> Any:
@@ -130,7 +130,7 @@ def _form_examples() -> list[dict[str, Any]]:
             for e in drawn]
 
 
-# ---- 7.3 the hierarchical all-reduce ---------------------------------------------------------------
+# ---- 7.3 the hierarchical all-reduce -------------------------------------------------------------
 
 def _hier_compute(impl: Impl, nodes: int, per_node: int, numel: int, op: str = "sum",
                   seed: int = 0) -> dict[str, Any]:
