@@ -94,6 +94,21 @@ def test_prefetch_hides_the_gathers_and_holds_one_more_layer() -> None:
     assert peak_ahead > peak_plain  # two gathered layers at once instead of one
 
 
+def _phase_end(trace, kind: str) -> float:
+    return max(e.end for e in trace.events if e.kind == kind)
+
+
+def test_prefetch_hides_the_gathers_in_forward_too() -> None:
+    """A ReLU between the Linear layers has nothing to gather: forward prefetch looks past it
+    to the next layer with parameters, so forward ends sooner, not only backward."""
+    plain, ahead = _run_step(False), _run_step(True)
+    assert _phase_end(ahead.trace, "forward") < 0.9 * _phase_end(plain.trace, "forward")
+    plain_start, ahead_start = (min(e.start for e in run.trace.events if e.device == 0
+                                    and e.kind == "forward" and e.label == "layer 2")
+                                for run in (plain, ahead))
+    assert ahead_start < plain_start  # layer 2's gather ran while layer 0 computed
+
+
 def test_memory_per_rank_is_the_shards_and_one_layer() -> None:
     """Parameters recorded per rank are 1/N of the model (plus padding); the gathered full
     parameters never exceed the largest layer without prefetch."""

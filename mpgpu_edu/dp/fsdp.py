@@ -12,9 +12,10 @@ while the layer runs:
 
 So a rank holds its shards (P/N), one or two gathered layers, and its activations, instead of
 the whole model. The price: 3 collectives of the layer's size per step instead of DDP's one
-all-reduce (= reduce-scatter + all-gather): 1.5x DDP's traffic. With ``prefetch`` the next
-layer's all-gather (the previous one's, in backward) starts on the comm stream while this
-layer computes, so communication hides behind compute, for one more gathered layer in memory.
+all-reduce (= reduce-scatter + all-gather): 1.5x DDP's traffic. With ``prefetch`` the gather
+of the next layer that has parameters (the previous one, in backward) starts on the comm stream
+while this layer computes, in forward as in backward (FSDP's forward and backward prefetch),
+so communication hides behind compute, for one more gathered layer in memory.
 
 Every collective runs on the rank's comm stream, in the same order on every rank, so the
 gathers of one direction and the reduce-scatters of the other never cross. Shards are
@@ -198,7 +199,7 @@ class _ShardedForward(torch.autograd.Function):
                 unit: ShardedLayer) -> torch.Tensor:
         comm = replica.comm
         full, token = replica.gather(unit)
-        replica.prefetch_next(unit.index + 1)
+        replica.prefetch_next(_next_with_params(replica, unit.index, +1))
         weights = full.detach().requires_grad_()
         inputs = x.detach().requires_grad_(x.requires_grad)
         saved = _WeightsAsMarkers(weights)
@@ -215,7 +216,7 @@ class _ShardedForward(torch.autograd.Function):
         replica, unit, inputs, out, weights, saved = ctx.state
         comm = replica.comm
         full, token = replica.gather(unit)
-        replica.prefetch_next(_previous_with_params(replica, unit.index))
+        replica.prefetch_next(_next_with_params(replica, unit.index, -1))
         saved.full = full  # the markers unpack into this freshly gathered copy
         with comm.compute("backward", f"layer {unit.index}"):
             torch.autograd.backward(out, grad_out)
@@ -227,11 +228,14 @@ class _ShardedForward(torch.autograd.Function):
         return (inputs.grad if inputs.requires_grad else None), None, None, None
 
 
-def _previous_with_params(replica: FSDPReplica, index: int) -> int:
-    for i in range(index - 1, -1, -1):
-        if replica.units[i].numel:
-            return i
-    return -1
+def _next_with_params(replica: FSDPReplica, index: int, step: int) -> int:
+    """The next layer after ``index`` in direction ``step`` (+1 forward, -1 backward) that has
+    parameters, skipping those without (ReLU): the one whose gather to start ahead. -1 or
+    ``len(units)`` when there is none."""
+    i = index + step
+    while 0 <= i < len(replica.units) and not replica.units[i].numel:
+        i += step
+    return i
 
 
 class _WeightsAsMarkers(torch.autograd.graph.saved_tensors_hooks):
