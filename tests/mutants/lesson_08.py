@@ -35,6 +35,23 @@ def shard_as_view(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tenso
     return padded[rank * size: (rank + 1) * size].clone()
 
 
+def shard_view_of_padded(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Right values, but a view of the padded copy: the whole padded vector stays alive as
+    long as the shard does."""
+    size = -(-flat.numel() // world_size)
+    padded = torch.zeros(size * world_size, dtype=flat.dtype)
+    padded[: flat.numel()] = flat
+    return padded[rank * size: (rank + 1) * size]
+
+
+def bubble_unchecked(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """Checks that M is a multiple of P but not that V and P are at least 1: V=0 divides by
+    zero."""
+    if n_microbatches % max(n_stages, 1):
+        raise ValueError("bad sizes")
+    return (n_stages - 1) / (n_chunks * n_microbatches)
+
+
 # ---- 8.2 ----------------------------------------------------------------------------------
 
 def bubble_idle_fraction(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
@@ -75,13 +92,16 @@ def _shard(flat: torch.Tensor, rank: int, n: int) -> torch.Tensor:
 
 def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
           use_prefetch: bool = True, regather: bool = True, all_reduce_grads: bool = False,
-          autograd_keeps: bool = False) -> Any:
+          autograd_keeps: bool = False, accumulate: bool = True, stream: bool = True) -> Any:
     """The solution's wrapper, with one switch per mistake."""
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
     shards = [nn.Parameter(_shard(torch.cat([p.detach().reshape(-1) for p in layer.parameters()]),
                                   comm.rank, comm.world_size)) if size else None
               for layer, size in zip(layers, sizes)]
+
+    def run(fn: Any, *args: Any) -> Any:
+        return comm.run_async(fn, *args) if stream else _Done(fn(*args))
 
     class Sharded:
         def __init__(self) -> None:
@@ -91,7 +111,7 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
 
         def start(self, i: int) -> None:
             if 0 <= i < len(layers) and sizes[i] and i not in self.pending:
-                self.pending[i] = comm.run_async(all_gather, comm, shards[i].detach())
+                self.pending[i] = run(all_gather, comm, shards[i].detach())
 
         def gather(self, i: int, step: int) -> torch.Tensor:
             self.start(i)
@@ -114,7 +134,9 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
                 if all_reduce_grads:
                     size = shards[i].numel()
                     grad = grad[comm.rank * size: (comm.rank + 1) * size]
-                shards[i].grad = grad if shards[i].grad is None else shards[i].grad + grad
+                if accumulate and shards[i].grad is not None:
+                    grad = shards[i].grad + grad
+                shards[i].grad = grad
             self.reducing.clear()
 
         def parameters(self) -> list[nn.Parameter]:
@@ -157,12 +179,22 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
             padded = torch.zeros(shards[i].numel() * comm.world_size, dtype=full.dtype)
             padded[: sizes[i]] = full.grad
             if all_reduce_grads:
-                owner.reducing.append((i, comm.run_async(_all_reduce_mean, comm, padded)))
+                owner.reducing.append((i, run(_all_reduce_mean, comm, padded)))
             else:
-                owner.reducing.append((i, comm.run_async(reduce_scatter, comm, padded, op)))
+                owner.reducing.append((i, run(reduce_scatter, comm, padded, op)))
             return (x.grad if ctx.needs_input_grad[0] else None), None, None, None
 
     return Sharded()
+
+
+class _Done:
+    """A collective already finished (run in the rank's program): ``wait`` returns it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def wait(self) -> Any:
+        return self.value
 
 
 def _all_reduce_mean(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
@@ -200,6 +232,18 @@ def fsdp_all_reduces(comm: Any, module: nn.Sequential, prefetch: bool = False) -
     return _wrap(comm, module, prefetch, all_reduce_grads=True)
 
 
+def fsdp_overwrites_grad(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """finish() sets each shard's .grad to the reduce-scatter's result instead of adding it:
+    right after zero_grad, but two backward passes before finish keep only the last."""
+    return _wrap(comm, module, prefetch, accumulate=False)
+
+
+def fsdp_synchronous(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """Runs every collective in the rank's program, not on the comm stream: right values
+    and collectives, but nothing overlaps, so prefetch gains nothing."""
+    return _wrap(comm, module, prefetch, stream=False)
+
+
 def fsdp_package_reference(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
     """Hands in the package's own wrapper instead of writing one."""
     from mpgpu_edu.dp.fsdp import wrap_fsdp
@@ -219,8 +263,10 @@ def fsdp_unpadded_shards(comm: Any, module: nn.Sequential, prefetch: bool = Fals
 
 
 MUTANTS: dict[str, list[str]] = {
-    "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view"],
-    "8.2": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses"],
+    "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view", "shard_view_of_padded"],
+    "8.2": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses",
+            "bubble_unchecked"],
     "8.3": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
-            "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights"],
+            "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights",
+            "fsdp_overwrites_grad", "fsdp_synchronous"],
 }

@@ -93,6 +93,7 @@ def _shards(cases: list[tuple[int, int]], dtype: torch.dtype = torch.float32) ->
             out.append({"numel": numel, "n": n, "shards": got,
                         "views": [g.untyped_storage().data_ptr()
                                   == flat.untyped_storage().data_ptr() for g in got],
+                        "storage": [g.untyped_storage().nbytes() for g in got],
                         "untouched": bool(torch.equal(flat, before))})
         return out
     return compute
@@ -112,14 +113,29 @@ def _judge_one_shards(out: dict, numel: int, n: int) -> None:
         expect_close(got, want, f"E={numel}, N={n}, rank {rank}'s shard")
         expect(got.dtype == flat.dtype, f"E={numel}, N={n}: the shard's dtype is "
                                         f"{got.dtype}, the vector's {flat.dtype}")
-        expect(not out["views"][rank] or want.numel() == 0,
-               f"E={numel}, N={n}, rank {rank}: the shard is a view of the vector, so the "
-               "whole vector stays in memory; return a new tensor")
 
 
 def _judge_shards(records: list[dict]) -> None:
     for out in records:
         _judge_one_shards(out, out["numel"], out["n"])
+
+
+def _judge_own_memory(records: list[dict]) -> None:
+    """Each shard owns its memory: no view of the vector, nor of a padded copy (whose whole
+    storage a view keeps alive)."""
+    _judge_shards(records)
+    for out in records:
+        numel, n = out["numel"], out["n"]
+        for rank, (got, view, storage) in enumerate(zip(out["shards"], out["views"],
+                                                        out["storage"])):
+            own = got.numel() * got.element_size()
+            expect(not view or own == 0,
+                   f"E={numel}, N={n}, rank {rank}: the shard is a view of the vector, so the "
+                   "whole vector stays in memory")
+            expect(storage == own,
+                   f"E={numel}, N={n}, rank {rank}: the shard's storage holds {storage} bytes "
+                   f"for its {own}: it is a view of a larger tensor (the padded copy?), which "
+                   "stays in memory as long as the shard does")
 
 
 SHARD_EXAMPLES = examples(10, seed=81, numel=(1, 400), n=(2, 9))
@@ -159,20 +175,31 @@ def _bubble_judge(cases: list[tuple[int, int, int]]) -> Callable[[list], None]:
     return judge
 
 
-def _refusals(impl: Impl) -> dict[str, bool]:
+REFUSED = {"M=6 on P=4": (4, 6, 2), "V=0": (4, 8, 0), "P=0": (0, 4, 1)}
+
+
+def _refusals(impl: Impl) -> dict[str, str]:
+    """What each size the schedule cannot run did: "ValueError", another exception's type
+    name (ZeroDivisionError: it divided before checking), or "returned"."""
     out = {}
-    for name, args in {"M=6 on P=4": (4, 6, 2), "V=0": (4, 8, 0), "P=0": (0, 4, 1)}.items():
+    for name, args in REFUSED.items():
         try:
             impl(*args)
-            out[name] = False
+            out[name] = "returned"
         except ValueError:
-            out[name] = True
+            out[name] = "ValueError"
+        except Exception as exc:  # noqa: BLE001 - reported as what it is, with its input
+            out[name] = type(exc).__name__
     return out
 
 
-def _judge_refusals(out: dict[str, bool]) -> None:
-    for name, raised in out.items():
-        expect(raised, f"{name}: no ValueError; the schedule cannot run these sizes")
+def _judge_refusals(out: dict[str, str]) -> None:
+    for name, what in out.items():
+        args = "interleaved_bubble_overhead({}, {}, {})".format(*REFUSED[name])
+        expect(what != "returned", f"{args} ({name}) returned a number: it should raise "
+                                   "ValueError, the schedule cannot run these sizes")
+        expect(what == "ValueError", f"{args} ({name}) raised {what}; it should raise "
+                                     "ValueError, the schedule cannot run these sizes")
 
 
 BUBBLE_EXAMPLES = examples(8, seed=82, p=(2, 8), rounds=(1, 6), v=(1, 4))
@@ -192,6 +219,7 @@ def _judge_bubble_hidden(records: list[dict]) -> None:
 # ---- 8.3 the sharded wrapper --------------------------------------------------------------
 
 LR = 0.05
+WIDTHS = (6, 9, 7, 3)  # layers of 63, 70 and 24 elements: none divides by 3 or 4
 
 
 def _model(widths: tuple[int, ...], seed: int = 0) -> nn.Sequential:
@@ -218,7 +246,8 @@ def _layer_flats(model: nn.Sequential) -> list[torch.Tensor]:
 @contextlib.contextmanager
 def _recording(impl: Impl) -> Iterator[list]:
     """While inside, every call of the package's ``all_gather`` and ``reduce_scatter`` (also
-    under the names the learner's module imported) is recorded as (rank, kind, numel, op)."""
+    under the names the learner's module imported) is recorded as (rank, kind, numel, op,
+    whether it ran on the rank's comm stream)."""
     import mpgpu_edu.collectives as collectives
     from mpgpu_edu.collectives import allgather
 
@@ -228,7 +257,8 @@ def _recording(impl: Impl) -> Iterator[list]:
     def recorder(kind: str) -> Impl:
         def record(comm: Any, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             op = kwargs.get("op", args[0] if args else "sum")
-            calls.append((comm.rank, kind, tensor.numel(), op if kind != "all_gather" else ""))
+            calls.append((comm.rank, kind, tensor.numel(), op if kind != "all_gather" else "",
+                          _on_comm_stream(comm)))
             return originals[kind](comm, tensor, *args, **kwargs)
         return record
 
@@ -246,6 +276,15 @@ def _recording(impl: Impl) -> Iterator[list]:
     finally:
         for owner, name, value in reversed(patched):
             _set(owner, name, value)
+
+
+def _on_comm_stream(comm: Any) -> bool:
+    """Whether the simulated rank is running a job of its comm stream (``comm.run_async``)
+    rather than its own program."""
+    from mpgpu_edu.comm.ops import HOST
+
+    actor = getattr(comm, "actor", None)
+    return bool(callable(actor) and getattr(actor(), "lane", HOST) != HOST)
 
 
 class _SavedWeights(torch.autograd.graph.saved_tensors_hooks):
@@ -314,12 +353,77 @@ def _run(impl: Impl, n: int, widths: tuple[int, ...], *, n_samples: int = 12, st
     """compute: the learner's wrapper trains ``steps`` steps on ``n`` ranks; every rank's
     shards at the start and the end, their gradients after each ``finish``, and the
     collectives it called."""
+    return _launch(impl, _program(impl, widths, n_samples, steps, optimizer, prefetch),
+                   cluster or n, with_trace)
+
+
+def _launch(impl: Impl, program: Callable[..., Any], cluster: Cluster | int,
+            with_trace: bool = False) -> dict:
     with without_reference(impl, "8.3"), _recording(impl) as calls:
-        result = run_spmd(_program(impl, widths, n_samples, steps, optimizer, prefetch),
-                          cluster or n)
+        result = run_spmd(program, cluster)
     facts = launch_facts(result, with_trace=with_trace)
     facts["calls"] = [list(call) for call in calls]
     return facts
+
+
+ACCUMULATE = ((0, 1), (2,))  # batches per finish(): two backward passes, then one more
+
+
+def _accumulate_program(impl: Impl, widths: tuple[int, ...], n_samples: int) -> Callable:
+    base = _model(widths)
+    batches = [_batch(n_samples, widths, seed=20 + s) for s in range(3)]
+
+    def program(comm: Any) -> dict:
+        replica = impl(comm, copy.deepcopy(base), False)
+        shards = list(replica.parameters())
+        grads = []
+        for group in ACCUMULATE:
+            for s in group:
+                xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in batches[s])
+                share = len(xs) / n_samples
+                loss = nn.functional.mse_loss(replica(xs), ys) * share * comm.world_size
+                loss.backward()
+            replica.finish()  # no zero_grad: .grad adds up, as torch's does
+            grads.append([None if s.grad is None else s.grad.detach().clone() for s in shards])
+        return {"grads": grads}
+    return program
+
+
+def _accumulation(impl: Impl) -> dict:
+    return _launch(impl, _accumulate_program(impl, WIDTHS, 12), 3)
+
+
+def _judge_accumulation(data: dict, n: int = 3, widths: tuple[int, ...] = WIDTHS,
+                        n_samples: int = 12) -> None:
+    model = _model(widths)
+    per_batch = []  # one device's gradient of each batch, per layer
+    for s in range(3):
+        x, y = _batch(n_samples, widths, seed=20 + s)
+        model.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        per_batch.append([torch.cat([p.grad.reshape(-1) for p in layer.parameters()])
+                          for layer in model if any(True for _ in layer.parameters())])
+    done: list[int] = []
+    for rank, held in enumerate(data["results"]):
+        done = []
+        for finish, group in enumerate(ACCUMULATE):
+            done += group
+            passes = " and ".join(f"batch {s}" for s in group)
+            for layer, got in enumerate(held["grads"][finish]):
+                want = _reference_shard(sum(per_batch[s][layer] for s in done), rank, n)
+                expect(got is not None, f"rank {rank}: layer {layer}'s shard has no .grad "
+                                        f"after finish() number {finish + 1}")
+                last = _reference_shard(per_batch[group[-1]][layer], rank, n)
+                expect(not (torch.allclose(got, last, rtol=1e-4, atol=1e-6)
+                            and not torch.allclose(want, last, rtol=1e-4, atol=1e-6)),
+                       f"rank {rank}, layer {layer}: backward of {passes}, then finish() "
+                       f"(number {finish + 1}, no zero_grad since the start): .grad holds "
+                       f"only batch {group[-1]}'s gradient; it should hold the sum of every "
+                       f"backward since .grad was last cleared (batches {done})")
+                expect_close(got, want,
+                             f"rank {rank}, layer {layer}: .grad after backward of {passes} "
+                             f"and finish() number {finish + 1}, without zero_grad (the sum "
+                             f"of batches {done}' mean gradients)", rtol=1e-4, atol=1e-6)
 
 
 def _reference(widths: tuple[int, ...], n_samples: int, steps: int,
@@ -378,8 +482,8 @@ def _judge_calls(data: dict, n: int, widths: tuple[int, ...], steps: int = 3) ->
     reduces = [s * n for s in shard[::-1]] * steps
     for rank in range(n):
         mine = [c for c in data["calls"] if c[0] == rank]
-        got_g = [numel for _, kind, numel, _ in mine if kind == "all_gather"]
-        got_r = [numel for _, kind, numel, _ in mine if kind == "reduce_scatter"]
+        got_g = [numel for _, kind, numel, *_ in mine if kind == "all_gather"]
+        got_r = [numel for _, kind, numel, *_ in mine if kind == "reduce_scatter"]
         expect(got_g == gathers,
                f"rank {rank} all-gathered {len(got_g)} times in {steps} steps, first tensors "
                f"of {got_g[:2 * len(shard)]} elements; per step the contract gathers each "
@@ -389,7 +493,7 @@ def _judge_calls(data: dict, n: int, widths: tuple[int, ...], steps: int = 3) ->
                f"rank {rank} reduce-scattered tensors of {got_r[:len(shard)]} elements in its "
                f"first step; per step, one per layer in backward order, of the padded "
                f"gradient ({[s * n for s in shard[::-1]]} elements)")
-        ops = {op for _, kind, _, op in mine if kind == "reduce_scatter"}
+        ops = {op for _, kind, _, op, *_ in mine if kind == "reduce_scatter"}
         expect(ops == {"mean"}, f"rank {rank} reduce-scattered with op {sorted(ops)}: the "
                                 "gradient is the mean over ranks")
 
@@ -401,9 +505,6 @@ def _judge_freed(data: dict) -> None:
                f"{held['kept']} (of the model's Sequential) for backward, so every gathered "
                "layer stays in memory until backward reaches it: the contract frees them "
                "after the layer's forward and gathers them again for its backward")
-
-
-WIDTHS = (6, 9, 7, 3)  # layers of 63, 70 and 24 elements: none divides by 3 or 4
 
 
 def _basic(impl: Impl) -> dict:
@@ -440,8 +541,10 @@ def _prefetch_runs(impl: Impl) -> dict:
         runs[str(prefetch)] = _run(impl, 4, PREFETCH_WIDTHS, n_samples=256, steps=1,
                                    prefetch=prefetch, cluster=_prefetch_cluster(),
                                    with_trace=True)
+    inline = sorted({call[0] for run in runs.values() for call in run["calls"] if not call[4]})
     return {"plain": runs["False"]["trace"], "prefetch": runs["True"]["trace"],
-            "makespans": [runs["False"]["makespan"], runs["True"]["makespan"]]}
+            "makespans": [runs["False"]["makespan"], runs["True"]["makespan"]],
+            "inline": inline}
 
 
 def _judge_prefetch(data: dict) -> Evidence:
@@ -449,6 +552,11 @@ def _judge_prefetch(data: dict) -> Evidence:
                       "yours, prefetch=True": data["prefetch"]})
     plain, ahead = data["makespans"]
     with showing(shown):
+        expect(not data["inline"],
+               f"rank(s) {data['inline']} called all_gather or reduce_scatter in the rank's "
+               "own program, not on its comm stream: the program waits for each collective, "
+               "so no gather can run while a layer computes; the contract runs every "
+               "collective on the comm stream (comm.run_async)")
         expect(ahead < 0.97 * plain,
                f"with prefetch the step takes {ahead * 1e6:.0f} us, without {plain * 1e6:.0f} "
                "us: the next layer's gather does not run while this layer computes")
@@ -485,8 +593,8 @@ def _judge_hidden(records: list[dict]) -> None:
 CASES: dict[str, list[Case]] = {
     "8.1": [
         Case("the docstring's example", 1, _shards([(5, 2)]), _judge_shards),
-        Case("equal shards, zero padding at the end, new tensors", 1,
-             _shards([(10, 3), (12, 4), (2, 5), (0, 3)]), _judge_shards),
+        Case("equal shards, zero padding at the end, each a tensor of its own", 1,
+             _shards([(10, 3), (12, 4), (2, 5), (0, 3)]), _judge_own_memory),
         Case("hidden: other sizes and world sizes", 1, _shards_hidden, _judge_shards_hidden,
              hidden=True),
     ],
@@ -499,17 +607,19 @@ CASES: dict[str, list[Case]] = {
         Case("hidden: other sizes", 1, _bubble_hidden, _judge_bubble_hidden, hidden=True),
     ],
     "8.3": [
-        Case("3 ranks: the shards, the mean gradients, then one device's training", 5,
+        Case("3 ranks: the shards, the mean gradients, then one device's training", 4,
              _basic, _judge_basic),
         Case("collectives: two all-gathers and one reduce-scatter (mean) per layer", 3,
              _basic, _judge_basic_calls),
         Case("memory: forward leaves no layer's full parameters for backward", 2,
              _basic, _judge_freed),
+        Case("gradients accumulate: two backward passes before finish(), then one more", 2,
+             _accumulation, _judge_accumulation),
         Case("4 ranks, Adam, uneven batch shards, prefetch on", 3, _adam_prefetch,
              _judge_adam_prefetch),
         Case("timeline: prefetch hides the gathers", 3, _prefetch_runs, _judge_prefetch,
              timeout_s=60.0),
-        Case("hidden: 2-5 ranks, other widths, SGD and Adam", 4, _hidden, _judge_hidden,
+        Case("hidden: 2-5 ranks, other widths, SGD and Adam", 3, _hidden, _judge_hidden,
              hidden=True, timeout_s=60.0),
     ],
 }

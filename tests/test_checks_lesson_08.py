@@ -1,0 +1,56 @@
+"""Lesson 08's checks say what is wrong: the failing case of each plausible wrong answer and
+its message (the mutants themselves are in tests/mutants/lesson_08.py), and the list a stub
+shows is the check's own cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpgpu_edu.grading.registry import EXERCISES
+from mpgpu_edu.grading import check
+from mpgpu_edu.grading.checks import cases_for
+from tests.mutants import lesson_08 as mutants
+
+
+def _failures(exercise_id: str, fn: object) -> dict[str, str]:
+    """Every case that rejects ``fn``: its name and message."""
+    failed = {}
+    for case in cases_for(exercise_id):
+        try:
+            case.run(fn)
+        except Exception as exc:  # noqa: BLE001 - a failure is what is asserted on
+            failed[case.name] = f"{type(exc).__name__}: {exc}"
+    return failed
+
+
+@pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
+    ("8.1", "shard_view_of_padded", "each a tensor of its own", ("storage", "48 bytes")),
+    ("8.2", "bubble_unchecked", "refuses sizes", ("(4, 8, 0)", "raised ZeroDivisionError",
+                                                 "ValueError")),
+    ("8.3", "fsdp_overwrites_grad", "gradients accumulate", ("only batch 1's gradient",)),
+])
+def test_the_wrong_answer_fails_one_case_that_names_it(exercise_id: str, name: str, case: str,
+                                                       words: tuple[str, ...]) -> None:
+    failed = _failures(exercise_id, getattr(mutants, name))
+    assert len(failed) == 1, failed
+    (failed_case, message), = failed.items()
+    assert case in failed_case
+    assert all(word in message for word in words), message
+
+
+def test_collectives_off_the_comm_stream_are_named() -> None:
+    prefetch = next(c for c in cases_for("8.3") if c.name.startswith("timeline"))
+    with pytest.raises(Exception, match=r"not on its comm stream.*comm\.run_async"):
+        prefetch.run(mutants.fsdp_synchronous)
+    with pytest.raises(Exception, match="does not run while this layer computes"):
+        prefetch.run(mutants.fsdp_ignores_prefetch)
+
+
+def test_a_stubs_report_lists_the_checks_own_cases() -> None:
+    """The not-implemented report of 8.3 is built from its cases, names and points."""
+    result = check("8.3", impl="exercises", figures=False)
+    assert result.status == "not_implemented"
+    cases = cases_for("8.3")
+    assert [(c.name, c.max_points) for c in result.cases] == [(c.name, c.points)
+                                                               for c in cases]
+    assert sum(c.points for c in cases) == EXERCISES["8.3"].points
