@@ -3,8 +3,10 @@
 A model too big for one device's memory needs its state split, not copied: ZeRO-3 (FSDP) keeps
 1/N of every layer's parameters on each rank and gathers a layer only while it runs. Here you
 may use the package's collectives (``mpgpu_edu.collectives.all_gather`` and
-``reduce_scatter``): lesson 01 built them. The function just below is solved for you: read
-it first.
+``reduce_scatter``): lesson 01 built them. The functions and the class just below are solved
+for you: read them first. ``layer_views`` serves 8.1 and 8.3; ``run_layer``,
+``layer_backward`` and ``ShardedLayerFn`` are 8.3's plumbing (autograd), so that 8.3 is only
+the sharding: what to gather when, what to keep, what to reduce-scatter, what to start early.
 """
 
 from __future__ import annotations
@@ -32,6 +34,50 @@ def layer_views(layer: nn.Module, full: torch.Tensor) -> dict[str, torch.Tensor]
         views[name] = full[offset: offset + param.numel()].view(param.shape)
         offset += param.numel()
     return views
+
+
+def run_layer(layer: nn.Module, full: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``layer``'s forward on ``x`` with ``full`` (its flat parameters) in place of its own."""
+    return functional_call(layer, layer_views(layer, full), (x,))
+
+
+def layer_backward(layer: nn.Module, full: torch.Tensor, x: torch.Tensor,
+                   grad_out: torch.Tensor, needs_input_grad: bool
+                   ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The backward of ``run_layer(layer, full, x)`` for a forward that kept only its input
+    ``x``: runs the forward again with autograd on (recomputation), then backpropagates
+    ``grad_out``. Returns the gradient of ``x`` (None unless ``needs_input_grad``) and of
+    ``full``, one flat vector like ``full``. Costs one more forward of the layer."""
+    full = full.detach().requires_grad_()
+    x = x.detach().requires_grad_(needs_input_grad)
+    with torch.enable_grad():
+        torch.autograd.backward(run_layer(layer, full, x), grad_out)
+    return (x.grad if needs_input_grad else None), full.grad
+
+
+class ShardedLayerFn(torch.autograd.Function):
+    """One layer as one autograd node whose work a replica of yours decides.
+
+    ``ShardedLayerFn.apply(x, shard, replica, i)`` returns ``replica.forward_layer(i, x)``,
+    run with autograd off: autograd keeps nothing of it but ``x``. In ``loss.backward()``
+    the node calls ``replica.backward_layer(i, x, grad_out, needs_input_grad)``, which
+    returns the gradient of ``x`` (or None). ``shard`` (the layer's ``nn.Parameter``) is an
+    input only so that autograd runs this node's backward even when ``x`` needs no gradient;
+    autograd gives it no gradient: your replica sets ``shard.grad`` itself, in ``finish``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, shard: torch.Tensor, replica: Any,
+                i: int) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.replica, ctx.i = replica, i
+        return replica.forward_layer(i, x)  # autograd is off inside a Function's forward
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        (x,) = ctx.saved_tensors
+        grad_x = ctx.replica.backward_layer(ctx.i, x, grad_out, ctx.needs_input_grad[0])
+        return grad_x, None, None, None
 
 
 class FSDPReplica(Protocol):
@@ -88,12 +134,18 @@ def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: in
 
 def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False) -> FSDPReplica:
     """Shard ``module`` over the ranks as ZeRO-3 / FSDP does and return this rank's replica,
-    an object of a class of your own (write it inside this function) with three methods:
+    an object of a class of your own (write it inside this function) with these methods:
 
-    - ``replica(x)`` runs the forward of ``module`` on ``x``, layer by layer;
+    - ``replica(x)`` runs the forward of ``module`` on ``x``, layer by layer: a layer with
+      parameters as ``ShardedLayerFn.apply(x, shard, replica, i)``, one without (``nn.ReLU``)
+      as it is;
+    - ``replica.forward_layer(i, x)`` and ``replica.backward_layer(i, x, grad_out,
+      needs_input_grad)``, which ``ShardedLayerFn`` calls (use ``run_layer`` and
+      ``layer_backward`` in them);
     - ``replica.finish()``, called after ``loss.backward()`` and before the optimizer step,
       returns once every shard's ``.grad`` holds the mean over the ranks of that shard's
-      gradient (added to what ``.grad`` held: gradients accumulate, as in torch);
+      gradient, added to what ``.grad`` held (gradients accumulate, as in torch: two
+      ``backward`` calls before one ``finish`` leave the sum of both);
     - ``replica.parameters()`` returns this rank's shards, the ``nn.Parameter``s a torch
       optimizer updates (one per layer that has parameters, in layer order).
 
@@ -101,25 +153,28 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
 
     - shards: for every layer (child of ``module``) with parameters, flatten its parameters
       in ``named_parameters()`` order into one vector; this rank keeps
-      ``shard_of(vector, comm.rank, comm.world_size)`` as an ``nn.Parameter`` and nothing
-      else of the layer's parameters. Every rank passes the same ``module``; leave it as it is.
+      ``shard_of(vector, comm.rank, comm.world_size)`` as an ``nn.Parameter``, and makes no
+      other copy of the layer's parameters. Every rank passes the same ``module``; do not
+      change it. (You may keep its layers to run them: ``run_layer`` puts the gathered
+      parameters in place of theirs. The module stays the caller's, who frees it or builds
+      it on the meta device, as FSDP2's users do.)
     - forward: just before a layer's forward, all-gather its shards (the package's
-      ``all_gather``) into the full vector; run the layer with it (``layer_views``,
-      ``functional_call``); keep nothing of the full vector after the layer's forward
-      (autograd must not keep the weights either: keep the layer's input, say, and run its
-      forward again in backward, or save the weights another way).
-    - backward (``loss.backward()``): just before a layer's backward, all-gather its shards
-      again; compute the layer's backward; reduce-scatter the full flat gradient, padded as
-      the shards are, with ``op="mean"`` (the package's ``reduce_scatter``): the result is
-      this rank's shard of the mean gradient. One all-gather per layer in forward, one in
-      backward, one reduce-scatter, per step.
-    - run every collective on the communication stream (``comm.run_async``), so that they
-      never cross each other on the wires; a reduce-scatter may still be running when
-      backward returns (``finish`` waits for it). With ``prefetch=True``, start the gather of
-      the next layer to run (the next one in forward, the previous one in backward) as soon
-      as this layer's parameters have arrived, so that it runs while this layer computes.
-    - layers without parameters (``nn.ReLU``) run as they are. Every rank calls ``replica``
-      and ``backward`` the same number of times.
+      ``all_gather``) into the full vector; run the layer with it; keep nothing of the full
+      vector after the layer's forward.
+    - backward: just before a layer's backward, all-gather its shards again; compute the
+      layer's backward; reduce-scatter the full flat gradient, padded as the shards are,
+      with ``op="mean"`` (the package's ``reduce_scatter``): the result is this rank's shard
+      of the mean gradient. One all-gather per layer in forward, one in backward, one
+      reduce-scatter, per step.
+    - run every collective on the rank's comm stream: ``work = comm.run_async(all_gather,
+      comm, shard.detach())`` returns at once; ``work.wait()`` returns the collective's
+      result (here the list of every rank's shard) once it has run. The comm stream runs its
+      jobs one at a time, in the order they were started, beside the rank's compute; a
+      reduce-scatter may still be running when backward returns (``finish`` waits for it).
+      With ``prefetch=True``, start the gather of the next layer to run (the next one with
+      parameters in forward, the previous one in backward) as soon as this layer's
+      parameters have arrived, so that it runs while this layer computes.
+    - every rank calls ``replica`` and ``backward`` the same number of times.
 
     Cost per step: 3 collectives of each layer's size, each rank sending 3 (N-1)/N of the
     model's bytes (DDP: 2 (N-1)/N); each rank holds 1/N of the parameters, gradients and
@@ -136,7 +191,7 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
     class Sharded:
         def __init__(self) -> None:
             self.pending: dict[int, Any] = {}  # layer -> its gather, started
-            self.reducing: list[tuple[int, Any]] = []
+            self.reducing: list[tuple[int, Any]] = []  # (layer, its reduce-scatter)
 
         def start_gather(self, i: int) -> None:
             if 0 <= i < len(layers) and sizes[i] and i not in self.pending:
@@ -145,19 +200,28 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
         def gather(self, i: int, step: int) -> torch.Tensor:
             self.start_gather(i)
             full = torch.cat(self.pending.pop(i).wait())[: sizes[i]]
-            if prefetch:
-                self.start_gather(self._next_with_params(i, step))
+            if prefetch:  # the next layer to run: step +1 in forward, -1 in backward
+                j = i + step
+                while 0 <= j < len(layers) and not sizes[j]:
+                    j += step
+                self.start_gather(j)
             return full
 
-        def _next_with_params(self, i: int, step: int) -> int:
-            i += step
-            while 0 <= i < len(layers) and not sizes[i]:
-                i += step
-            return i
+        def forward_layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
+            return run_layer(layers[i], self.gather(i, +1), x)  # full is dropped on return
+
+        def backward_layer(self, i: int, x: torch.Tensor, grad_out: torch.Tensor,
+                           needs_input_grad: bool) -> torch.Tensor | None:
+            full = self.gather(i, -1)
+            grad_x, grad_full = layer_backward(layers[i], full, x, grad_out, needs_input_grad)
+            padded = torch.zeros(shards[i].numel() * comm.world_size, dtype=grad_full.dtype)
+            padded[: sizes[i]] = grad_full
+            self.reducing.append((i, comm.run_async(reduce_scatter, comm, padded, "mean")))
+            return grad_x
 
         def __call__(self, x: torch.Tensor) -> torch.Tensor:
             for i, layer in enumerate(layers):
-                x = _Layer.apply(x, shards[i], self, i) if sizes[i] else layer(x)
+                x = ShardedLayerFn.apply(x, shards[i], self, i) if sizes[i] else layer(x)
             return x
 
         def finish(self) -> None:
@@ -168,30 +232,6 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
 
         def parameters(self) -> list[nn.Parameter]:
             return [shard for shard in shards if shard is not None]
-
-    class _Layer(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: torch.Tensor, shard: torch.Tensor, owner: Sharded,
-                    i: int) -> torch.Tensor:
-            full = owner.gather(i, +1)
-            with torch.no_grad():
-                out = functional_call(layers[i], layer_views(layers[i], full), (x,))
-            ctx.save_for_backward(x)
-            ctx.owner, ctx.i = owner, i
-            return out  # full goes out of scope here: freed
-
-        @staticmethod
-        def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-            (x,), owner, i = ctx.saved_tensors, ctx.owner, ctx.i
-            full = owner.gather(i, -1).requires_grad_()
-            x = x.detach().requires_grad_(ctx.needs_input_grad[0])
-            with torch.enable_grad():  # the layer's forward again, then its backward
-                out = functional_call(layers[i], layer_views(layers[i], full), (x,))
-                torch.autograd.backward(out, grad_out)
-            padded = torch.zeros(shards[i].numel() * comm.world_size, dtype=full.dtype)
-            padded[: sizes[i]] = full.grad
-            owner.reducing.append((i, comm.run_async(reduce_scatter, comm, padded, "mean")))
-            return (x.grad if ctx.needs_input_grad[0] else None), None, None, None
 
     return Sharded()
     ### END SOLUTION

@@ -23,27 +23,26 @@ EXERCISES = (
         "if n_microbatches % n_stages:\n    raise ValueError(...)\nreturn (n_stages - 1) / "
         "(n_chunks * n_microbatches)")),
     ex('8.3', 'wrap_fsdp', 'Capstone: your own sharded (ZeRO-3 / FSDP) wrapper', 20,
-       ("A layer's full parameters exist only while it runs. Make each layer one autograd "
-        "node (a torch.autograd.Function) whose forward gathers, runs the layer without "
-        "keeping its weights and returns, and whose backward gathers again, runs the layer's "
-        "backward and starts the reduce-scatter of its gradient.",
+       ("A layer's full parameters exist only inside forward_layer and backward_layer: gather "
+        "at the start of each and let the vector go at the end (ShardedLayerFn already keeps "
+        "nothing but the layer's input). The gradient leaves as a reduce-scatter started on "
+        "the comm stream; finish() waits for those and adds each into its shard's .grad.",
         "In wrap_fsdp: the shards (shard_of of each layer's flattened parameters, as "
-        "nn.Parameters). A class with a dict of started gathers (comm.run_async(all_gather, "
-        "...)), a gather(i) that starts one if needed, waits, concatenates and (with "
-        "prefetch) starts the next layer's; __call__ applies the Function per layer; "
-        "finish() waits for the reduce-scatters and adds each into its shard's .grad. In the "
-        "Function: forward under torch.no_grad() saves only x; backward gathers, runs the "
-        "layer again with grad enabled on full.requires_grad_(), backward, pads full.grad "
-        "and starts comm.run_async(reduce_scatter, comm, padded, 'mean').",
-        "class _Layer(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x, "
-        "shard, owner, i):\n        full = owner.gather(i, +1)\n        with torch.no_grad():\n"
-        "            out = functional_call(layers[i], layer_views(layers[i], full), (x,))\n"
-        "        ctx.save_for_backward(x); ctx.owner, ctx.i = owner, i\n        return out\n"
-        "    @staticmethod\n    def backward(ctx, grad_out):\n        full = ctx.owner.gather("
-        "ctx.i, -1).requires_grad_()\n        x = ...detach().requires_grad_(ctx."
-        "needs_input_grad[0])\n        with torch.enable_grad():\n            out = ...; "
-        "torch.autograd.backward(out, grad_out)\n        # pad full.grad, start its "
-        "reduce-scatter (mean) on the comm stream\n        return x.grad, None, None, None"),
+        "nn.Parameters); a class with a dict of started gathers and a list of started "
+        "reduce-scatters. gather(i, step): start layer i's all-gather unless it is started "
+        "(comm.run_async), wait, concatenate, cut the padding; with prefetch, start the next "
+        "layer's that has parameters, in direction step. forward_layer: run_layer on "
+        "gather(i, +1). backward_layer: gather(i, -1), layer_backward, pad the flat gradient "
+        "to shard.numel() * N elements, start its reduce-scatter (mean), return the input's "
+        "gradient. __call__: ShardedLayerFn.apply for each layer with parameters.",
+        "def gather(self, i, step):\n    self.start_gather(i)\n    full = torch.cat(self."
+        "pending.pop(i).wait())[: sizes[i]]\n    if prefetch:\n        ...  # start_gather("
+        "the next layer with parameters, going by step)\n    return full\n\ndef "
+        "backward_layer(self, i, x, grad_out, needs_input_grad):\n    grad_x, grad_full = "
+        "layer_backward(layers[i], self.gather(i, -1), x, grad_out, needs_input_grad)\n    "
+        "padded = torch.zeros(shards[i].numel() * comm.world_size)\n    padded[: sizes[i]] "
+        "= grad_full\n    self.reducing.append((i, comm.run_async(reduce_scatter, comm, "
+        "padded, 'mean')))\n    return grad_x"),
        CAPSTONE),
 )
 
@@ -61,7 +60,7 @@ PREDICTIONS = (
              "again, and saves (N-1)/N of the state.")),
     Prediction(
         key="08.recompute-time",
-        question=("GPT-2 medium, 16 sequences of 1024 tokens per device, eager attention: "
+        question=("GPT-2 medium, 32 sequences of 1024 tokens per device, eager attention: "
                   "full activation recomputation shrinks the activations to a few percent. "
                   "How much longer is a training step?"),
         choices=("no longer: recomputing is free", "about 10% longer", "about 30% longer",
