@@ -21,6 +21,7 @@ from torch import nn
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_gather, all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
+from mpgpu_edu.comm.base import RESERVED_TAG
 from mpgpu_edu.data import loss_fn, make_batches, make_mlp, shard
 from mpgpu_edu.dp import fsdp
 from mpgpu_edu.estimate.step import StepSetup, simulate_step
@@ -28,7 +29,7 @@ from mpgpu_edu.explore.live import Explorer, dropdown, percent, slider
 from mpgpu_edu.pipeline import interleaved_1f1b, one_f_one_b
 from mpgpu_edu.pipeline.timing import schedule_timeline, timed_bubble_overhead, timeline_trace
 from mpgpu_edu.reference import make_optimizer, train_single
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.trace import Event, Trace
 from mpgpu_edu.viz.palette import SERIES_COLORS, SERIES_MARKERS, new_figure, style
 from mpgpu_edu.viz.timeline import plot_timelines_side_by_side
 
@@ -49,12 +50,17 @@ def reference_wrap() -> Wrap:
 def sharded_step(comm: Communicator, wrap: Wrap, model: nn.Sequential,
                  batch: tuple[torch.Tensor, torch.Tensor], prefetch: bool) -> float:
     """SPMD: wrap ``model``, then one step on this rank's shard of ``batch`` (forward, backward,
-    ``finish``, SGD). The wrapping is setup, done before the step's clock matters."""
-    replica = wrap(comm, model, prefetch)
-    optimizer = torch.optim.SGD(list(replica.parameters()), lr=0.01)
-    (x, y), part = shard(batch, comm.rank, comm.world_size)
+    ``finish``, SGD). The wrapping is setup (untimed); a barrier starts the step; the loss is a
+    region of its own (``"compute"``, ``"loss"``), which ``step_only`` uses to tell forward
+    from backward in any wrapper's timeline."""
+    with comm.compute("setup", "wrap the model", seconds=0):  # once, not part of the step
+        replica = wrap(comm, model, prefetch)
+        optimizer = torch.optim.SGD(list(replica.parameters()), lr=0.01)
+        (x, y), part = shard(batch, comm.rank, comm.world_size)
     comm.barrier()  # every rank has its shards: the step starts here
-    loss = loss_fn(replica(x), y) * part * comm.world_size
+    out = replica(x)
+    with comm.compute("compute", LOSS):
+        loss = loss_fn(out, y) * part * comm.world_size
     loss.backward()
     replica.finish()
     with comm.compute("optimizer", "step"):
@@ -72,12 +78,56 @@ def run_sharded_step(wrap: Wrap, prefetch: bool, world_size: int = 4,
 
 
 def step_only(trace: Trace) -> Trace:
-    """The trace from the step's first forward on (the wrapping and the barrier left out)."""
-    start = min((e.start for e in trace.events if e.kind == "forward"), default=0.0)
-    events = [replace(e, start=max(e.start, start) - start, end=e.end - start)
-              for e in trace.events if e.end > start]
+    """The trace of ``sharded_step`` from the end of its barrier on (the wrapping and the
+    barrier left out; the first layer's gather kept), with its phases named: on the compute
+    rows, work outside a named region (a wrapper that names none, a ReLU, the padding of a
+    gradient) becomes ``"forward"`` before the loss and ``"backward"`` after it, so every
+    wrapper's timeline reads the same."""
+    start = _barrier_end(trace)
+    events = [replace(_phase_named(e, trace), start=max(e.start, start) - start,
+                      end=e.end - start)
+              for e in trace.events if e.end > start and not _is_barrier(e)]
     memory = [replace(m, time=max(m.time, start) - start) for m in trace.memory]
     return Trace(trace.n_devices, events, memory, trace.source, dict(trace.meta))
+
+
+LOSS = "loss"
+
+
+def _is_barrier(event: Event) -> bool:
+    """The barrier's messages are the only ones with reserved tags (``comm.barrier``)."""
+    words = event.label.split()
+    return (len(words) == 2 and words[0] == "tag" and words[1].isdigit()
+            and int(words[1]) >= RESERVED_TAG)
+
+
+def _barrier_end(trace: Trace) -> float:
+    return max((e.end for e in trace.events if _is_barrier(e)), default=0.0)
+
+
+def _phase_named(event: Event, trace: Trace) -> Event:
+    if event.stream != "compute" or event.kind != "compute" or event.label == LOSS:
+        return event
+    loss = [e for e in trace.on(event.device, "compute") if e.label == LOSS]
+    if not loss:
+        return event
+    return replace(event, kind="forward" if event.end <= loss[0].start else "backward")
+
+
+def phase_summary(step: Trace, device: int = 0) -> dict[str, float]:
+    """Of a ``step_only`` trace, on ``device``: when forward and backward end (seconds from
+    the step's start) and how long its compute row idles in each (forward: up to the loss;
+    backward: from the loss to backward's end)."""
+    compute = sorted(step.on(device, "compute"), key=lambda e: e.start)
+    loss = next(e for e in compute if e.label == LOSS)
+    forward_end = max(e.end for e in compute if e.kind == "forward")
+    backward_end = max(e.end for e in compute if e.kind == "backward")
+
+    def busy(lo: float, hi: float) -> float:
+        return sum(max(0.0, min(e.end, hi) - max(e.start, lo)) for e in compute)
+    return {"forward_end": forward_end, "backward_end": backward_end,
+            "idle_forward": loss.start - busy(0.0, loss.start),
+            "idle_backward": (backward_end - loss.end) - busy(loss.end, backward_end)}
 
 
 def allreduce_bytes(comm: Communicator, model: nn.Sequential) -> int:
@@ -151,7 +201,7 @@ RECOMPUTE = ("none", "selective", "full")
 
 
 def recompute_rows(model: str = "gpt2-medium", cluster: str = "8xA100-nvlink",
-                   sequences: int = 16, seq: int = 1024,
+                   sequences: int = 32, seq: int = 1024,
                    accumulate: Sequence[int] = (1, 2, 4, 8)) -> list[dict[str, Any]]:
     """``simulate step`` (data parallel, eager attention) for every recomputation and every
     split of ``sequences`` per device into ``accumulate`` micro-batches: the same tokens per
@@ -163,13 +213,15 @@ def recompute_rows(model: str = "gpt2-medium", cluster: str = "8xA100-nvlink",
                                                 "eager", recompute))
             rows.append({"recompute": recompute, "accumulate": k, "step_s": report["step_s"],
                          "activations": report["memory_per_device"]["activations"],
-                         "total": report["memory_total"], "capacity": report["capacity"]})
+                         "total": report["memory_total"], "capacity": report["capacity"],
+                         "fits": report["memory_total"] <= report["capacity"]})
     return rows
 
 
 def plot_recompute_tradeoff(rows: Sequence[dict[str, Any]]) -> Figure:
     """Memory per device against step time: one line per recomputation, one point per number
-    of accumulated micro-batches (labelled), the device's capacity dashed."""
+    of accumulated micro-batches (labelled; "does not fit" above the capacity), the device's
+    capacity dashed."""
     fig = new_figure(9, 4.8)
     ax = style(fig.add_subplot())
     base = next(r["step_s"] for r in rows if r["recompute"] == "none" and r["accumulate"] == 1)
@@ -180,14 +232,15 @@ def plot_recompute_tradeoff(rows: Sequence[dict[str, Any]]) -> Figure:
         ax.plot(xs, ys, color=SERIES_COLORS[i], marker=SERIES_MARKERS[i],
                 label=f"recompute {recompute}")
         for x, y, r in zip(xs, ys, mine):
-            ax.annotate(f"x{r['accumulate']}", (x, y), textcoords="offset points",
+            text = f"x{r['accumulate']}" + ("" if r["fits"] else ": does not fit")
+            ax.annotate(text, (x, y), textcoords="offset points",
                         xytext=(6, 4), fontsize=8)
     capacity = rows[0]["capacity"] / 2**30
     ax.axhline(capacity, color="black", linestyle="--", linewidth=1)
     ax.text(1.0, capacity, f" one device's memory, {capacity:.0f} GiB", va="bottom", fontsize=8)
     ax.set_xlabel("step time, relative to no recomputation and no accumulation")
     ax.set_ylabel("memory per device (GiB)")
-    ax.set_ylim(0, capacity * 1.12)
+    ax.set_ylim(0, max([capacity] + [r["total"] / 2**30 for r in rows]) * 1.12)
     ax.legend(loc="upper right")
     ax.set_title("memory saved against time paid (x k: k accumulated micro-batches, same "
                  "tokens per step)", loc="left")
@@ -239,7 +292,7 @@ def schedule_traces(n_stages: int, n_microbatches: int, n_chunks: int, forward_s
                                  (f"interleaved, {v} chunks", inter, forward_s / v,
                                   backward_s / v)):
         overhead = timed_bubble_overhead(schedule, f, b)
-        label = f"{name}: bubble {overhead:.2%} of compute"
+        label = f"{name}: idle = {overhead:.2%} of compute time (right: of the makespan)"
         out[label] = _shade_odd_chunks(timeline_trace(schedule_timeline(schedule, f, b),
                                                       n_stages), schedule)
     return out
@@ -258,13 +311,17 @@ def _shade_odd_chunks(trace: Trace, schedule: Any) -> Trace:
 
 def interleaved_view(stages: int = 4, rounds: int = 2, chunks: int = 2) -> tuple[Figure, dict]:
     """The explorer's view: 1F1B against interleaved 1F1B for P stages, M = rounds x P
-    microbatches and V chunks; ``info`` has both overheads and the closed form."""
+    microbatches and V chunks; ``info`` has both overheads (idle time over compute time),
+    the closed form, and both idle shares of the makespan (``idle_1f1b``,
+    ``idle_interleaved``)."""
     m = rounds * stages
     traces = schedule_traces(stages, m, chunks)
     plain = timed_bubble_overhead(one_f_one_b(stages, m), 1.0, 2.0)
     inter = timed_bubble_overhead(interleaved_1f1b(stages, m, chunks), 1 / chunks, 2 / chunks)
     info = {"stages": stages, "microbatches": m, "chunks": chunks, "overhead_1f1b": plain,
-            "overhead_interleaved": inter, "formula": (stages - 1) / (chunks * m)}
+            "overhead_interleaved": inter, "formula": (stages - 1) / (chunks * m),
+            # the same idle time against the makespan (busy + idle), as each row's end says
+            "idle_1f1b": plain / (1 + plain), "idle_interleaved": inter / (1 + inter)}
     return plot_timelines_side_by_side(traces, streams=("compute",)), info
 
 
