@@ -55,11 +55,24 @@ class Limits:
 
 
 def warm_up() -> None:
-    """Start the local fork server in the background, so that a learner's first check does
-    not wait for torch to be imported. A notebook's first ``mp.progress()`` calls this."""
+    """Start the local fork server, and import what the judges need here, in the background,
+    so that a learner's first check waits for neither. A notebook's first ``mp.progress()``
+    calls this (a check that comes sooner waits for what is still loading)."""
     from mpgpu_edu.runtime import warm_up as start
 
     start()
+    threading.Thread(target=_import_judges, daemon=True, name="mpgpu-edu-judges").start()
+
+
+def _import_judges() -> None:
+    from mpgpu_edu.grading.checks import lesson_module
+    from mpgpu_edu.grading.registry import LESSONS
+
+    for lesson in LESSONS:
+        try:
+            lesson_module(lesson)
+        except Exception:  # noqa: BLE001 - the check that needs it reports the error
+            pass
 
 
 def run_exercise(exercise_id: str, file: Path, function: str | None = None, *,

@@ -23,10 +23,12 @@ from mpgpu_edu.runtime.forkserver import Child, ForkServer
 __all__ = ["PRELOAD", "Child", "ForkServer", "RuntimeStartError", "SandboxUnavailable",
            "local_server", "warm_up"]
 
-# What the local server imports before it forks: torch, and the entry points of comm's
-# workers and of a check's child (a child imports the rest, such as one lesson's checks,
-# after the fork: the server holds no check).
-PRELOAD = ("torch", "torch._dynamo", "mpgpu_edu.comm.worker", "mpgpu_edu.grading.compute")
+# What a server imports before it forks: torch, the entry points of comm's workers and of a
+# check's child, and the package's layers that programs and checks use (a check's child
+# imports its own lesson's checks after the fork: no server holds a check).
+PRELOAD = ("torch", "torch._dynamo", "mpgpu_edu.comm.worker", "mpgpu_edu.grading.compute",
+           "matplotlib.figure", "mpgpu_edu.viz", "mpgpu_edu.collectives", "mpgpu_edu.dp",
+           "mpgpu_edu.pipeline", "mpgpu_edu.memory", "mpgpu_edu.hybrid", "mpgpu_edu.lessons")
 
 _local: list[ForkServer] = []
 _local_lock = threading.Lock()
