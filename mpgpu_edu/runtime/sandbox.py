@@ -84,6 +84,7 @@ class PidsCgroup:
     def __init__(self, limit: int) -> None:
         self.path: str | None = None
         for root in CGROUP_ROOTS:
+            self.remove_stale(root)
             path = os.path.join(root, f"mpgpu-edu-{uuid.uuid4().hex[:12]}")
             try:
                 os.mkdir(path)
@@ -97,6 +98,16 @@ class PidsCgroup:
                 continue
             self.path = path
             break
+
+    @staticmethod
+    def remove_stale(root: str) -> None:
+        """Remove the empty cgroups of graders that were killed (a cgroup with a process in
+        it cannot be removed, so one in use stays)."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(root):
+                if name.startswith("mpgpu-edu-"):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(root, name))
 
     def enter(self) -> None:
         """In the child before ``exec`` (``Popen``'s ``preexec_fn``): join the cgroup."""
