@@ -47,3 +47,27 @@ def test_bad_input_names_the_problem() -> None:
         plot_node_map("2x8xH100-ib", visible=["0,1"])
     with pytest.raises(ValueError, match="nproc_per_node=3"):
         plot_node_map("2x8xH100-ib", 3, ["0,1", "0,1,2"])
+
+
+def test_the_fabric_has_a_switch_per_rail_and_a_spine() -> None:
+    fig = plot_node_map()
+    patches = {str(p.get_gid()) for p in fig.axes[0].patches}
+    assert {f"rail-switch:{g}" for g in range(8)} <= patches and "spine" in patches
+    # the label says what the simulator does with a hop between rails
+    assert "non-blocking" in texts(fig, "network-label")[0]
+    route_on, route_off = (Cluster.preset("2x8xH100-ib").route(7, s) for s in (15, 8))
+    assert (route_on.alpha_s, route_on.beta_Bps) == (route_off.alpha_s, route_off.beta_Bps)
+
+
+def test_local_ranks_on_different_gpus_are_flagged_as_not_one_rail() -> None:
+    fig = plot_node_map("2x8xH100-ib", 2, ["0,1", "2,3"])
+    (warning,) = texts(fig, "rail-mismatch")
+    assert "local rank 0: NIC 0 on node 0, NIC 2 on node 1" in warning
+    assert "local rank 1: NIC 1 on node 0, NIC 3 on node 1" in warning
+    flagged = [t for t in texts(fig, "nic-label") if "local rank" in t]
+    assert flagged == ["NIC 0\nlocal rank 0", "NIC 1\nlocal rank 1",
+                       "NIC 2\nlocal rank 0", "NIC 3\nlocal rank 1"]
+    for same in (None, ["0,1", "0,1"], ["2,3", "2,3"]):
+        fig = plot_node_map("2x8xH100-ib", None if same is None else 2, same)
+        assert texts(fig, "rail-mismatch") == []
+        assert not [t for t in texts(fig, "nic-label") if "local rank" in t]

@@ -1,10 +1,19 @@
 """The device map of several nodes: hosts, NIC rails, GPUs, and every rank's three numbers.
 
 ``plot_node_map`` draws each node as a box holding its NVSwitch, its GPUs and its NICs (one
-per GPU: GPU i of every node is on *rail* i), with the network between the nodes drawn rail
-by rail. Each GPU says which process runs on it under ``torchrun``: ``cuda:j`` (its index
-under that node's ``CUDA_VISIBLE_DEVICES``), the local rank j and the global rank
-``node x nproc_per_node + local rank``. GPUs that ``CUDA_VISIBLE_DEVICES`` hides are grey.
+per GPU: GPU i of every node is on *rail* i), and the network between the nodes as a
+rail-optimised fabric: NIC i of every node on rail i's switch, the rail switches joined by a
+spine. A hop along one rail (NIC i to NIC i) crosses one switch; a hop between rails (NIC 7 of
+one node to NIC 0 of the other) goes up through the spine, or, with NCCL's PXN, first over
+NVLink to the sender's GPU on the receiver's rail. The simulator (``topology.multi_node``)
+treats the fabric as non-blocking: any hop holds the sender's NIC and the receiver's NIC and
+costs the same, rail or not.
+
+Each GPU says which process runs on it under ``torchrun``: ``cuda:j`` (its index under that
+node's ``CUDA_VISIBLE_DEVICES``), the local rank j and the global rank ``node x
+nproc_per_node + local rank``. GPUs that ``CUDA_VISIBLE_DEVICES`` hides are grey. When local
+rank j sits on different GPUs (so different NICs) on the two nodes, its NICs are outlined in
+red and a line says that local rank j's ranks are not one rail.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from matplotlib.patches import FancyBboxPatch
 
 from mpgpu_edu.cluster import Cluster, parse_visible
 from mpgpu_edu.viz.devicemap import link_name, short_gpu_name
-from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO, new_figure
+from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO, WARNING_COLOR, new_figure
 
 GPU_FACE, GPU_EDGE = "#EAF4FB", "#555555"
 HIDDEN_FACE, HIDDEN_TEXT = "#E4E4E4", "#8C8C8C"
@@ -25,7 +34,8 @@ NIC_FACE, SWITCH_FACE, NODE_EDGE = "#FDE8D8", "#FFF3D6", "#777777"
 RAIL_COLOR = OKABE_ITO["vermillion"]
 GPU_H, NIC_H, SWITCH_H, GAP = 1.15, 0.42, 0.36, 0.32
 NODE_H = SWITCH_H + GPU_H + NIC_H + 4 * GAP + 0.35
-NETWORK_H = 1.1
+NETWORK_H = 1.5
+SPINE_W = 1.25  # the spine's box, right of the GPUs
 
 
 def node_shape(cluster: Cluster) -> tuple[int, int]:
@@ -42,10 +52,10 @@ def global_rank(node: int, local_rank: int, nproc_per_node: int) -> int:
 
 
 def _box(ax: Axes, x: float, y: float, w: float, h: float, face: str, gid: str,
-         edge: str = GPU_EDGE, style: str = "-") -> None:
+         edge: str = GPU_EDGE, style: str = "-", width: float = 1.0) -> None:
     ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0,rounding_size=0.06",
-                                facecolor=face, edgecolor=edge, linewidth=1.0,
-                                linestyle=style, gid=gid))
+                                facecolor=face, edgecolor=edge, linewidth=width,
+                                linestyle=style, gid=gid, zorder=2))
 
 
 def _text(ax: Axes, x: float, y: float, text: str, gid: str, **kw: object) -> None:
@@ -56,7 +66,7 @@ def _text(ax: Axes, x: float, y: float, text: str, gid: str, **kw: object) -> No
 
 
 def _node(ax: Axes, cluster: Cluster, k: int, per_node: int, y: float, visible: list[int],
-          nproc: int, flip: bool) -> float:
+          nproc: int, flip: bool, off_rail: set[int]) -> float:
     """Node k's box with its bottom at y; returns the y of its NICs' edge facing the network."""
     gpu = short_gpu_name(cluster.gpu)
     intra = [i for i in cluster.topology.links() if i.b == f"node{k}.nvswitch"][0]
@@ -102,8 +112,13 @@ def _node(ax: Axes, cluster: Cluster, k: int, per_node: int, y: float, visible: 
         else:
             _text(ax, g + 0.5, yg + GPU_H / 2 - 0.15, "not visible", "hidden-label",
                   fontsize=FONT_SIZE - 2, color=HIDDEN_TEXT)
-        _box(ax, x + 0.08, yn, 0.7, NIC_H, NIC_FACE, f"nic:{k}:{g}", RAIL_COLOR)
-        _text(ax, g + 0.5, yn + NIC_H / 2, f"NIC {g}", "nic-label", fontsize=FONT_SIZE - 2)
+        flagged = shown and local in off_rail
+        _box(ax, x + 0.08, yn, 0.7, NIC_H, NIC_FACE, f"nic:{k}:{g}",
+             WARNING_COLOR if flagged else RAIL_COLOR, width=2.6 if flagged else 1.0)
+        _text(ax, g + 0.5, yn + NIC_H / 2, f"NIC {g}" + (f"\nlocal rank {local}" if flagged
+                                                          else ""), "nic-label",
+              fontsize=FONT_SIZE - 3 if flagged else FONT_SIZE - 2,
+              color=WARNING_COLOR if flagged else "black")
     return (yn + NIC_H) if flip else yn
 
 
@@ -129,24 +144,49 @@ def plot_node_map(cluster: Cluster | str = "2x8xH100-ib", nproc_per_node: int | 
         raise ValueError(f"nproc_per_node={nproc} needs that many visible GPUs on every node; "
                          f"the nodes see {[len(s) for s in seen]}")
     nic = [i for i in cluster.topology.links() if i.b == "network"][0]
-    height = 2 * NODE_H + NETWORK_H + 0.8
-    ax = new_figure(1.45 * per_node + 0.4, 0.72 * height).add_subplot()
-    ax.set_xlim(-0.15, per_node + 0.15)
+    off_rail = {j for j in range(nproc) if len({s[j] for s in seen}) > 1}
+    height = 2 * NODE_H + NETWORK_H + 1.6
+    ax = new_figure(1.45 * (per_node + SPINE_W) + 0.4, 0.72 * height).add_subplot()
+    ax.set_xlim(-0.15, per_node + SPINE_W + 0.15)
     ax.set_ylim(0.0, height)
     ax.axis("off")
     y_top = height - NODE_H - 0.1
-    upper = _node(ax, cluster, 0, per_node, y_top, seen[0], nproc, flip=False)
-    lower = _node(ax, cluster, 1, per_node, y_top - NODE_H - NETWORK_H, seen[1], nproc,
-                  flip=True)
-    for g in range(per_node):
-        ax.plot([g + 0.5] * 2, [upper, lower], color=RAIL_COLOR, linewidth=2.2, gid=f"rail:{g}")
-    _text(ax, per_node / 2, (upper + lower) / 2,
-          f"network, {link_name(nic.spec_name)}: {nic.beta_Bps / 1e9:g} GB/s per NIC; rail i "
-          "joins NIC i of every node", "network-label",
-          bbox={"facecolor": "white", "edgecolor": RAIL_COLOR, "pad": 3})
-    _text(ax, per_node / 2, 0.3, f"global rank = node x nproc_per_node + local rank   "
+    upper = _node(ax, cluster, 0, per_node, y_top, seen[0], nproc, False, off_rail)
+    lower = _node(ax, cluster, 1, per_node, y_top - NODE_H - NETWORK_H, seen[1], nproc, True,
+                  off_rail)
+    _fabric(ax, per_node, upper, lower)
+    _text(ax, per_node / 2, 1.15,
+          f"network, {link_name(nic.spec_name)}: {nic.beta_Bps / 1e9:g} GB/s per NIC. Rail i: "
+          "NIC i of every node on switch i. A hop between rails (NIC 7 to NIC 0) goes through "
+          "the spine;\nthe simulator's fabric is non-blocking: every hop holds the sender's "
+          "NIC and the receiver's, and costs the same on a rail or across rails",
+          "network-label", fontsize=FONT_SIZE - 2)
+    if off_rail:
+        where = "; ".join(f"local rank {j}: NIC {seen[0][j]} on node 0, NIC {seen[1][j]} on "
+                          f"node 1" for j in sorted(off_rail))
+        _text(ax, per_node / 2, 0.64, f"{where}:\nthese local-rank groups are not rails (a "
+              "local-rank group is one rail only when every node puts local rank i on GPU i)",
+              "rail-mismatch", color=WARNING_COLOR, fontsize=FONT_SIZE - 2, fontweight="bold")
+    _text(ax, per_node / 2, 0.2, f"global rank = node x nproc_per_node + local rank   "
           f"(nproc_per_node = {nproc}; world size {nodes * nproc})", "formula",
           fontsize=FONT_SIZE + 1, fontweight="bold")
     ax.set_title(title or f"{cluster.name}: {nodes} nodes x {per_node} {cluster.gpu.display_name}"
                  f", one NIC per GPU", loc="left", fontsize=FONT_SIZE + 1)
     return ax.figure
+
+
+def _fabric(ax: Axes, per_node: int, upper: float, lower: float) -> None:
+    """Rail i: NIC i of both nodes on switch i; the switches joined by a spine on the right."""
+    mid, h = (upper + lower) / 2, 0.36
+    spine_x = per_node + 0.3
+    ax.plot([0.5, spine_x], [mid, mid], color="#555555", linewidth=1.4, zorder=1,
+            gid="spine-links")
+    for g in range(per_node):
+        ax.plot([g + 0.5] * 2, [upper, lower], color=RAIL_COLOR, linewidth=2.2, gid=f"rail:{g}",
+                zorder=1)
+        _box(ax, g + 0.12, mid - h / 2, 0.76, h, "white", f"rail-switch:{g}", RAIL_COLOR)
+        _text(ax, g + 0.5, mid, f"rail {g} switch", "rail-switch-label",
+              fontsize=FONT_SIZE - 3)
+    _box(ax, spine_x, mid - 0.45, SPINE_W - 0.2, 0.9, SWITCH_FACE, "spine", GPU_EDGE)
+    _text(ax, spine_x + (SPINE_W - 0.2) / 2, mid, "spine:\njoins the\nrails",
+          "spine-label", fontsize=FONT_SIZE - 2)
