@@ -207,6 +207,33 @@ def flat_ring_two_level_time(nodes: int, per_node: int, nbytes: float, intra_alp
     return 2 * (n - 1) * step
 
 
+def addition_time(nbytes: float, launch_s: float, memory_Bps: float) -> float:
+    """One addition of two ``nbytes`` chunks as its own kernel: a launch, then two reads and
+    one write through memory: ``launch + 3 S / memory_bandwidth`` (free memory: 0 s)."""
+    return launch_s + (3 * nbytes / memory_Bps if memory_Bps else 0.0)
+
+
+def flat_ring_additions_time(nodes: int, per_node: int, nbytes: float, launch_s: float,
+                             memory_Bps: float) -> float:
+    """The additions on a flat ring's critical path: its reduce-scatter's N - 1 steps each
+    end with one addition of an S / N chunk. Add it to ``flat_ring_two_level_time``."""
+    _check_n(nodes)
+    _check_n(per_node)
+    n = nodes * per_node
+    return (n - 1) * addition_time(nbytes / n, launch_s, memory_Bps)
+
+
+def hierarchical_additions_time(nodes: int, per_node: int, nbytes: float, launch_s: float,
+                                memory_Bps: float) -> float:
+    """The additions on the hierarchical all-reduce's critical path: G - 1 of an S / G chunk
+    in the node's reduce-scatter, M - 1 of an S / (G M) chunk in the rail's. Add it to
+    ``hierarchical_allreduce_time``."""
+    _check_n(nodes)
+    _check_n(per_node)
+    return ((per_node - 1) * addition_time(nbytes / per_node, launch_s, memory_Bps)
+            + (nodes - 1) * addition_time(nbytes / (per_node * nodes), launch_s, memory_Bps))
+
+
 def hierarchical_bytes_sent(nodes: int, per_node: int, nbytes: float) -> dict[str, float]:
     """Bytes each rank sends in the hierarchical all-reduce, per link class:
     ``{"intra": 2 (G - 1) / G S, "inter": 2 (M - 1) / (G M) S}`` (exact when G M divides the
