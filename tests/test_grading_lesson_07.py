@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from mpgpu_edu.collectives import cost
 from mpgpu_edu.course import LESSONS
 from mpgpu_edu.grading._outcome import classify
 from mpgpu_edu.grading.checks import cases_for
@@ -74,3 +75,25 @@ def test_calling_the_package_fails_every_case() -> None:
     import mpgpu_edu.collectives.hierarchical as package  # restored afterwards
 
     assert package.all_reduce_hierarchical.__name__ == "all_reduce_hierarchical"
+
+
+@pytest.mark.parametrize("mutant", [wrong.hier_wrong_chunk_on_the_rail, wrong.hier_lesson01_loops])
+def test_lesson_01s_reduce_scatter_loop_is_named_as_the_mistake(mutant: Any) -> None:
+    status, message = verdicts("7.3", mutant)["sums and means in place on 2 nodes x 4"]
+    assert status == "failed"
+    assert "local rank i must hold its node's sum of chunk i" in message
+    assert "holds chunk i + 1" in message
+
+
+def test_other_wrong_values_are_not_blamed_on_phase_one() -> None:
+    status, message = verdicts("7.3", wrong.hier_mean_over_node)[
+        "sums and means in place on 2 nodes x 4"]
+    assert status == "failed" and "wrong values" in message and "chunk i + 1" not in message
+
+
+def test_a_wrong_closed_form_names_its_example_once() -> None:
+    status, message = verdicts("7.2", wrong.seconds_flat_ring)[
+        "2 x 8 H100-like, 4 x 2, one node, one GPU per node"]
+    assert status == "failed" and message.count("per_node=8") == 1
+    want = cost.hierarchical_allreduce_time(2, 8, 2.0**28, 3e-6, 370e9, 8e-6, 47e9)
+    assert f"expected {want:.6g} s" in message

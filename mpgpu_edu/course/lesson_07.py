@@ -38,8 +38,9 @@ EXERCISES = (
         "Make two groups with comm.group: your node's ranks and your rail's ranks (7.1 gives "
         "both). Split tensor.view(-1) into per_node chunks with torch.tensor_split. Phase 1: "
         "a ring reduce-scatter on the node group, arranged so that local rank i finishes "
-        "chunk i. Phase 2: ring_all_reduce(rail, chunk i). Divide by the world size for the "
-        "mean. Phase 3: a ring all-gather on the node group. Use ring_step for the rings.",
+        "chunk i (lesson 01's loop finishes chunk i + 1: shift it by one). Phase 2: "
+        "ring_all_reduce(rail, chunk i). Divide by the world size for the mean. Phase 3: a "
+        "ring all-gather on the node group. Use ring_step for the rings.",
         "node, local = divmod(comm.rank, per_node)\n"
         "inside = comm.group(<my node's ranks>); rail = comm.group(<my rail's ranks>)\n"
         "chunks = list(torch.tensor_split(tensor.view(-1), per_node))\n"
@@ -76,7 +77,9 @@ PREDICTIONS = (
              "edges send 2(N-1)/N S = 480 MiB each through one NIC at 47 GB/s. The "
              "hierarchical all-reduce sends 2(G-1)/G S over NVLink (8x faster) and only "
              "2(M-1)/(GM) S = 32 MiB per GPU across, on all 8 NICs at once. Its NVLink phases "
-             "now dominate, so the gain is about 5x, not 16x.")),
+             "now dominate, so the gain is about 5x, not 16x. That is against one naive ring: "
+             "NCCL's own ring runs one ring per rail, on every NIC, and comes close to the "
+             "hierarchical all-reduce (section 4 prints both).")),
     Prediction(
         key="07.tp-across-nodes",
         question=("LLaMA-7B on 2 nodes x 8 H100, tensor parallelism over 8 GPUs and two "

@@ -165,6 +165,27 @@ def hier_wrong_chunk_on_the_rail(comm: Any, tensor: torch.Tensor, per_node: int,
         _step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
 
 
+def hier_lesson01_loops(comm: Any, tensor: torch.Tensor, per_node: int, op: str = "sum") -> None:
+    """Copies lesson 01's reduce-scatter and all-gather loops into phases 1 and 3: local
+    rank i finishes chunk i + 1 but all-reduces chunk i on the rail, then gathers from
+    chunk i + 1."""
+    n, g = comm.world_size, per_node
+    node, local = divmod(comm.rank, g)
+    inside = comm.group([node * g + i for i in range(g)])
+    rail = comm.group(list(range(local, n, g)))
+    chunks = list(torch.tensor_split(tensor.view(-1), g))
+    for k in range(g - 1):
+        incoming = chunks[(local - k - 1) % g]
+        received = torch.empty_like(incoming)
+        _step(inside, chunks[(local - k) % g], received)
+        incoming.add_(received)
+    _ring(rail, chunks[local])
+    if op == "mean":
+        chunks[local].div_(n)
+    for k in range(g - 1):
+        _step(inside, chunks[(local + 1 - k) % g], chunks[(local - k) % g])
+
+
 def hier_calls_the_package(comm: Any, tensor: torch.Tensor, per_node: int,
                            op: str = "sum") -> None:
     """Calls the package's own hierarchical all-reduce."""
@@ -177,5 +198,6 @@ MUTANTS = {
     "7.1": ["groups_swapped", "groups_node_major_rails", "groups_never_raise"],
     "7.2": ["seconds_whole_tensor_across", "seconds_flat_ring", "seconds_one_way_only"],
     "7.3": ["hier_flat_ring", "hier_whole_tensor_across", "hier_groups_swapped",
-            "hier_mean_over_node", "hier_wrong_chunk_on_the_rail", "hier_calls_the_package"],
+            "hier_mean_over_node", "hier_wrong_chunk_on_the_rail", "hier_lesson01_loops",
+            "hier_calls_the_package"],
 }
