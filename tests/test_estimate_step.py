@@ -159,3 +159,34 @@ def test_cli_simulate_step_refuses_bad_input(flag, value, says, capsys) -> None:
     assert main(["simulate", "step", flag, value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--tp", "2"], "--tp applies to --strategy tensor, not dp"),
+    (["--strategy", "tensor", "--tp", "3"], "--tp 3 must divide the 8 devices"),
+    (["--strategy", "tensor", "--tp", "0"], "at least 1"),
+    (["--visible", "0,9"], "--visible 0,9"),
+    (["--strategy", "tensor", "--tp", "4", "--visible", "0,1"], "--tp 4 must divide the 2"),
+])
+def test_cli_simulate_step_refuses_bad_tp_and_visible(argv, says, capsys) -> None:
+    assert main(["simulate", "step", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
+def test_cli_simulate_step_places_tensor_groups_with_tp_and_visible(capsys) -> None:
+    base = ["simulate", "step", "--model", "gpt2-small", "--cluster", "2x8xH100-ib",
+            "--strategy", "tensor", "--tp", "8", "--micro-batch", "1", "--seq", "256", "--json"]
+    spread = "0,1,2,3,8,9,10,11,4,5,6,7,12,13,14,15"
+    reports = []
+    for extra in ([], ["--visible", spread]):
+        assert main(base + extra) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    inside, across = reports
+    assert (inside["tp"], inside["visible"]) == (8, None)
+    assert (across["tp"], across["visible"]) == (8, spread)
+    # the same setup as StepSetup's fields give, and groups spread over both nodes are slower
+    assert inside["step_s"] == simulate_step(StepSetup("gpt2-small", "2x8xH100-ib", "tensor",
+                                                       micro_batch=1, seq=256, tp=8))[0]["step_s"]
+    assert across["step_s"] > inside["step_s"]
+    assert inside["tokens_per_step"] == 2 * 256  # two data-parallel replicas of one sequence

@@ -4,12 +4,17 @@
         --micro-batch 8 --seq 1024 --accumulate 4
     mpgpu-edu simulate step --model gpt-22b --strategy tensor --micro-batch 4 --seq 2048 \\
         --recompute selective --timeline step.png --json
+    mpgpu-edu simulate step --model llama-7b --cluster 2x8xH100-ib --strategy tensor --tp 8 \\
+        --micro-batch 8 --seq 2048 --visible 0,1,2,3,8,9,10,11,4,5,6,7,12,13,14,15
 
 Runs ``mpgpu_edu.estimate.simulate_step``: each layer's forward and backward timed on the
 GPU's roofline, every message a real collective on meta tensors, timed by the simulator on the
 preset's links. Prints step time, tokens/s, MFU (model FLOPs over step time x devices x bf16
 peak), how the devices spent the step (computing, communicating with nothing to compute,
 idle) and memory per device; ``--timeline PATH`` saves the step's timeline as a PNG.
+``--tp T`` (strategy tensor) makes groups of T consecutive ranks, data-parallel replicas of
+each other; ``--visible`` orders the preset's GPUs as CUDA_VISIBLE_DEVICES does, so it places
+those groups (on 2 nodes of 8: inside a node, or spread over both).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 from mpgpu_edu.cli import UsageError, number
 from mpgpu_edu.cluster import Cluster, format_bytes
+from mpgpu_edu.cluster.visible import check_visible
 
 MAX_TOKENS_PER_STEP = 2**24  # per device and micro-batch x micro-batches: keeps a run in seconds
 
@@ -47,6 +53,13 @@ def add_step_parser(what: argparse._SubParsersAction) -> None:
                    help="attention kernel (default flash)")
     p.add_argument("--recompute", default="none", metavar="{" + ",".join(RECOMPUTES) + "}",
                    help="activation recomputation (default none)")
+    p.add_argument("--tp", type=number(int, 1, 2**20), default=None, metavar="T",
+                   help="strategy tensor: ranks per tensor-parallel group, dividing the "
+                        "device count (default: all of them); the groups are data-parallel "
+                        "replicas")
+    p.add_argument("--visible", default=None, metavar="IDS",
+                   help="CUDA_VISIBLE_DEVICES on the cluster preset: which GPUs, in which "
+                        "order (default: all, in order)")
     p.add_argument("--timeline", metavar="PATH", help="save the step's timeline as a PNG")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -78,6 +91,20 @@ def check_step_args(args: argparse.Namespace) -> dict:
                                (args.recompute, RECOMPUTES, "--recompute")):
         if value not in known:
             raise UsageError(f"{flag}: unknown {value!r}: choose one of {', '.join(known)}")
+    tp, visible = getattr(args, "tp", None) or 0, getattr(args, "visible", None)
+    if tp and args.strategy != "tensor":
+        raise UsageError(f"--tp applies to --strategy tensor, not {args.strategy}: drop --tp "
+                         "or pick tensor")
+    if visible is not None:
+        warnings = check_visible(visible, Cluster.preset(args.cluster).n_physical)
+        if warnings:
+            raise UsageError(f"--visible {visible}: {warnings[0]}")
+    devices = Cluster.preset(args.cluster, visible=visible).world_size
+    if devices < 1:
+        raise UsageError(f"--visible {visible!r} leaves no device of {args.cluster}")
+    if tp and devices % tp:
+        raise UsageError(f"--tp {tp} must divide the {devices} devices of {args.cluster}"
+                         + (f" under --visible {visible}" if visible is not None else ""))
     if args.micro_batch * args.seq * args.accumulate > MAX_TOKENS_PER_STEP:
         raise UsageError(f"--micro-batch x --seq x --accumulate is "
                          f"{args.micro_batch * args.seq * args.accumulate:,} tokens per "
@@ -85,7 +112,8 @@ def check_step_args(args: argparse.Namespace) -> dict:
                          "lower one of them")
     return {"model": args.model, "cluster": args.cluster, "strategy": args.strategy,
             "micro_batch": args.micro_batch, "seq": args.seq, "accumulate": args.accumulate,
-            "attention": args.attention, "recompute": args.recompute}
+            "attention": args.attention, "recompute": args.recompute, "tp": tp,
+            "visible": visible}
 
 
 def save_timeline(trace: object, report: dict, path: Path) -> Path:
@@ -108,7 +136,9 @@ def step_text(r: dict) -> str:
     lines = [f"{r['model']}, {r['strategy']} on {r['cluster']} ({r['devices']} x {r['gpu']}): "
              f"micro-batch {r['micro_batch']} x {r['seq']} tokens, {r['accumulate']} "
              f"micro-batch(es) per step, attention {r['attention']}, recompute "
-             f"{r['recompute']}",
+             f"{r['recompute']}"
+             + (f", tensor-parallel groups of {r['tp']}" if r.get("tp") else "")
+             + (f", CUDA_VISIBLE_DEVICES={r['visible']}" if r.get("visible") else ""),
              f"step          {r['step_s'] * 1e3:.1f} ms for {r['tokens_per_step']:,} tokens",
              f"throughput    {r['tokens_per_s']:,.0f} tokens/s",
              f"MFU           {r['mfu']:.1%} (model FLOPs / (step x {r['devices']} x bf16 peak))",
