@@ -97,3 +97,10 @@ def test_a_wrong_closed_form_names_its_example_once() -> None:
     assert status == "failed" and message.count("per_node=8") == 1
     want = cost.hierarchical_allreduce_time(2, 8, 2.0**28, 3e-6, 370e9, 8e-6, 47e9)
     assert f"expected {want:.6g} s" in message
+
+
+def test_the_hidden_closed_form_case_keeps_its_sizes_and_links_hidden() -> None:
+    status, message = verdicts("7.2", wrong.seconds_one_way_only)[
+        "hidden: random clusters and sizes"]
+    assert status == "failed" and "hidden example" in message and "nodes x" in message
+    assert "nbytes" not in message and "alphas" not in message and "betas" not in message
