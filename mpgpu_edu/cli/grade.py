@@ -9,7 +9,7 @@ grades without one, for submissions you trust) and each exercise in its own proc
 budget ``--timeout`` per exercise, ``--memory`` GiB, capped output); a submission that
 crashes, hangs, exits or cheats loses only the points of what it broke, and grading goes on.
 No submitted file is changed. The CSV is rewritten after every learner; a run that finds its
-CSV (same exercises) resumes after the learners already in it.
+CSV (same exercises) resumes after the learners already in it (``--fresh``: start over).
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-isolation", action="store_true",
                         help="grade without a sandbox (only for submissions you trust: they "
                              "could then read solutions/ and write outside their folder)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="grade every learner again, even those already in the CSV "
+                             "(default: resume after them)")
     parser.add_argument("--json", action="store_true", help="also print one JSON object")
     parser.add_argument("--html", metavar="PATH", help="also write an HTML report")
     parser.set_defaults(func=run)
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if why is not None:
             raise UsageError(f"cannot isolate the submissions: {why}; or pass --no-isolation "
                              "to grade them in plain processes (only if you trust them)")
-    rows = grade.read_rows(csv_path, ids)
+    rows = {} if args.fresh else grade.read_rows(csv_path, ids)
     if rows is None:
         raise UsageError(f"{args.csv} holds something other than grades of these exercises: "
                          "give another --csv path, or remove the file")
