@@ -54,8 +54,8 @@ def node_and_rail_groups(world_size: int, per_node: int) -> tuple[list[list[int]
 
     Return ``(nodes, rails)``: ``nodes[k]`` lists node k's ranks by local rank; ``rails[i]``
     lists the ranks of local rank i, by node (GPU i of every node: the GPUs joined by rail
-    i's NICs). Raise ``ValueError`` unless ``per_node`` (at least 1) divides ``world_size``
-    (at least 1).
+    i's NICs, when every node puts local rank i on its GPU i, as the usual launch does).
+    Raise ``ValueError`` unless ``per_node`` (at least 1) divides ``world_size`` (at least 1).
 
     >>> node_and_rail_groups(4, 2)
     ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
