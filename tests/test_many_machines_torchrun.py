@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
-from mpgpu_edu.lessons.many_machines import (RankReport, TorchrunResult, check_reports,
-                                             torchrun_command, torchrun_table,
-                                             two_node_torchrun)
+from mpgpu_edu.lessons.many_machines import (REPORT_PREFIX, RankReport, TorchrunResult,
+                                             check_reports, read_reports, torchrun_command,
+                                             torchrun_table, two_node_torchrun)
 
 
 def workers_alive() -> int:
@@ -32,6 +33,14 @@ def test_the_launch_command_is_torchruns() -> None:
 
 def report(node: int, local: int, rank: int, total: float = 10.0) -> RankReport:
     return RankReport(node, local, rank, 4, 2, "0,1", total, 1)
+
+
+def test_reports_are_read_even_when_two_ranks_ran_them_together() -> None:
+    a, b = report(0, 0, 0), report(0, 1, 1)
+    line = lambda r: REPORT_PREFIX + json.dumps(r.__dict__)  # noqa: E731
+    # two workers of one launcher share its stdout: text, text, newline, newline
+    outputs = ["torchrun noise\n" + line(a) + line(b) + "\n\n", line(report(1, 0, 2)) + "\n"]
+    assert read_reports(outputs) == [a, b, report(1, 0, 2)]
 
 
 def test_check_reports_rejects_misplaced_ranks_and_wrong_sums() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -113,14 +114,20 @@ def two_node_torchrun(nproc_per_node: int = 2, nnodes: int = 2, timeout: float =
         if proc.returncode != 0:
             raise RuntimeError(f"node {k}'s torchrun exited with status {proc.returncode}:\n"
                                + out[-3000:])
-    reports = [RankReport(**json.loads(line[len(REPORT_PREFIX):]))
-               for out in outputs for line in out.splitlines()
-               if line.startswith(REPORT_PREFIX)]
+    reports = read_reports(outputs)
     if len(reports) != nnodes * nproc_per_node:
         raise RuntimeError(f"expected {nnodes * nproc_per_node} rank reports, got "
                            f"{len(reports)}:\n" + "\n".join(o[-1500:] for o in outputs))
     return TorchrunResult(sorted(reports, key=lambda r: r.rank), commands,
                           time.monotonic() - start)
+
+
+def read_reports(outputs: list[str]) -> list[RankReport]:
+    """Every rank's report in the launchers' outputs, wherever it sits: the workers of one
+    launcher share its stdout, so a report need not start a line of its own."""
+    pattern = re.escape(REPORT_PREFIX) + r"(\{[^{}]*\})"
+    return [RankReport(**json.loads(found)) for out in outputs
+            for found in re.findall(pattern, out)]
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -157,7 +164,10 @@ def _worker() -> None:
                             local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
                             visible=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                             all_reduce=float(t.item()), pid=os.getpid())
-        print(REPORT_PREFIX + json.dumps(report.__dict__), flush=True)
+        # One write of the whole line: print() writes the text and its newline separately,
+        # and unbuffered, the ranks of one launcher could run their reports together.
+        sys.stdout.write(REPORT_PREFIX + json.dumps(report.__dict__) + "\n")
+        sys.stdout.flush()
     finally:
         dist.destroy_process_group()
 
