@@ -85,11 +85,17 @@ def test_placements_put_tensor_parallelism_inside_a_node() -> None:
 
 
 def test_nccl_rings_on_every_rail_come_close_to_the_hierarchical_all_reduce() -> None:
+    small, large = mm.nccl_rows("2x8xH100-ib", (2**16, 2**26))
     runs = mm.allreduce_runs("2x8xH100-ib", 2**26)
-    nccl = mm.nccl_rails_seconds("2x8xH100-ib", 2**26)
-    # far from one NIC's flat ring, within a factor 1.5 of the hierarchical one
-    assert nccl < runs["flat ring"]["seconds"] / 3
-    assert runs["hierarchical"]["seconds"] / 1.5 < nccl < runs["hierarchical"]["seconds"] * 1.5
+    assert large["nccl_s"] == mm.nccl_rails_seconds("2x8xH100-ib", 2**26)
+    assert (large["flat_s"], large["hier_s"]) == (runs["flat ring"]["seconds"],
+                                                  runs["hierarchical"]["seconds"])
+    # large: far from one NIC's flat ring, within a factor 1.5 of the hierarchical one
+    assert large["nccl_s"] < large["flat_s"] / 3
+    assert large["hier_s"] / 1.5 < large["nccl_s"] < large["hier_s"] * 1.5
+    # small: 2(N - 1) network latencies against the hierarchical one's 2(M - 1)
+    assert small["hier_s"] < small["nccl_s"] / 1.5
+    assert "NCCL, every rail" in mm.nccl_table([small, large])
 
 
 def test_the_timeline_separates_messages_and_names_ranks() -> None:

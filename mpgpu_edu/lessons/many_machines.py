@@ -405,6 +405,30 @@ def allreduce_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def nccl_rows(preset: str = "2x8xH100-ib", sizes: tuple[int, ...] = (2**16, 2**28),
+              hierarchical: Callable | None = None) -> list[dict]:
+    """At each size: one flat ring, NCCL's rings on every rail (``nccl_rails_seconds``) and
+    the hierarchical all-reduce, simulated seconds."""
+    rows = []
+    for nbytes in sizes:
+        runs = allreduce_runs(preset, nbytes, hierarchical)
+        rows.append({"bytes": nbytes, "flat_s": runs["flat ring"]["seconds"],
+                     "nccl_s": nccl_rails_seconds(preset, nbytes),
+                     "hier_s": runs["hierarchical"]["seconds"]})
+    return rows
+
+
+def nccl_table(rows: list[dict]) -> str:
+    from mpgpu_edu.viz.palette import format_bytes, format_seconds
+
+    lines = [f"{'size':>10}  {'one flat ring':>13}  {'NCCL, every rail':>16}  "
+             f"{'hierarchical':>12}  {'NCCL / hierarchical':>19}"]
+    lines += [f"{format_bytes(r['bytes']):>10}  {format_seconds(r['flat_s']):>13}  "
+              f"{format_seconds(r['nccl_s']):>16}  {format_seconds(r['hier_s']):>12}  "
+              f"{r['nccl_s'] / r['hier_s']:>19.2f}" for r in rows]
+    return "\n".join(lines)
+
+
 def _with_additions(row: dict) -> tuple[float, float]:
     return row["flat_form_s"] + row["flat_adds_s"], row["hier_form_s"] + row["hier_adds_s"]
 
