@@ -116,21 +116,6 @@ def test_the_placements_table_says_whose_bytes_it_shows() -> None:
     assert fig.axes[0].get_xlim()[1] < max(r["step_s"] for r in rows) * 1.2
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("placement", mm.PLACEMENTS, ids=lambda p: p.name.replace("\n", " "))
-def test_stored_placements_equal_a_fresh_simulation(placement: mm.Placement) -> None:
-    from mpgpu_edu.lessons._placements_stored import ROWS
-
-    key = mm.placement_key("llama-7b", "2x8xH100-ib", 2048, placement)
-    assert key in ROWS, f"no stored numbers for {key}: regenerate _placements_stored.py"
-    fresh = mm.simulate_placement.__wrapped__("llama-7b", "2x8xH100-ib", 2048, placement)
-    assert set(ROWS[key]) == set(fresh)
-    for name, value in fresh.items():
-        assert ROWS[key][name] == pytest.approx(value, rel=1e-9), name
-    stored = mm.placement_rows(placements=(placement,))[0]
-    assert stored["step_s"] == ROWS[key]["step_s"] and stored["why"] == placement.why
-
-
 def test_placement_rows_simulate_what_is_not_stored(monkeypatch: pytest.MonkeyPatch) -> None:
     import mpgpu_edu.lessons._placements_stored as stored
 
