@@ -2,7 +2,7 @@
 instead of simulating LLaMA-7B four times (about a minute) each time the notebook runs.
 
 Keys are ``many_machines.placement_key``; values ``simulate_placement``'s numbers.
-``tests/test_lessons_many_machines.py`` holds every entry to a fresh simulation. Regenerate
+``tests/test_placements_stored.py`` holds every entry to a fresh simulation. Regenerate
 after a change to the simulator, the presets or the placements:
 ``python -m mpgpu_edu.lessons.many_machines --placements``.
 """
