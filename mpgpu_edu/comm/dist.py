@@ -31,9 +31,10 @@ from mpgpu_edu.comm.base import CommStats, Communicator, Work, nbytes_of
 from mpgpu_edu.comm.dist_work import (MAIN, STREAM, DistMemory, DistWork, JobWork, Lanes,
                                       OpBoard, Stream, check_args, describe, device_capacity,
                                       init_lanes, wait_first)
-from mpgpu_edu.comm.envelope import check_envelope, checking_from_env, empty_envelope, envelope
 from mpgpu_edu.comm.dist_errors import (MessageTimeoutError, NotPicklableError, PeerLostError,
                                        WorkerDiedError)
+from mpgpu_edu.comm.envelope import check_envelope, checking_from_env, empty_envelope, envelope
+from mpgpu_edu.comm.errors import Pending
 from mpgpu_edu.trace import Event
 
 __all__ = ["MAIN", "STREAM", "DistCommunicator", "Lanes", "MessageTimeoutError",
@@ -95,10 +96,13 @@ class DistCommunicator(Communicator):
         return getattr(self._local, "lane", MAIN)
 
     @contextlib.contextmanager
-    def blocked(self, text: str) -> Iterator[None]:
-        """Show ``text`` on the board while this lane waits (read by the launcher on timeout)."""
+    def blocked(self, text: str, op: str = "other", peer: int | None = None,
+                tag: int | None = None) -> Iterator[None]:
+        """Show what this lane waits in on the board while it waits (read by the launcher on
+        a timeout, which rebuilds it as a ``Pending``): ``text`` in words, and for a send or
+        receive (``op``) its ``peer`` and ``tag`` as data."""
         lane = self.lane
-        self.board.set(lane, text)
+        self.board.set(lane, Pending(self.rank, op, text, peer, tag).to_line())
         try:
             yield
         except RuntimeError as exc:
@@ -134,7 +138,7 @@ class DistCommunicator(Communicator):
     def _blocking(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
         self._check(op, tensor, peer, tag)
         start, group = self.now(), self._group()
-        with self.blocked(describe(op, tensor, peer, tag, self.lane)):
+        with self.blocked(describe(op, tensor, peer, tag, self.lane), op, peer, tag):
             if op == "send":
                 data = tensor.contiguous()
                 head = envelope(data) if self.checked else None

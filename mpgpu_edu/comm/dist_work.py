@@ -108,7 +108,7 @@ class DistWork(Work):
             return
         comm = self.comm
         what = describe(self.op, self.tensor, self.peer, self.tag, self.lane)
-        with comm.blocked("waiting for its " + what):
+        with comm.blocked("waiting for its " + what, self.op, self.peer, self.tag):
             if self.waiter is None:
                 for index, work in enumerate(self.works):
                     work.wait()

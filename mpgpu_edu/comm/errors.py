@@ -2,13 +2,64 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What one rank's program (or, with ``stream``, its comm stream) was blocked in when a
+    launch stopped: a ``"send"`` to or ``"recv"`` from rank ``peer`` (``tag``), or ``"other"``
+    (a wait for a comm-stream job, a receive from any of several ranks, a barrier). ``text``
+    says it in words, as the error's message does."""
+
+    rank: int
+    op: str
+    text: str
+    peer: int | None = None
+    tag: int | None = None
+    stream: bool = False
+
+    def to_line(self) -> str:
+        """One line for a board slot that another process reads back with ``from_line``."""
+        if self.op in ("send", "recv"):
+            return f"{self.op} {self.peer} {self.tag}|{self.text}"
+        return self.text
+
+    @classmethod
+    def from_line(cls, rank: int, line: str, stream: bool = False) -> Pending:
+        head, bar, text = line.partition("|")
+        fields = head.split(" ")
+        if bar and len(fields) == 3 and fields[0] in ("send", "recv"):
+            return cls(rank, fields[0], text, int(fields[1]), int(fields[2]), stream)
+        return cls(rank, "other", line, stream=stream)
+
 
 class CommError(RuntimeError):
     """Base class of the communication layer's errors."""
 
 
-class DeadlockError(CommError):
-    """Every live rank is blocked and none can make progress."""
+class _Stopped:
+    """Mixin: ``pending`` (one ``Pending`` per blocked rank or comm stream) and ``finished``
+    (the ranks whose program had returned), kept through pickling."""
+
+    pending: tuple[Pending, ...]
+    finished: tuple[int, ...]
+
+    def _keep(self, pending: Sequence[Pending], finished: Sequence[int]) -> None:
+        self.pending, self.finished = tuple(pending), tuple(finished)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (str(self), self.pending, self.finished))
+
+
+class DeadlockError(_Stopped, CommError):
+    """Every live rank is blocked and none can make progress; ``pending`` says in what."""
+
+    def __init__(self, message: str, pending: Sequence[Pending] = (),
+                 finished: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self._keep(pending, finished)
 
 
 class MessageMismatchError(CommError):
@@ -19,8 +70,14 @@ class UnmatchedMessageError(CommError):
     """The program ended with a message that was sent but never received (or the reverse)."""
 
 
-class LaunchTimeoutError(CommError, TimeoutError):
-    """The ranks did not finish within the launcher's timeout."""
+class LaunchTimeoutError(_Stopped, CommError, TimeoutError):
+    """The ranks did not finish within the launcher's timeout; ``pending`` says what each
+    blocked rank waited in."""
+
+    def __init__(self, message: str, pending: Sequence[Pending] = (),
+                 finished: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self._keep(pending, finished)
 
 
 class RankError(CommError):

@@ -106,7 +106,11 @@ def _join(threads: list[threading.Thread], comms: list[SimCommunicator], router:
     err = LaunchTimeoutError(f"ranks still running after {timeout:g} s, all stopped:\n"
                              + "\n".join(lines)
                              + "\nRaise `timeout=` if the work is just slow, else look for a "
-                             "rank waiting on a message nobody sends.")
+                             "rank waiting on a message nobody sends.",
+                             pending=[a.waiting for a in router.actors
+                                      if a.state == "blocked" and a.waiting],
+                             finished=[a.rank for a in router.actors
+                                       if a.state == "done" and a.lane == ops.HOST])
     router.fail(err)
     for t in alive:
         t.join(2.0)

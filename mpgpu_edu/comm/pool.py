@@ -33,7 +33,8 @@ from typing import Any
 from mpgpu_edu.comm.dist import NotPicklableError, WorkerDiedError
 from mpgpu_edu.comm.dist_work import MAIN, STREAM
 from mpgpu_edu.comm.envelope import checking_from_env
-from mpgpu_edu.comm.errors import LaunchTimeoutError, MessageMismatchError, RankError
+from mpgpu_edu.comm.errors import (LaunchTimeoutError, MessageMismatchError, Pending,
+                                   RankError)
 from mpgpu_edu.comm.result import LaunchResult, resolve_cluster
 from mpgpu_edu.runtime import local_server
 from mpgpu_edu.runtime.board import RankBoard, SharedBoard
@@ -152,18 +153,26 @@ class WorkerPool:
         return [pickle.loads(replies[r][1]) for r in range(self.world_size)]
 
     def timed_out(self, replies: dict[int, tuple], timeout: float) -> None:
-        lines = []
+        lines, pending = [], []
         for r in range(self.world_size):
             board = RankBoard(self.board, r)
-            lines.append(f"  rank {r}: " + ("finished" if r in replies
-                                              else _doing(board.get(MAIN))))
-            if r not in replies and board.get(STREAM):
-                lines.append(f"  rank {r} (comm stream): {_doing(board.get(STREAM))}")
+            if r in replies:
+                lines.append(f"  rank {r}: finished")
+                continue
+            for lane, name in ((MAIN, f"rank {r}"), (STREAM, f"rank {r} (comm stream)")):
+                line = board.get(lane)
+                if lane == STREAM and not line:
+                    continue
+                waiting = Pending.from_line(r, line, stream=lane == STREAM)
+                lines.append(f"  {name}: {_doing(waiting.text)}")
+                if waiting.text not in ("running", "", "finished"):  # blocked in something
+                    pending.append(waiting)
         self.kill()
         raise LaunchTimeoutError(f"ranks still running after {timeout:g} s, all stopped:\n"
                                  + "\n".join(lines)
                                  + "\nRaise `timeout=` if the work is just slow, else look "
-                                 "for a rank waiting on a message nobody sends.")
+                                 "for a rank waiting on a message nobody sends.",
+                                 pending=pending, finished=sorted(replies))
 
     def kill(self) -> None:
         """Stop every rank now (after a fault: they may be blocked inside C++)."""

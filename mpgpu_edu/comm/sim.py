@@ -31,7 +31,7 @@ import torch
 
 from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.base import CommStats, Communicator, MemoryRecorder, Work, nbytes_of
-from mpgpu_edu.comm.errors import Aborted, DeadlockError, MessageMismatchError
+from mpgpu_edu.comm.errors import Aborted, DeadlockError, MessageMismatchError, Pending
 from mpgpu_edu.comm.flops import FlopCount
 from mpgpu_edu.comm.replay import time_so_far
 
@@ -44,6 +44,7 @@ class Actor:
         self.ops: list[ops.Op] = []
         self.state = "running"  # running | blocked | idle | done
         self.pending = ""
+        self.waiting: Pending | None = None  # ``pending`` as data, while blocked
         self.ready: Callable[[], bool] = lambda: True
         self.region: tuple[str, str] | None = None  # (kind, label) of the open region
         self.counter: FlopCount | None = None  # counts every op this thread runs
@@ -61,6 +62,13 @@ class _Posted:
 
     def __init__(self, post: ops.Post, tensor: torch.Tensor, actor: Actor) -> None:
         self.post, self.tensor, self.actor, self.done = post, tensor, actor, False
+
+    def waiting(self, prefix: str = "") -> Pending:
+        """This message as a ``Pending`` of its rank: what it waits in, as data and words."""
+        p = self.post
+        peer = p.dst if p.op == "send" else p.src
+        return Pending(self.actor.rank, p.op, prefix + self.describe(), peer, p.tag,
+                       p.lane == ops.STREAM)
 
     def describe(self) -> str:
         p = self.post
@@ -136,13 +144,17 @@ class Router:
         self.cond.notify_all()
 
     # ---- blocking, failure and deadlock -----------------------------------------------------
-    def block(self, actor: Actor, ready: Callable[[], bool], pending: str,
+    def block(self, actor: Actor, ready: Callable[[], bool], pending: str | Pending,
               state: str = "blocked") -> None:
-        """Wait until ``ready()``; raise ``Aborted`` if the launch failed meanwhile."""
+        """Wait until ``ready()``; raise ``Aborted`` if the launch failed meanwhile.
+        ``pending`` says what the actor waits in: a ``Pending``, or words only."""
+        if isinstance(pending, str):
+            pending = Pending(actor.rank, "other", pending, stream=actor.lane == ops.STREAM)
         with self.cond:
             while not ready():
                 self.raise_if_failed()
-                actor.state, actor.pending, actor.ready = state, pending, ready
+                actor.state, actor.pending, actor.ready = state, pending.text, ready
+                actor.waiting = pending
                 self._check_deadlock()  # may serve a recv_any: this actor's, too
                 self.raise_if_failed()
                 if not ready():
@@ -183,7 +195,9 @@ class Router:
             "deadlock: every rank is blocked and none can make progress\n" + "\n".join(lines)
             + "\nA blocking send waits until its receiver posts the matching recv. Check that "
             "every send has a matching recv on the peer (same tag) in an order both sides "
-            "reach, or use isend/irecv so that both directions can be in flight at once.")
+            "reach, or use isend/irecv so that both directions can be in flight at once.",
+            pending=[a.waiting for a in self.actors if a.state == "blocked" and a.waiting],
+            finished=[a.rank for a in self.actors if a.state == "done" and a.lane == ops.HOST])
         self.cond.notify_all()
 
     # ---- whichever comes first: served when every actor is blocked -------------------------
@@ -249,7 +263,7 @@ class _PostWork(Work):
         self.comm.flush_region(actor)
         actor.ops.append(ops.Wait(self.posted.post.handle))
         self.comm.router.block(actor, lambda: self.posted.done,
-                               "waiting for its " + self.posted.describe())
+                               self.posted.waiting("waiting for its "))
 
 
 class _JobWork(Work):
@@ -359,11 +373,11 @@ class SimCommunicator(Communicator):
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         posted = self._post("send", tensor, dst, tag, True)
-        self.router.block(self.actor(), lambda: posted.done, posted.describe())
+        self.router.block(self.actor(), lambda: posted.done, posted.waiting())
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
         posted = self._post("recv", tensor, src, tag, True)
-        self.router.block(self.actor(), lambda: posted.done, posted.describe())
+        self.router.block(self.actor(), lambda: posted.done, posted.waiting())
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Work:
         return _PostWork(self, self._post("send", tensor, dst, tag, False))

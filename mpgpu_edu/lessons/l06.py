@@ -48,6 +48,7 @@ from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.collectives.cost import (message_time, ring_allreduce_bytes_sent,
                                         ring_allreduce_time)
 from mpgpu_edu.comm import Communicator, LaunchResult
+from mpgpu_edu.comm.errors import DeadlockError, LaunchTimeoutError
 from mpgpu_edu.memory import activation_bytes, estimate_memory, get_preset, spec_params
 
 if TYPE_CHECKING:
@@ -366,20 +367,17 @@ def both_send_first(comm: Communicator) -> torch.Tensor:
     return theirs
 
 
-_PENDING = re.compile(r"rank (\d+)[^:\n]*: (send to|recv from) rank (\d+)")
-_FINISHED = re.compile(r"rank (\d+): finished")
-
-
-def plot_wait_for(error: Exception | str) -> Figure:
-    """The ranks of a ``DeadlockError`` (or a timeout) around an ellipse, an arrow from each
-    blocked rank to the rank it waits for, labelled with what it waits in. A cycle of arrows
-    is a deadlock: nobody can move first."""
+def plot_wait_for(error: DeadlockError | LaunchTimeoutError) -> Figure:
+    """The ranks of a ``DeadlockError`` (or a launch's timeout) around an ellipse, an arrow
+    from each blocked rank to the rank it waits for, labelled with what it waits in (the
+    error's ``pending``). A cycle of arrows is a deadlock: nobody can move first."""
     from matplotlib.patches import FancyArrowPatch
 
     from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO, WARNING_COLOR, new_figure
 
-    waits = [(int(a), op, int(b)) for a, op, b in _PENDING.findall(str(error))]
-    finished = {int(r) for r in _FINISHED.findall(str(error))}
+    words = {"send": "send to", "recv": "recv from"}
+    waits = [(p.rank, words[p.op], p.peer) for p in error.pending if p.op in words]
+    finished = set(error.finished)
     ranks = sorted({r for a, _, b in waits for r in (a, b)} | finished)
     ax = new_figure(6.5, 3.8).add_subplot()
     where = {}
