@@ -134,7 +134,9 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
 
     started = time.monotonic()
     cases = cases_for(request["exercise"])
-    _block_references(request["exercise"])
+    if request["judge"]:
+        send({"type": "cases", "cases": [{"name": c.name, "points": c.points,
+                                          "hidden": c.hidden} for c in cases]})
     send({"type": "import"})
     try:
         with _alarm(min(30.0, request["budget_s"])):
@@ -144,6 +146,7 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
         send({"type": "import_error", "status": status,
               "message": _import_message(exc, request)})
         return
+    figure_sent = False
     for index in range(request["start"], len(cases)):
         case = cases[index]
         left = request["budget_s"] - (time.monotonic() - started)
@@ -154,7 +157,7 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
         case_start = time.monotonic()
         message: dict[str, Any] = {"type": "computed", "index": index}
         try:
-            with _alarm(soft):
+            with _alarm(soft), _references_blocked(request["exercise"]):
                 message["data"] = plain(case.compute(impl))
         except BaseException as exc:  # noqa: BLE001 - classified for the report
             timed_out = isinstance(exc, CaseTimeout)
@@ -163,6 +166,9 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
                             classify(exc, soft, request["memory_bytes"], request["file"],
                                      request["display_file"]))
             message = {"type": "ended", "index": index, "status": status, "message": text}
+        if request["judge"] and message["type"] == "computed":
+            message = _judged(case, message, request, figure_sent)
+            figure_sent = figure_sent or bool(message.get("figure"))
         message.update(output=output.take(), seconds=round(time.monotonic() - case_start, 3))
         send(message)
         if message.get("status") == "timeout":
@@ -170,18 +176,33 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
     send({"type": "done"})
 
 
-def _block_references(exercise_id: str) -> None:
-    """The package's own implementation of the function being written (a lesson's checks
-    name it in ``REFERENCES``) raises when called in this process, wherever it was imported
-    (as ``checks._support.from_scratch`` does for the collectives during a case)."""
+def _judged(case: Any, message: dict, request: dict, figure_sent: bool) -> dict:
+    """A learner's own check: this child judges the case too (see ``session.State``)."""
+    from mpgpu_edu.grading._outcome import figure_png
+    from mpgpu_edu.grading.session import verdict
+
+    status, text, evidence = verdict(case, message["data"])
+    judged = {"type": "judged", "index": message["index"], "status": status,
+              "message": text, "text": getattr(evidence, "text", "") or ""}
+    if request["figures"] and not figure_sent and getattr(evidence, "traces", None):
+        judged["figure"] = figure_png(evidence)
+    return judged
+
+
+@contextlib.contextmanager
+def _references_blocked(exercise_id: str) -> Iterator[None]:
+    """While inside (a case's *compute* half), the package's own implementation of the
+    function being written (a lesson's checks name it in ``REFERENCES``) raises when called,
+    wherever it was imported, the learner's module included (as ``checks._support.
+    from_scratch`` does for the collectives); the judges after it use it again."""
     import importlib
 
     from mpgpu_edu.grading.checks import CheckFailure, lesson_module
     from mpgpu_edu.grading.registry import get
 
     references = getattr(lesson_module(get(exercise_id).lesson), "REFERENCES", {})
-    names = references.get(exercise_id, ())
-    for target in names:
+    replaced: list[tuple[dict, str, Any]] = []
+    for target in references.get(exercise_id, ()):
         module_name, _, attribute = target.partition(":")
         original = getattr(importlib.import_module(module_name), attribute)
 
@@ -194,7 +215,13 @@ def _block_references(exercise_id: str) -> None:
             if isinstance(namespace, dict):
                 for key, value in list(namespace.items()):
                     if value is original:
+                        replaced.append((namespace, key, value))
                         namespace[key] = blocked
+    try:
+        yield
+    finally:
+        for namespace, key, value in reversed(replaced):
+            namespace[key] = value
 
 
 def _load(file: str, function: str) -> Any:

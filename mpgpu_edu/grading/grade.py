@@ -111,7 +111,7 @@ def _grade_one(learner: str, folder: Path, ids: list[str], limits: Limits,
                              max_processes=limits.max_processes or MAX_PROCESSES,
                              name=f"sandbox of {learner}")
         return run_many(folder, ids, limits=limits, display_dir=f"{learner}/exercises",
-                        on_result=callback, server=server, workdir=private)
+                        on_result=callback, server=server, workdir=private, judge_here=True)
     finally:
         if server is not None:
             server.stop()

@@ -7,8 +7,10 @@ or change a verdict, so for each exercise
 * a child process (``compute``) forked by the runtime's fork server imports the learner's
   file and runs the *compute* half of each case, with a soft timeout per case, a memory
   limit, a file-size limit and capped output, and sends back plain data (``wire``);
-* this process judges that data with its own copy of the checks (``session``): names,
-  points and verdicts never come from the child;
+* for class grading (``judge_here``) this process judges that data with its own copy of
+  the checks (``session``): names, points and verdicts never come from the child. A
+  learner's own ``check`` lets the child judge too (honest results for honest code, and the
+  kernel needs neither torch nor the checks, so the first check is fast);
 * a case that overruns by ``GRACE_S`` or a child that dies ends that child (and everything
   it started: the runtime kills its process group and what it left behind); a fresh child
   goes on from the next case, within the exercise's time budget;
@@ -55,48 +57,40 @@ class Limits:
 
 
 def warm_up() -> None:
-    """Start the local fork server, and import what the judges need here, in the background,
-    so that a learner's first check waits for neither. A notebook's first ``mp.progress()``
-    calls this (a check that comes sooner waits for what is still loading)."""
+    """Start the local fork server in the background, so that a learner's first check does
+    not wait for torch to be imported. A notebook's first ``mp.progress()`` calls this (a
+    check that comes sooner waits for the server)."""
     from mpgpu_edu.runtime import warm_up as start
 
     start()
-    threading.Thread(target=_import_judges, daemon=True, name="mpgpu-edu-judges").start()
-
-
-def _import_judges() -> None:
-    from mpgpu_edu.grading.checks import lesson_module
-    from mpgpu_edu.grading.registry import LESSONS
-
-    for lesson in LESSONS:
-        try:
-            lesson_module(lesson)
-        except Exception:  # noqa: BLE001 - the check that needs it reports the error
-            pass
 
 
 def run_exercise(exercise_id: str, file: Path, function: str | None = None, *,
                  limits: Limits = Limits(), figures: bool = False,
                  display_file: str | None = None, server: Any = None,
-                 workdir: str | None = None) -> ExerciseResult:
+                 workdir: str | None = None, judge_here: bool = False) -> ExerciseResult:
     """Check ``function`` (default: the exercise's own) of the module ``file`` in child
     processes of ``server`` that work in a scratch folder (``workdir``, or a new one).
     ``file`` is imported where it is, without writing bytecode (``run_many`` imports copies,
-    so that not even hostile code can change the learner's files)."""
+    so that not even hostile code can change the learner's files). ``judge_here``: judge
+    in this process (class grading); else the child judges too (a learner's own check:
+    this process then needs neither torch nor the checks)."""
     from mpgpu_edu.runtime import local_server
 
     server = server or local_server()
     exercise = get(exercise_id)
     if not server.prefix:  # a sandbox dies with the thread that starts it: not in the back
         threading.Thread(target=_start, args=(server,), daemon=True).start()
-    state = State(exercise, figures)  # the checks while the server imports torch
+    state = State(exercise, figures, trust_child=not judge_here)  # judging here: imports
+    # the checks while the server starts
     started = time.monotonic()
     scratch = tempfile.mkdtemp(prefix="mpgpu-work-", dir=workdir)
     request = {"exercise": exercise.id, "file": str(file),
                "function": function or exercise.function, "workdir": scratch,
                "case_timeout_s": limits.case_timeout_s, "memory_bytes": limits.memory_bytes,
                "output_chars": limits.output_chars, "max_processes": limits.max_processes,
-               "display_file": display_file or str(file)}
+               "display_file": display_file or str(file), "judge": not judge_here,
+               "figures": figures}
     try:
         _run_sessions(state, request, limits, server)
     finally:
@@ -169,7 +163,8 @@ def copy_impl(impl_dir: Path, into: str | None = None) -> Path:
 def run_many(impl_dir: Path, ids: list[str], *, limits: Limits = Limits(),
              figures: bool = False, display_dir: str | None = None,
              on_result: Callable[[ExerciseResult], None] | None = None,
-             server: Any = None, workdir: str | None = None) -> list[ExerciseResult]:
+             server: Any = None, workdir: str | None = None,
+             judge_here: bool = False) -> list[ExerciseResult]:
     """Check exercises ``ids`` against the modules in ``impl_dir`` (an ``exercises/`` or
     ``solutions/`` folder), each in isolation, in order."""
     copy = copy_impl(impl_dir, workdir)
@@ -187,7 +182,8 @@ def run_many(impl_dir: Path, ids: list[str], *, limits: Limits = Limits(),
                 result = missing_file(exercise, display)
             else:
                 result = run_exercise(exercise.id, file, limits=limits, figures=figures,
-                                      display_file=display, server=server, workdir=workdir)
+                                      display_file=display, server=server, workdir=workdir,
+                                      judge_here=judge_here)
             results.append(result)
             if on_result is not None:
                 on_result(result)
