@@ -1,6 +1,6 @@
 """What a ``launch(..., backend="gloo")`` costs: cold, after a fault, and warm.
 
-    python benchmarks/launch_cost.py [--world-size 2] [--repeats 20] [--spawn] [--torchrun]
+    python benchmarks/launch_cost.py [--world-size 2] [--repeats 20] [--torchrun]
 
 Each launch runs ``mpgpu_edu.run.ping_pong`` with one 4-byte round trip, so the numbers are
 the launcher's overhead, not the work. Rows:
@@ -12,13 +12,13 @@ the launcher's overhead, not the work. Rows:
 * sim: the same function on the simulator, for scale;
 * torchrun (``--torchrun``): a whole ``torchrun --nproc-per-node N -m mpgpu_edu.run pingpong``.
 
-``--spawn`` starts workers with the ``spawn`` method instead of the fork server, to compare.
+Workers are forked by the runtime's fork server (``mpgpu_edu.runtime``); there is no other
+way to start them.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -54,13 +54,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--spawn", action="store_true", help="spawn workers, no fork server")
     parser.add_argument("--torchrun", action="store_true", help="also time a torchrun run")
     options = parser.parse_args()
     n = options.world_size
-    if options.spawn:
-        worker_pool._context = lambda: mp.get_context("spawn")  # this run only
-
     rows = [("cold (first launch)", timed(gloo_launch, n))]
     worker_pool.get_pool(n, "gloo").kill()
     rows.append(("restart (after a fault)", timed(gloo_launch, n)))
@@ -73,8 +69,8 @@ def main() -> None:
         rows.append(("torchrun, whole run", torchrun_seconds(n)))
     worker_pool.shutdown_pools()
 
-    method = "spawn" if options.spawn else "fork server"
-    print(f"launch cost, gloo, {n} ranks, workers from the {method} ({os.cpu_count()} CPUs)")
+    print(f"launch cost, gloo, {n} ranks, workers from the runtime's fork server "
+          f"({os.cpu_count()} CPUs)")
     print(f"{'launch':28s} {'seconds':>10s}")
     for name, seconds in rows:
         print(f"{name:28s} {seconds:10.4f}")
