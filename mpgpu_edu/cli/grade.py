@@ -92,15 +92,20 @@ def run(args: argparse.Namespace) -> int:
     def show(learner: str, result: object) -> None:
         print(f"  {learner}: {result!r}", file=sys.stderr, flush=True)
 
-    def save(graded: grade.Graded) -> None:
+    done: list[grade.Graded] = []
+
+    def save(graded: grade.Graded) -> None:  # after every learner: nothing graded is lost
         rows[graded.learner] = grade.csv_row(graded, ids)
         grade.write_rows(csv_path, rows, ids)
+        done.append(graded)
+        if html_path is not None:
+            grade.write_atomically(html_path, grade.html_report(done))
 
     graded = grade.grade(folder, ids, limits, on_result=show, isolate=not args.no_isolation,
                          skip=set(rows), on_learner=save)
     grade.write_rows(csv_path, rows, ids)
     if html_path is not None:
-        html_path.write_text(grade.html_report(graded))
+        grade.write_atomically(html_path, grade.html_report(graded))
     if args.json:
         print(json.dumps(grade.to_dict(graded), indent=1))
     else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import html
+import io
 import os
 import shutil
 import tempfile
@@ -145,14 +146,22 @@ def read_rows(path: Path, ids: list[str]) -> dict[str, list[str]] | None:
 
 
 def write_rows(path: Path, rows: dict[str, list[str]], ids: list[str]) -> None:
-    """The CSV, written to a temporary file beside ``path`` and renamed over it (atomic)."""
+    """The CSV, written atomically (``write_atomically``)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(csv_header(ids))
+    for learner in sorted(rows):
+        writer.writerow(rows[learner])
+    write_atomically(Path(path), buffer.getvalue())
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: a
+    reader (or a grader killed meanwhile) sees the old file or the new one, never half."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with temporary.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(csv_header(ids))
-        for learner in sorted(rows):
-            writer.writerow(rows[learner])
+        handle.write(text)
     os.replace(temporary, path)
 
 
