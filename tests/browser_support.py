@@ -4,7 +4,7 @@
 token, serving the course folder. Everything JupyterLab or IPython would write into the
 learner's home goes to a temporary folder instead (config, data, runtime, settings,
 workspaces, IPython profile), and so does the course state that ``mp.check`` records
-(``MPGPU_EDU_ROOT`` names a temporary course folder whose ``exercises/`` is the real one).
+(``MPGPU_EDU_ROOT`` names a temporary course folder holding a copy of ``exercises/``).
 Autosave is off, so running a lesson in the browser leaves its ``.ipynb`` as it was.
 
 ``LabPage`` drives one notebook in that server the way a learner does: open it, wait for the
@@ -216,14 +216,14 @@ def start_jupyterlab(root_dir: Path, home: Path, log_path: Path, *,
 
     ``home`` is a temporary folder for everything Jupyter and IPython write (settings,
     workspaces, runtime files, the IPython profile) and for the course state: ``mp.check``
-    records progress in ``home/course/.mpgpu``, and checks ``course_root/exercises``."""
+    records progress in ``home/course/.mpgpu``, and checks a copy of ``course_root/exercises``."""
     settings_dir = home / "lab-settings"
     write_lab_settings(settings_dir)
     course = home / "course"
     course.mkdir(parents=True, exist_ok=True)
-    link = course / "exercises"
-    if not link.exists():
-        link.symlink_to(course_root / "exercises", target_is_directory=True)
+    exercises = course / "exercises"  # a copy: checks count no linked folder as the learner's
+    if not exercises.exists():
+        shutil.copytree(course_root / "exercises", exercises)
 
     env = dict(os.environ)
     # A notebook shows figures the way a learner's does: matplotlib's inline backend, not the
