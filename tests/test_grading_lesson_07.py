@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mpgpu_edu.collectives import cost
 from mpgpu_edu.course import LESSONS
-from mpgpu_edu.grading._outcome import classify
 from mpgpu_edu.grading.checks import cases_for
 from tests.mutants import lesson_07 as wrong
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.test_grading_checks import failing, verdicts
+from tests.test_grading_checks import solution as solution_of
 
 
 def solution() -> Any:
-    spec = importlib.util.spec_from_file_location("solution_ex07",
-                                                  ROOT / "solutions" / "ex07_many_machines.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def verdicts(exercise_id: str, impl: Any) -> dict[str, tuple[str, str]]:
-    out = {}
-    for case in cases_for(exercise_id):
-        try:
-            case.run(impl)
-            out[case.name] = ("passed", "")
-        except BaseException as exc:  # noqa: BLE001 - what the runner does too
-            out[case.name] = classify(exc, case.timeout_s, 2**30, "", "")
-    return out
-
-
-def failing(results: dict[str, tuple[str, str]]) -> set[str]:
-    return {name for name, (status, _) in results.items() if status != "passed"}
+    return solution_of("ex07_many_machines")
 
 
 @pytest.mark.parametrize("exercise_id", ["7.1", "7.2", "7.3"])
