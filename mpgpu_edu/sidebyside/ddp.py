@@ -29,8 +29,7 @@ from torch import nn
 from mpgpu_edu.comm import Communicator, launch
 from mpgpu_edu.data import Batch, loss_fn, make_batches, make_mlp
 from mpgpu_edu.reference import batch_for_step, make_optimizer
-from mpgpu_edu.sidebyside.result import (SideBySide, mean_over_ranks, slowest_rank,
-                                         take_turns)
+from mpgpu_edu.sidebyside.result import SideBySide, from_ranks, take_turns
 
 Wrap = Callable[[Communicator, nn.Module, int], Any]  # exercise 3.5's wrap_ddp
 
@@ -139,17 +138,8 @@ def compare_ddp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
     batches = make_batches(steps, batch, sizes[0], sizes[-1])
     run = launch(ddp_side_by_side, ranks, plain(wrap), model_fn, batches, optimizer, lr,
                  bucket_bytes, backend="gloo", timeout=timeout)
-    per_rank = run.results
-    return SideBySide(
-        title=f"DDP on {ranks} gloo processes: {label} against torch's",
+    return from_ranks(
+        run.results, title=f"DDP on {ranks} gloo processes: {label} against torch's",
         setup=(f"MLP {'-'.join(map(str, sizes))}, batch {batch} ({batch // ranks} per rank), "
                f"{steps} steps, {optimizer} lr {lr}, buckets of {bucket_bytes // 1024} KiB"),
-        convention=CONVENTION,
-        labels={"one device": "one device", "ours": label,
-                "torch": "torch DistributedDataParallel"},
-        losses={"one device": per_rank[0]["losses"]["one device"],
-                "ours": mean_over_ranks(per_rank, "ours"),
-                "torch": mean_over_ranks(per_rank, "torch")},
-        step_seconds={"one device": slowest_rank(per_rank, "one device", [0]),
-                      "ours": slowest_rank(per_rank, "ours"),
-                      "torch": slowest_rank(per_rank, "torch")})
+        convention=CONVENTION, ours=label, torch_label="torch DistributedDataParallel")

@@ -31,8 +31,7 @@ from torch import nn
 from mpgpu_edu.comm import Communicator, launch
 from mpgpu_edu.data import Batch, make_batches, make_mlp
 from mpgpu_edu.sidebyside.ddp import CONVENTION, label_of, one_device_steps, plain, replica_steps
-from mpgpu_edu.sidebyside.result import (SideBySide, mean_over_ranks, slowest_rank,
-                                         take_turns)
+from mpgpu_edu.sidebyside.result import SideBySide, from_ranks, take_turns
 
 Wrap = Callable[[Communicator, nn.Sequential, bool], Any]  # lesson 08's wrap_fsdp
 
@@ -100,16 +99,8 @@ def compare_fsdp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
     batches = make_batches(steps, batch, sizes[0], sizes[-1])
     run = launch(fsdp_side_by_side, ranks, plain(wrap), model_fn, batches, optimizer, lr,
                  prefetch, backend="gloo", timeout=timeout)
-    per_rank = run.results
-    return SideBySide(
-        title=f"ZeRO-3 on {ranks} gloo processes: {label} against torch's FSDP2",
+    return from_ranks(
+        run.results, title=f"ZeRO-3 on {ranks} gloo processes: {label} against torch's FSDP2",
         setup=(f"MLP {'-'.join(map(str, sizes))}, batch {batch} ({batch // ranks} per rank), "
                f"{steps} steps, {optimizer} lr {lr}, prefetch {'on' if prefetch else 'off'}"),
-        convention=CONVENTION,
-        labels={"one device": "one device", "ours": label, "torch": "torch fully_shard (FSDP2)"},
-        losses={"one device": per_rank[0]["losses"]["one device"],
-                "ours": mean_over_ranks(per_rank, "ours"),
-                "torch": mean_over_ranks(per_rank, "torch")},
-        step_seconds={"one device": slowest_rank(per_rank, "one device", [0]),
-                      "ours": slowest_rank(per_rank, "ours"),
-                      "torch": slowest_rank(per_rank, "torch")})
+        convention=CONVENTION, ours=label, torch_label="torch fully_shard (FSDP2)")

@@ -34,7 +34,7 @@ from mpgpu_edu.pipeline import one_f_one_b, partition_balanced, split_module
 from mpgpu_edu.pipeline.executor import split_batch, stage_inputs_like
 from mpgpu_edu.reference import batch_for_step, make_optimizer
 from mpgpu_edu.sidebyside.ddp import label_of, one_device_steps, plain
-from mpgpu_edu.sidebyside.result import SideBySide, slowest_rank, take_turns
+from mpgpu_edu.sidebyside.result import SideBySide, from_ranks, take_turns
 
 Executor = Callable[..., Any]  # exercise 4.5's execute_schedule
 
@@ -141,20 +141,13 @@ def compare_pipelining(execute: Executor | None = None, ranks: int = 2, steps: i
     batches = make_batches(steps, batch, sizes[0], sizes[-1])
     run = launch(pipelining_side_by_side, ranks, plain(execute), model_fn, batches,
                  microbatches, optimizer, lr, backend="gloo", timeout=timeout)
-    per_rank = run.results
-    return SideBySide(
+    return from_ranks(
+        run.results,
         title=f"1F1B on {ranks} gloo processes: {label} against torch.distributed.pipelining",
         setup=(f"MLP {'-'.join(map(str, sizes))} in {ranks} stages, batch {batch} in "
                f"{microbatches} microbatches, {steps} steps, {optimizer} lr {lr}"),
-        convention=CONVENTION,
-        labels={"one device": "one device", "ours": label,
-                "torch": "torch PipelineStage + Schedule1F1B"},
-        losses={"one device": per_rank[0]["losses"]["one device"],
-                "ours": per_rank[-1]["losses"]["ours"],
-                "torch": per_rank[-1]["losses"]["torch"]},
-        step_seconds={"one device": slowest_rank(per_rank, "one device", [0]),
-                      "ours": slowest_rank(per_rank, "ours"),
-                      "torch": slowest_rank(per_rank, "torch")})
+        convention=CONVENTION, ours=label, torch_label="torch PipelineStage + Schedule1F1B",
+        losses_of=lambda per_rank, name: per_rank[-1]["losses"][name])  # the last stage's
 
 
 def _check_stages(model: nn.Sequential, ranks: int) -> None:

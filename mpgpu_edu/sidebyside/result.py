@@ -159,6 +159,23 @@ class SideBySide:
         printer.text(self.table())
 
 
+def from_ranks(per_rank: Sequence[Mapping[str, Any]], *, title: str, setup: str,
+               convention: str, ours: str, torch_label: str,
+               losses_of: Callable[[Sequence[Mapping[str, Any]], str], list[float]]
+               = mean_over_ranks) -> SideBySide:
+    """What every rank of a side-by-side run returned, as a ``SideBySide``: one device's
+    losses from rank 0 (which trained it alone), ours and torch's by ``losses_of`` (default:
+    the mean over the ranks' equal shards), each step's time the slowest rank's."""
+    return SideBySide(
+        title=title, setup=setup, convention=convention,
+        labels={"one device": "one device", "ours": ours, "torch": torch_label},
+        losses={"one device": per_rank[0]["losses"]["one device"],
+                "ours": losses_of(per_rank, "ours"), "torch": losses_of(per_rank, "torch")},
+        step_seconds={"one device": slowest_rank(per_rank, "one device", [0]),
+                      "ours": slowest_rank(per_rank, "ours"),
+                      "torch": slowest_rank(per_rank, "torch")})
+
+
 def _time_bars(ax: Any, result: SideBySide) -> None:
     medians = result.median_seconds
     kept = {name: sorted(s[1:] if len(s) >= 3 else s) for name, s in result.step_seconds.items()}
