@@ -4,8 +4,8 @@ A model too big for one device's memory needs its state split, not copied: ZeRO-
 1/N of every layer's parameters on each rank and gathers a layer only while it runs. Here you
 may use the package's collectives (``mpgpu_edu.collectives.all_gather`` and
 ``reduce_scatter``): lesson 01 built them. The functions and the class just below are solved
-for you: read them first. ``layer_views`` serves 8.1 and 8.3; ``run_layer``,
-``layer_backward`` and ``ShardedLayerFn`` are 8.3's plumbing (autograd), so that 8.3 is only
+for you: read them first. ``layer_views`` serves 8.1 and 8.2; ``run_layer``,
+``layer_backward`` and ``ShardedLayerFn`` are 8.2's plumbing (autograd), so that 8.2 is only
 the sharding: what to gather when, what to keep, what to reduce-scatter, what to start early.
 """
 
@@ -107,22 +107,6 @@ def shard_of(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     raise NotImplementedError("Exercise 8.1: shard_of (notebooks/08_bigger_models.ipynb)")
 
 
-def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """The bubble of interleaved 1F1B as a share of the ideal compute time: P stages (devices),
-    M microbatches, V model chunks per device, equal stages and free sends.
-
-    Each chunk step does 1/V of a stage's work, so filling and draining the pipeline costs
-    1/V of what it costs in 1F1B, whose overhead is (P-1)/M. The schedule runs microbatches in
-    rounds of P: raise ``ValueError`` when M is not a multiple of P, or any argument is
-    below 1.
-
-    >>> interleaved_bubble_overhead(4, 8, 2)
-    0.1875
-    """
-    # Exercise 8.2 (about 5 lines). mp.hint("8.2") when stuck.
-    raise NotImplementedError("Exercise 8.2: interleaved_bubble_overhead (notebooks/08_bigger_models.ipynb)")
-
-
 def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False) -> FSDPReplica:
     """Shard ``module`` over the ranks as ZeRO-3 / FSDP does and return this rank's replica,
     an object of a class of your own (write it inside this function) with these methods:
@@ -171,5 +155,5 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
     model's bytes (DDP: 2 (N-1)/N); each rank holds 1/N of the parameters, gradients and
     optimizer state, plus one gathered layer (two with prefetch). Rajbhandari et al. 2020.
     """
-    # Exercise 8.3 (about 44 lines). mp.hint("8.3") when stuck.
-    raise NotImplementedError("Exercise 8.3: wrap_fsdp (notebooks/08_bigger_models.ipynb)")
+    # Exercise 8.2 (about 44 lines). mp.hint("8.2") when stuck.
+    raise NotImplementedError("Exercise 8.2: wrap_fsdp (notebooks/08_bigger_models.ipynb)")

@@ -1,4 +1,4 @@
-"""Lesson 08: fitting bigger models."""
+"""Lesson 08: fitting bigger models: sharded parameters (ZeRO-3 / FSDP)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,7 @@ EXERCISES = (
         "size = -(-flat.numel() // world_size)\npadded = torch.zeros(size * world_size, "
         "dtype=flat.dtype, device=flat.device)\npadded[: flat.numel()] = flat\nreturn "
         "padded[...].clone()")),
-    ex('8.2', 'interleaved_bubble_overhead', 'Interleaved 1F1B: the bubble in closed form', 4,
-       ("1F1B's bubble costs (P-1)/M of the compute time: P-1 forward-and-backward slots to "
-        "fill and drain, against M of work. With V chunks per device every slot is V times "
-        "shorter.",
-        "Check the arguments first (all at least 1; M a multiple of P, else ValueError); "
-        "then one division.",
-        "if n_microbatches % n_stages:\n    raise ValueError(...)\nreturn (n_stages - 1) / "
-        "(n_chunks * n_microbatches)")),
-    ex('8.3', 'wrap_fsdp', 'Capstone: your own sharded (ZeRO-3 / FSDP) wrapper', 20,
+    ex('8.2', 'wrap_fsdp', 'Capstone: your own sharded (ZeRO-3 / FSDP) wrapper', 20,
        ("A layer's full parameters exist only inside forward_layer and backward_layer: gather "
         "at the start of each and let the vector go at the end (ShardedLayerFn already keeps "
         "nothing but the layer's input). The gradient leaves as a reduce-scatter started on "
@@ -58,29 +50,8 @@ PREDICTIONS = (
              "2 (N-1)/N of the model per rank. FSDP does an all-gather in forward, another in "
              "backward and a reduce-scatter: 3 (N-1)/N. Sharding costs half as much traffic "
              "again, and saves (N-1)/N of the state.")),
-    Prediction(
-        key="08.recompute-time",
-        question=("GPT-2 medium, 32 sequences of 1024 tokens per device, eager attention: "
-                  "full activation recomputation shrinks the activations to a few percent. "
-                  "How much longer is a training step?"),
-        choices=("no longer: recomputing is free", "about 10% longer", "about 30% longer",
-                 "about twice as long"),
-        answer=2,
-        why=("Full recomputation runs every layer's forward a second time during backward. "
-             "Forward is about a third of forward + backward (backward costs twice the "
-             "FLOPs), so the step gets about a third longer; communication and the optimizer "
-             "are not recomputed, so a little less than that.")),
-    Prediction(
-        key="08.interleaved",
-        question=("4 stages, 8 microbatches: 1F1B loses (P-1)/M = 37.5% of the compute time "
-                  "to the bubble. Interleaved 1F1B with 2 chunks per device loses:"),
-        choices=("the same 37.5%", "about half: 18.75%", "about a quarter: 9.4%", "nothing"),
-        answer=1,
-        why=("Each device's chunk steps do half a stage's work each, so the fill and drain "
-             "take half as long: (P-1)/(V M) = 3/16. The price: twice as many messages between "
-             "the devices, and more microbatch-chunks held at once.")),
 )
 
 LESSON = Lesson(8, 'fitting bigger models', 'ex08_bigger_models',
                 'notebooks/08_bigger_models.ipynb', EXERCISES, PREDICTIONS,
-                drives_demos=('8.3',))
+                drives_demos=('8.2',))

@@ -44,36 +44,7 @@ def shard_view_of_padded(flat: torch.Tensor, rank: int, world_size: int) -> torc
     return padded[rank * size: (rank + 1) * size]
 
 
-def bubble_unchecked(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """Checks that M is a multiple of P but not that V and P are at least 1: V=0 divides by
-    zero."""
-    if n_microbatches % max(n_stages, 1):
-        raise ValueError("bad sizes")
-    return (n_stages - 1) / (n_chunks * n_microbatches)
-
-
 # ---- 8.2 ----------------------------------------------------------------------------------
-
-def bubble_idle_fraction(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """The idle share of the makespan, (P-1)/(V M + P - 1), not the share of compute time."""
-    if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
-        raise ValueError("bad sizes")
-    return (n_stages - 1) / (n_chunks * n_microbatches + n_stages - 1)
-
-
-def bubble_ignores_chunks(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """1F1B's (P-1)/M: forgets that chunk steps are V times shorter."""
-    if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
-        raise ValueError("bad sizes")
-    return (n_stages - 1) / n_microbatches
-
-
-def bubble_never_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """The right formula, but sizes the schedule cannot run (M not a multiple of P) pass."""
-    return (n_stages - 1) / max(1, n_chunks * n_microbatches)
-
-
-# ---- 8.3 ----------------------------------------------------------------------------------
 
 def _views(layer: nn.Module, full: torch.Tensor) -> dict[str, torch.Tensor]:
     views, offset = {}, 0
@@ -264,9 +235,7 @@ def fsdp_unpadded_shards(comm: Any, module: nn.Sequential, prefetch: bool = Fals
 
 MUTANTS: dict[str, list[str]] = {
     "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view", "shard_view_of_padded"],
-    "8.2": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses",
-            "bubble_unchecked"],
-    "8.3": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
+    "8.2": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
             "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights",
             "fsdp_overwrites_grad", "fsdp_synchronous"],
 }

@@ -1,12 +1,11 @@
-"""Checks of lesson 08: a rank's flat shard, interleaved 1F1B's bubble, and the capstone, a
-sharded (ZeRO-3 / FSDP) layer wrapper.
+"""Checks of lesson 08: a rank's flat shard, and the capstone, a sharded (ZeRO-3 / FSDP) layer
+wrapper.
 
 Every case has two halves: *compute* runs the learner's function (on the simulator for the
 wrapper) and returns plain data (shards, gradients, the collectives it called and their
 sizes, makespans, the trace as a dict); *judge* rebuilds the reference from the grader's own
 code and compares. The oracle for the wrapper is single-device training on the same batches;
-its shards are ``mpgpu_edu.dp.fsdp.flat_shard`` of the single-device parameters. The
-bubble's reference is the simulated schedule, ``pipeline.interleaved_1f1b``.
+its shards are ``mpgpu_edu.dp.fsdp.flat_shard`` of the single-device parameters.
 
 The package's own wrapper (``mpgpu_edu.dp.fsdp``) is out of the capstone's reach: while the
 learner's code runs, every public name of that module raises (``without_reference``), also
@@ -155,70 +154,7 @@ def _judge_shards_hidden(records: list[dict]) -> None:
     judge_examples(records, one)
 
 
-# ---- 8.2 interleaved bubble -------------------------------------------------------------------
-
-def _bubbles(cases: list[tuple[int, int, int]]) -> Impl:
-    def compute(impl: Impl) -> list[float]:
-        return [float(impl(p, m, v)) for p, m, v in cases]
-    return compute
-
-
-def _bubble_judge(cases: list[tuple[int, int, int]]) -> Callable[[list], None]:
-    def judge(got: list) -> None:
-        from mpgpu_edu.pipeline import bubble_overhead, interleaved_1f1b
-
-        for (p, m, v), value in zip(cases, got):
-            simulated = bubble_overhead(interleaved_1f1b(p, m, v))
-            expect(abs(value - simulated) < 1e-9,
-                   f"P={p}, M={m}, V={v}: {value:.6g}, but the simulated schedule's bubble is "
-                   f"{simulated:.6g} of its compute time")
-    return judge
-
-
-REFUSED = {"M=6 on P=4": (4, 6, 2), "V=0": (4, 8, 0), "P=0": (0, 4, 1)}
-
-
-def _refusals(impl: Impl) -> dict[str, str]:
-    """What each size the schedule cannot run did: "ValueError", another exception's type
-    name (ZeroDivisionError: it divided before checking), or "returned"."""
-    out = {}
-    for name, args in REFUSED.items():
-        try:
-            impl(*args)
-            out[name] = "returned"
-        except ValueError:
-            out[name] = "ValueError"
-        except NotImplementedError:
-            raise  # the stub: not implemented, not a wrong answer
-        except Exception as exc:  # noqa: BLE001 - reported as what it is, with its input
-            out[name] = type(exc).__name__
-    return out
-
-
-def _judge_refusals(out: dict[str, str]) -> None:
-    for name, what in out.items():
-        args = "interleaved_bubble_overhead({}, {}, {})".format(*REFUSED[name])
-        expect(what != "returned", f"{args} ({name}) returned a number: it should raise "
-                                   "ValueError, the schedule cannot run these sizes")
-        expect(what == "ValueError", f"{args} ({name}) raised {what}; it should raise "
-                                     "ValueError, the schedule cannot run these sizes")
-
-
-BUBBLE_EXAMPLES = examples(8, seed=82, p=(2, 8), rounds=(1, 6), v=(1, 4))
-
-
-def _bubble_hidden(impl: Impl) -> list[dict]:
-    return compute_examples(lambda p, rounds, v: float(impl(p, p * rounds, v)),
-                            BUBBLE_EXAMPLES)
-
-
-def _judge_bubble_hidden(records: list[dict]) -> None:
-    def one(out: float, p: int, rounds: int, v: int) -> None:
-        _bubble_judge([(p, p * rounds, v)])([out])
-    judge_examples(records, one)
-
-
-# ---- 8.3 the sharded wrapper --------------------------------------------------------------
+# ---- 8.2 the sharded wrapper --------------------------------------------------------------
 
 LR = 0.05
 WIDTHS = (6, 9, 7, 3)  # layers of 63, 70 and 24 elements: none divides by 3 or 4
@@ -361,7 +297,7 @@ def _run(impl: Impl, n: int, widths: tuple[int, ...], *, n_samples: int = 12, st
 
 def _launch(impl: Impl, program: Callable[..., Any], cluster: Cluster | int,
             with_trace: bool = False) -> dict:
-    with without_reference(impl, "8.3"), _recording(impl) as calls:
+    with without_reference(impl, "8.2"), _recording(impl) as calls:
         result = run_spmd(program, cluster)
     facts = launch_facts(result, with_trace=with_trace)
     facts["calls"] = [list(call) for call in calls]
@@ -601,14 +537,6 @@ CASES: dict[str, list[Case]] = {
              hidden=True),
     ],
     "8.2": [
-        Case("the docstring's example", 1, _bubbles([(4, 8, 2)]), _bubble_judge([(4, 8, 2)])),
-        Case("agrees with the simulated schedule; V=1 is 1F1B", 1,
-             _bubbles([(2, 4, 3), (3, 9, 2), (4, 4, 1)]),
-             _bubble_judge([(2, 4, 3), (3, 9, 2), (4, 4, 1)])),
-        Case("refuses sizes the schedule cannot run", 1, _refusals, _judge_refusals),
-        Case("hidden: other sizes", 1, _bubble_hidden, _judge_bubble_hidden, hidden=True),
-    ],
-    "8.3": [
         Case("3 ranks: the shards, the mean gradients, then one device's training", 4,
              _basic, _judge_basic),
         Case("collectives: two all-gathers and one reduce-scatter (mean) per layer", 3,

@@ -1,0 +1,104 @@
+"""Lesson 09 exercises: memory for time.
+
+Every remedy for a model that does not fit trades one resource for another. Recomputation
+keeps fewer activations and runs forwards again; interleaving shortens the pipeline's bubble
+and sends more messages. 9.1 counts what a transformer layer keeps for backward, 9.2 builds
+recomputation itself (what ``torch.utils.checkpoint`` does), 9.3 prices the interleaved
+bubble. ``segment_bounds`` just below is solved for you: 9.2 uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+# ---- worked example (solved, not graded) ---------------------------------------------------
+
+def segment_bounds(n_layers: int, segments: int) -> list[tuple[int, int]]:
+    """Split ``n_layers`` consecutive layers into ``segments`` runs ``[start, stop)`` as equal
+    as they can be, the first ones one layer longer when it does not divide.
+
+    >>> segment_bounds(5, 2)
+    [(0, 3), (3, 5)]
+    """
+    if not 1 <= segments <= n_layers:
+        raise ValueError(f"segments must be between 1 and the {n_layers} layers, "
+                         f"got {segments}")
+    size, longer = divmod(n_layers, segments)
+    bounds, start = [], 0
+    for k in range(segments):
+        stop = start + size + (1 if k < longer else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+# ---- exercises -----------------------------------------------------------------------------
+
+def layer_activation_bytes(seq: int, batch: int, d_model: int, n_heads: int,
+                           recompute: str = "none") -> int:
+    """Bytes one GPT transformer layer keeps for backward on one device, in mixed precision
+    (2-byte activations, 1-byte dropout masks) with eager attention, as Korthikanti et al.
+    (2022) count them, with s = ``seq``, b = ``batch``, h = ``d_model``, a = ``n_heads``:
+
+    - ``"none"``: s b h (34 + 5 a s / h): 34 s b h for the layer's inputs, projections, MLP
+      and masks, and 5 a s^2 b for the attention scores (softmax output, its dropout mask and
+      the dropout's output: 2 + 1 + 2 bytes per score);
+    - ``"selective"``: recompute the attention core in backward, so the scores are not kept:
+      34 s b h;
+    - ``"full"``: keep only the layer's input, 2 s b h, and run its forward again in backward.
+
+    Raise ``ValueError`` for any size below 1 or another ``recompute``.
+
+    >>> layer_activation_bytes(1024, 1, 1024, 16)
+    119537664
+    """
+    # Exercise 9.1 (about 10 lines). mp.hint("9.1") when stuck.
+    raise NotImplementedError("Exercise 9.1: layer_activation_bytes (notebooks/09_memory_for_time.ipynb)")
+
+
+def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Activation recomputation (full, per segment): return a function ``f`` with
+    ``f(x) == model(x)`` whose forward keeps for backward only each segment's input.
+
+    - Split ``model``'s layers (its children, in order) with ``segment_bounds(len(model),
+      segments)``; its ``ValueError`` for a bad ``segments`` is yours to let through.
+    - Forward: run every segment with autograd off (``torch.no_grad()``), so that nothing
+      inside it is kept; keep the segment's input, and only that, for its backward
+      (``ctx.save_for_backward``). The result must still take part in autograd: make each
+      segment one node of the graph with a ``torch.autograd.Function`` of your own (write
+      it inside this function or beside it).
+    - Backward, segment by segment from the last: run the segment's forward again from its
+      kept input with autograd on (``torch.enable_grad()``, the input detached and made to
+      require a gradient), back-propagate the incoming gradient through it
+      (``torch.autograd.backward``), and hand back the input's gradient. The parameters'
+      gradients are added into their ``.grad`` by that inner backward, as any backward
+      does: two backward passes before an optimizer step leave the sum.
+    - Every layer's forward runs exactly twice per forward-and-backward: once in forward,
+      once in its segment's backward. The layers are stateless (no dropout, no batch norm):
+      running one twice gives the same result.
+
+    The gradients equal ``model(x)``'s: of every parameter, and of ``x`` when it requires one.
+    """
+    # Exercise 9.2 (about 29 lines). mp.hint("9.2") when stuck.
+    raise NotImplementedError("Exercise 9.2: checkpointed (notebooks/09_memory_for_time.ipynb)")
+
+
+def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """The bubble of interleaved 1F1B as a share of the ideal compute time: P stages (devices),
+    M microbatches, V model chunks per device, equal stages and free sends.
+
+    Each chunk step does 1/V of a stage's work, so filling and draining the pipeline costs
+    1/V of what it costs in 1F1B, whose overhead is (P-1)/M. The schedule runs microbatches in
+    rounds of P: raise ``ValueError`` when M is not a multiple of P, or any argument is
+    below 1.
+
+    >>> interleaved_bubble_overhead(4, 8, 2)
+    0.1875
+    """
+    # Exercise 9.3 (about 5 lines). mp.hint("9.3") when stuck.
+    raise NotImplementedError("Exercise 9.3: interleaved_bubble_overhead (notebooks/09_memory_for_time.ipynb)")

@@ -1,0 +1,74 @@
+"""Lesson 09: memory for time: recomputation, accumulation, mixed precision, interleaving."""
+
+from __future__ import annotations
+
+from mpgpu_edu.course._types import CAPSTONE, WARM_UP, Lesson, Prediction, ex
+
+EXERCISES = (
+    ex('9.1', 'layer_activation_bytes', 'What a transformer layer keeps for backward', 3,
+       ("Add up what backward will need, tensor by tensor: most are s x b x h activations "
+        "(34 bytes of them per token and channel in mixed precision), and the attention "
+        "scores are a x s x s per sequence. Recomputation drops what it can compute again.",
+        "Refuse sizes below 1 and unknown modes (ValueError). sbh = seq * batch * d_model; "
+        "the scores are n_heads * seq * seq * batch, 5 bytes each. none: both terms; "
+        "selective: no scores; full: only the layer's 2-byte input.",
+        "sbh = seq * batch * d_model\nif recompute == 'none':\n    return 34 * sbh + 5 * "
+        "n_heads * seq * seq * batch\nif recompute == 'selective':\n    return ...\nif "
+        "recompute == 'full':\n    return 2 * ...\nraise ValueError(...)"),
+       WARM_UP),
+    ex('9.2', 'checkpointed', 'Capstone: activation recomputation, built from autograd', 8,
+       ("A segment run under torch.no_grad() keeps nothing, so autograd cannot go back "
+        "through it on its own: wrap each segment in a torch.autograd.Function whose forward "
+        "saves only its input and whose backward runs the segment again with autograd on and "
+        "back-propagates through that fresh copy.",
+        "bounds = segment_bounds(len(model), segments). class Segment(torch.autograd."
+        "Function): forward(ctx, x, start, stop, *params) saves x, runs layers[start:stop] "
+        "under no_grad; backward(ctx, grad_out) detaches x, requires_grad_(ctx."
+        "needs_input_grad[0]), reruns the layers under enable_grad, torch.autograd.backward"
+        "(out, grad_out), returns x.grad and one None per other input. Pass the segment's "
+        "parameters as inputs: otherwise, when x needs no gradient (the data), autograd "
+        "never calls the first segment's backward and its parameters get no gradient.",
+        "@staticmethod\ndef backward(ctx, grad_out):\n    (x,) = ctx.saved_tensors\n    x = "
+        "x.detach().requires_grad_(ctx.needs_input_grad[0])\n    with torch.enable_grad():\n"
+        "        out = run(*ctx.span, x)\n    torch.autograd.backward(out, grad_out)\n    "
+        "return (x.grad if ctx.needs_input_grad[0] else None, None, None, *[None] * "
+        "len(params))\n\ndef forward(x):\n    for start, stop in bounds:\n        x = "
+        "Segment.apply(x, start, stop, *params_of(start, stop))\n    return x"),
+       CAPSTONE),
+    ex('9.3', 'interleaved_bubble_overhead', 'Interleaved 1F1B: the bubble in closed form', 4,
+       ("1F1B's bubble costs (P-1)/M of the compute time: P-1 forward-and-backward slots to "
+        "fill and drain, against M of work. With V chunks per device every slot is V times "
+        "shorter.",
+        "Check the arguments first (all at least 1; M a multiple of P, else ValueError); "
+        "then one division.",
+        "if n_microbatches % n_stages:\n    raise ValueError(...)\nreturn (n_stages - 1) / "
+        "(n_chunks * n_microbatches)"),
+       WARM_UP),
+)
+
+PREDICTIONS = (
+    Prediction(
+        key="09.recompute-time",
+        question=("GPT-2 medium, 32 sequences of 1024 tokens per device, eager attention: "
+                  "full activation recomputation shrinks the activations to a few percent. "
+                  "How much longer is a training step?"),
+        choices=("no longer: recomputing is free", "about 10% longer", "about 30% longer",
+                 "about twice as long"),
+        answer=2,
+        why=("Full recomputation runs every layer's forward a second time during backward. "
+             "Forward is about a third of forward + backward (backward costs twice the "
+             "FLOPs), so the step gets about a third longer; communication and the optimizer "
+             "are not recomputed, so a little less than that.")),
+    Prediction(
+        key="09.interleaved",
+        question=("4 stages, 8 microbatches: 1F1B loses (P-1)/M = 37.5% of the compute time "
+                  "to the bubble. Interleaved 1F1B with 2 chunks per device loses:"),
+        choices=("the same 37.5%", "about half: 18.75%", "about a quarter: 9.4%", "nothing"),
+        answer=1,
+        why=("Each device's chunk steps do half a stage's work each, so the fill and drain "
+             "take half as long: (P-1)/(V M) = 3/16. The price: twice as many messages between "
+             "the devices, and more microbatch-chunks held at once.")),)
+
+LESSON = Lesson(9, 'memory for time', 'ex09_memory_for_time',
+                'notebooks/09_memory_for_time.ipynb', EXERCISES, PREDICTIONS,
+                drives_demos=('9.2',))

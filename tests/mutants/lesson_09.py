@@ -1,0 +1,236 @@
+"""Plausible wrong answers for lesson 09 (see tests/mutants/__init__.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint_sequential
+
+
+
+def segment_bounds(n_layers: int, segments: int) -> list[tuple[int, int]]:
+    """The exercise file's solved split (a copy: mutants import nothing from solutions/)."""
+    if not 1 <= segments <= n_layers:
+        raise ValueError("bad segments")
+    size, longer = divmod(n_layers, segments)
+    bounds, start = [], 0
+    for k in range(segments):
+        stop = start + size + (1 if k < longer else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+# ---- 9.1 ----------------------------------------------------------------------------------
+
+
+def _sizes(seq: int, batch: int, d_model: int, n_heads: int, recompute: str) -> int:
+    if min(seq, batch, d_model, n_heads) < 1 or recompute not in ("none", "selective", "full"):
+        raise ValueError("bad sizes")
+    return seq * batch * d_model
+
+
+def bytes_without_scores(seq: int, batch: int, d_model: int, n_heads: int,
+                         recompute: str = "none") -> int:
+    """Forgets the attention scores: 34 sbh even without recomputation."""
+    sbh = _sizes(seq, batch, d_model, n_heads, recompute)
+    return 2 * sbh if recompute == "full" else 34 * sbh
+
+
+def bytes_full_keeps_everything_else(seq: int, batch: int, d_model: int, n_heads: int,
+                                     recompute: str = "none") -> int:
+    """Treats full recomputation like selective: drops the scores, keeps the 34 sbh."""
+    sbh = _sizes(seq, batch, d_model, n_heads, recompute)
+    return 34 * sbh + (5 * n_heads * seq * seq * batch if recompute == "none" else 0)
+
+
+def bytes_scores_per_head_dim(seq: int, batch: int, d_model: int, n_heads: int,
+                              recompute: str = "none") -> int:
+    """Writes the score term as 5 a s / h without the sbh in front: 5 a s b bytes."""
+    sbh = _sizes(seq, batch, d_model, n_heads, recompute)
+    if recompute == "full":
+        return 2 * sbh
+    return 34 * sbh + (5 * n_heads * seq * batch if recompute == "none" else 0)
+
+
+def bytes_never_refuses(seq: int, batch: int, d_model: int, n_heads: int,
+                        recompute: str = "none") -> int:
+    """The right sums, but an unknown mode counts as none and sizes are not checked."""
+    sbh = seq * batch * d_model
+    if recompute == "full":
+        return 2 * sbh
+    if recompute == "selective":
+        return 34 * sbh
+    return 34 * sbh + 5 * n_heads * seq * seq * batch
+
+
+# ---- 9.2 ----------------------------------------------------------------------------------
+
+def _segment_fn(layers: list[nn.Module], *, params: bool = True, keep: bool = False,
+                overwrite: bool = False) -> Any:
+    class Segment(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, start: int, stop: int, *ps: torch.Tensor) -> Any:
+            ctx.save_for_backward(x)
+            ctx.span = (start, stop)
+            outs = []
+            with torch.no_grad():
+                for layer in layers[start:stop]:
+                    x = layer(x)
+                    outs.append(x)
+            if keep:
+                ctx.outs = outs
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+            (x,) = ctx.saved_tensors
+            start, stop = ctx.span
+            x = x.detach().requires_grad_(ctx.needs_input_grad[0])
+            with torch.enable_grad():
+                out = x
+                for layer in layers[start:stop]:
+                    out = layer(out)
+            mine = [p for layer in layers[start:stop] for p in layer.parameters()]
+            if overwrite:
+                inputs = ([x] if ctx.needs_input_grad[0] else []) + mine
+                grads = torch.autograd.grad(out, inputs, grad_out)
+                for p, g in zip(mine, grads[len(inputs) - len(mine):]):
+                    p.grad = g
+                grad_x = grads[0] if ctx.needs_input_grad[0] else None
+            else:
+                torch.autograd.backward(out, grad_out)
+                grad_x = x.grad if ctx.needs_input_grad[0] else None
+            return (grad_x, None, None, *(None for _ in ctx.needs_input_grad[3:]))
+
+    def apply(x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        mine = [p for layer in layers[start:stop] for p in layer.parameters()] if params else []
+        return Segment.apply(x, start, stop, *mine)
+    return apply
+
+
+def _checkpointed(model: nn.Sequential, bounds: list[tuple[int, int]], **options: bool) -> Any:
+    segment = _segment_fn(list(model), **options)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for start, stop in bounds:
+            x = segment(x, start, stop)
+        return x
+    return forward
+
+
+def recompute_nothing(model: nn.Sequential, segments: int) -> Any:
+    """Returns the model itself: right numbers, every activation kept, nothing recomputed."""
+    segment_bounds(len(model), segments)
+    return model
+
+
+def recompute_one_segment(model: nn.Sequential, segments: int) -> Any:
+    """Checkpoints the whole model as one segment, whatever ``segments`` says."""
+    segment_bounds(len(model), segments)
+    return _checkpointed(model, [(0, len(model))])
+
+
+def recompute_without_parameters(model: nn.Sequential, segments: int) -> Any:
+    """Passes only x to apply: with data that needs no gradient, the first segment's backward
+    never runs and its parameters get no gradient."""
+    return _checkpointed(model, segment_bounds(len(model), segments), params=False)
+
+
+def recompute_keeps_outputs(model: nn.Sequential, segments: int) -> Any:
+    """Stores the segment's inner outputs on ctx "to save time": they stay alive."""
+    return _checkpointed(model, segment_bounds(len(model), segments), keep=True)
+
+
+def recompute_overwrites_grad(model: nn.Sequential, segments: int) -> Any:
+    """Sets p.grad from torch.autograd.grad: a second backward pass replaces the first."""
+    return _checkpointed(model, segment_bounds(len(model), segments), overwrite=True)
+
+
+def recompute_from_the_start(model: nn.Sequential, segments: int) -> Any:
+    """Keeps the model's input instead of each segment's, and in each segment's backward
+    runs every layer before it again: right gradients, far more forwards."""
+    bounds = segment_bounds(len(model), segments)
+    layers = list(model)
+
+    class FromStart(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, x0: torch.Tensor, start: int, stop: int,
+                    *ps: torch.Tensor) -> Any:
+            ctx.save_for_backward(x0)
+            ctx.span = (start, stop)
+            for layer in layers[start:stop]:
+                x = layer(x)
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+            (x0,) = ctx.saved_tensors
+            start, stop = ctx.span
+            with torch.no_grad():
+                for layer in layers[:start]:
+                    x0 = layer(x0)
+            x = x0.detach().requires_grad_(True)
+            with torch.enable_grad():
+                out = x
+                for layer in layers[start:stop]:
+                    out = layer(out)
+            torch.autograd.backward(out, grad_out)
+            return (x.grad, None, None, None, *(None for _ in ctx.needs_input_grad[4:]))
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        x0 = x.detach()
+        for start, stop in bounds:
+            mine = [p for layer in layers[start:stop] for p in layer.parameters()]
+            x = FromStart.apply(x, x0, start, stop, *mine)
+        return x
+    return forward
+
+
+def recompute_with_torch(model: nn.Sequential, segments: int) -> Any:
+    """torch's checkpoint_sequential: it runs the last segment without recomputation, and it
+    is not the learner's to call here."""
+    segment_bounds(len(model), segments)
+    return lambda x: checkpoint_sequential(model, segments, x, use_reentrant=False)
+
+
+# ---- 9.3 ----------------------------------------------------------------------------------
+
+def bubble_unchecked(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """Checks that M is a multiple of P but not that V and P are at least 1: V=0 divides by
+    zero."""
+    if n_microbatches % max(n_stages, 1):
+        raise ValueError("bad sizes")
+    return (n_stages - 1) / (n_chunks * n_microbatches)
+
+
+def bubble_idle_fraction(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """The idle share of the makespan, (P-1)/(V M + P - 1), not the share of compute time."""
+    if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
+        raise ValueError("bad sizes")
+    return (n_stages - 1) / (n_chunks * n_microbatches + n_stages - 1)
+
+
+def bubble_ignores_chunks(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """1F1B's (P-1)/M: forgets that chunk steps are V times shorter."""
+    if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
+        raise ValueError("bad sizes")
+    return (n_stages - 1) / n_microbatches
+
+
+def bubble_never_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """The right formula, but sizes the schedule cannot run (M not a multiple of P) pass."""
+    return (n_stages - 1) / max(1, n_chunks * n_microbatches)
+
+
+MUTANTS: dict[str, list[str]] = {
+    "9.1": ["bytes_without_scores", "bytes_full_keeps_everything_else",
+            "bytes_scores_per_head_dim", "bytes_never_refuses"],
+    "9.2": ["recompute_nothing", "recompute_one_segment", "recompute_without_parameters",
+            "recompute_keeps_outputs", "recompute_overwrites_grad", "recompute_from_the_start",
+            "recompute_with_torch"],
+    "9.3": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses",
+            "bubble_unchecked"],
+}
