@@ -1,6 +1,5 @@
 """Lesson 08's programs and figures: the sharded demos equal one device and send 1.5x DDP's
-bytes, prefetch shortens the step, recomputation and accumulation trade as the closed forms
-say, the master copy keeps small updates, and the interleaved view matches (P-1)/(V M)."""
+bytes, and prefetch shortens the step."""
 
 from __future__ import annotations
 
@@ -58,56 +57,3 @@ def test_any_wrappers_step_timeline_reads_the_same() -> None:
         assert first.start == 0.0 and first.stream == "comm"  # layer 0's gather
         assert not any(bm._is_barrier(e) for e in step.events)
         assert step.makespan < run.trace.makespan
-
-
-def test_recomputation_saves_memory_for_time_and_accumulation_splits_activations() -> None:
-    rows = bm.recompute_rows("gpt2-small", "8xA100-nvlink", sequences=8, seq=512,
-                             accumulate=(1, 4))
-    by = {(r["recompute"], r["accumulate"]): r for r in rows}
-    for k in (1, 4):
-        assert (by["none", k]["activations"] > by["selective", k]["activations"]
-                > by["full", k]["activations"])
-        assert by["none", k]["step_s"] < by["selective", k]["step_s"] < by["full", k]["step_s"]
-    for recompute in bm.RECOMPUTE:  # 4 micro-batches of 2: a quarter of the activations
-        assert by[recompute, 4]["activations"] == pytest.approx(
-            by[recompute, 1]["activations"] / 4, rel=0.01)
-    assert isinstance(bm.plot_recompute_tradeoff(rows), Figure)
-
-
-def test_the_notebooks_setting_needs_a_remedy_to_fit() -> None:
-    """Cell 17's default: without recomputation or accumulation the step does not fit one
-    device; selective or full recomputation, or 2 micro-batches, does."""
-    rows = bm.recompute_rows(accumulate=(1, 2))
-    fits = {(r["recompute"], r["accumulate"]): r["fits"] for r in rows}
-    assert fits == {("none", 1): False, ("selective", 1): True, ("full", 1): True,
-                    ("none", 2): True, ("selective", 2): True, ("full", 2): True}
-    assert all(r["fits"] == (r["total"] <= r["capacity"]) for r in rows)
-
-
-def test_a_bf16_weight_loses_small_updates_and_the_master_copy_keeps_them() -> None:
-    curves = bm.master_copy_demo(steps=100, update=1e-3)
-    assert curves["bf16 only"][-1] == 1.0
-    assert curves["fp32"][-1] == pytest.approx(1.1, abs=1e-5)
-    assert abs(curves["fp32 master, bf16 copy"][-1] - 1.1) < 0.01
-    assert isinstance(bm.plot_master_copy(curves), Figure)
-
-
-@pytest.mark.parametrize("stages, rounds, chunks", [(4, 2, 2), (3, 1, 3), (2, 4, 1)])
-def test_interleaved_view_matches_the_closed_form(stages: int, rounds: int,
-                                                  chunks: int) -> None:
-    figure, info = bm.interleaved_view(stages, rounds, chunks)
-    m = stages * rounds
-    assert info["overhead_interleaved"] == pytest.approx((stages - 1) / (chunks * m))
-    assert info["overhead_1f1b"] == pytest.approx((stages - 1) / m)
-    assert info["idle_1f1b"] == pytest.approx((stages - 1) / (m + stages - 1))
-    plain = next(iter(bm.schedule_traces(stages, m, chunks).values()))
-    assert info["idle_1f1b"] == pytest.approx(plain.idle_fraction(0))  # the row's "idle"
-    assert isinstance(figure, Figure)
-    assert "(P-1)/(V M)" in bm.describe_interleaved(info)
-
-
-def test_interleaved_explorer_redraws() -> None:
-    explorer = bm.interleaved_explorer()
-    assert isinstance(explorer, Explorer) and explorer.renders == 1
-    explorer.controls["chunks"].value = 3
-    assert explorer.renders == 2 and explorer.info["chunks"] == 3

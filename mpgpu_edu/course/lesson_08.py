@@ -50,6 +50,16 @@ PREDICTIONS = (
              "2 (N-1)/N of the model per rank. FSDP does an all-gather in forward, another in "
              "backward and a reduce-scatter: 3 (N-1)/N. Sharding costs half as much traffic "
              "again, and saves (N-1)/N of the state.")),
+    Prediction(
+        key="08.prefetch-memory",
+        question=("The same step, with prefetch: at its peak, how many layers' full (gathered) "
+                  "parameters does a rank hold at once?"),
+        choices=("none: prefetch only moves the gathers earlier", "one, as without prefetch",
+                 "two: the layer that runs and the next", "all of them"),
+        answer=2,
+        why=("Prefetch starts the next layer's gather while this layer computes, so both "
+             "gathered vectors exist together: twice the gathered memory of no prefetch, for "
+             "the time it hides. FSDP2 bounds this the same way (one layer ahead by default).")),
 )
 
 LESSON = Lesson(8, 'fitting bigger models', 'ex08_bigger_models',

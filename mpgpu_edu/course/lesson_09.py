@@ -71,4 +71,4 @@ PREDICTIONS = (
 
 LESSON = Lesson(9, 'memory for time', 'ex09_memory_for_time',
                 'notebooks/09_memory_for_time.ipynb', EXERCISES, PREDICTIONS,
-                drives_demos=('9.2',))
+                drives_demos=('9.1', '9.2'))

@@ -10,8 +10,8 @@ were still alive after it (weak references), and how often each layer's forward 
 autograd on the same model and data, the segments from its own split, the bubble from the
 simulated schedule (``pipeline.interleaved_1f1b``).
 
-The package's activation formulas and torch's ``torch.utils.checkpoint`` are out of reach while
-the learner's code runs (``REFERENCES``).
+The package's activation formulas and recomputation (``memory.recompute``) and torch's
+``torch.utils.checkpoint`` are out of reach while the learner's code runs (``REFERENCES``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ REFERENCES = {
     "9.1": ["mpgpu_edu.memory.models:layer_activation_bytes",
             "mpgpu_edu.memory.models:activation_bytes",
             "mpgpu_edu.memory.models:activation_terms"],
-    "9.2": ["torch.utils.checkpoint:checkpoint", "torch.utils.checkpoint:checkpoint_sequential"],
+    "9.2": ["mpgpu_edu.memory.recompute:checkpointed", "torch.utils.checkpoint:checkpoint",
+            "torch.utils.checkpoint:checkpoint_sequential"],
 }
 
 
@@ -143,16 +144,6 @@ def _data(width: int, seed: int, batches: int = 1) -> list[torch.Tensor]:
             for _ in range(batches)]
 
 
-def _bounds(n_layers: int, segments: int) -> list[tuple[int, int]]:
-    size, longer = divmod(n_layers, segments)
-    bounds, start = [], 0
-    for k in range(segments):
-        stop = start + size + (1 if k < longer else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
 def _run(impl: Impl, depth: int, width: int, segments: int, seed: int = 0,
          input_grad: bool = True, batches: int = 1) -> dict:
     """The learner's recomputation on a fresh model: output, gradients (after ``batches``
@@ -182,9 +173,11 @@ def _run(impl: Impl, depth: int, width: int, segments: int, seed: int = 0,
         gc.collect()
         if k == 0:
             still = [ref is not None and ref() is not None for ref in alive]
+        if not (isinstance(y, torch.Tensor) and y.requires_grad):
+            return {"out": y, "tracked": False}   # nothing for backward to run through
         y.pow(2).sum().backward()
         outputs.append(y.detach())
-    return {"out": outputs[0], "x_grad": x.grad if input_grad else None,
+    return {"out": outputs[0], "tracked": True, "x_grad": x.grad if input_grad else None,
             "grads": [p.grad for p in model.parameters()],
             "packed": packed if batches == 1 else packed[: len(packed) // batches],
             "alive": still, "calls": calls}
@@ -204,6 +197,10 @@ def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
                   batches: int = 1, seed: int = 0) -> None:
     want = _reference(depth, width, seed, batches)
     expect_close(data["out"], want["out"], "f(x)", rtol=1e-9, atol=1e-12)
+    expect(data["tracked"], "f(x) does not require a gradient" + (
+        "" if input_grad else " when the data needs none: autograd never calls your "
+        "segments' backward and no parameter gets a gradient (pass the segment's parameters "
+        "to apply as inputs, so that the node needs a backward anyway)"))
     if input_grad:
         expect_close(data["x_grad"], want["x_grad"], "the input's gradient", rtol=1e-9,
                      atol=1e-12)
@@ -218,7 +215,10 @@ def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
 
 
 def _judge_kept(data: dict, depth: int, width: int, segments: int) -> None:
-    bounds = _bounds(depth, segments)
+    expect(data["tracked"], "f(x) does not require a gradient: autograd cannot run backward")
+    from mpgpu_edu.memory.recompute import segment_bounds
+
+    bounds = segment_bounds(depth, segments)
     want = [[5, width]] * segments
     packed = data["packed"]
     expect(len(packed) == segments,
@@ -234,6 +234,7 @@ def _judge_kept(data: dict, depth: int, width: int, segments: int) -> None:
 
 
 def _judge_calls(data: dict, depth: int) -> None:
+    expect(data["tracked"], "f(x) does not require a gradient: autograd cannot run backward")
     calls = data["calls"]
     expect(all(c == 2 for c in calls),
            f"forward calls per layer over one forward and backward: {calls}; each layer runs "

@@ -1,0 +1,61 @@
+"""Lesson 09's checks say what is wrong: the failing case of each plausible wrong answer and
+its message (the mutants themselves are in tests/mutants/lesson_09.py), and the package's and
+torch's recomputation are out of reach while the learner's code is checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpgpu_edu.grading import check
+from mpgpu_edu.grading.checks import cases_for
+from tests.mutants import lesson_09 as mutants
+
+
+def _failures(exercise_id: str, fn: object) -> dict[str, str]:
+    """Every case that rejects ``fn``: its name and message."""
+    failed = {}
+    for case in cases_for(exercise_id):
+        try:
+            case.run(fn)
+        except Exception as exc:  # noqa: BLE001 - a failure is what is asserted on
+            failed[case.name] = f"{type(exc).__name__}: {exc}"
+    return failed
+
+
+@pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
+    ("9.1", "bytes_without_scores", "the docstring's example", ("scores", "missing")),
+    ("9.2", "recompute_without_parameters", "data that needs no gradient",
+     ("does not require a gradient", "pass the segment's parameters")),
+    ("9.2", "recompute_overwrites_grad", "gradients accumulate", ("2 backward passes",)),
+    ("9.2", "recompute_keeps_outputs", "keeps only each segment's input", ("still alive",)),
+    ("9.3", "bubble_unchecked", "refuses sizes", ("(4, 8, 0)", "raised ZeroDivisionError",
+                                                 "ValueError")),
+])
+def test_the_wrong_answer_fails_a_case_that_names_it(exercise_id: str, name: str, case: str,
+                                                     words: tuple[str, ...]) -> None:
+    failed = _failures(exercise_id, getattr(mutants, name))
+    assert any(case in c for c in failed), failed
+    message = next(m for c, m in failed.items() if case in c)
+    assert all(word in message for word in words), message
+
+
+def test_recomputing_nothing_fails_on_memory_and_calls_not_on_values() -> None:
+    failed = _failures("9.2", mutants.recompute_nothing)
+    assert not any("equal the model's" in c for c in failed), failed
+    assert any("keeps only each segment's input" in c for c in failed)
+    assert any("runs twice" in c for c in failed)
+
+
+def test_the_learner_cannot_call_the_package_or_torch_for_9_2(tmp_path) -> None:
+    """Through the grader's child: a submission that returns the package's ``checkpointed``
+    (or torch's ``checkpoint_sequential``) is stopped by REFERENCES, not graded."""
+    folder = tmp_path / "exercises"
+    folder.mkdir()
+    (folder / "ex09_memory_for_time.py").write_text(
+        "from mpgpu_edu.memory.recompute import checkpointed as _theirs\n"
+        "def layer_activation_bytes(*a, **k):\n    raise NotImplementedError\n"
+        "def checkpointed(model, segments):\n    return _theirs(model, segments)\n"
+        "def interleaved_bubble_overhead(*a):\n    raise NotImplementedError\n")
+    result = check("9.2", impl=str(folder), figures=False)
+    assert result.points == 0
+    assert "yours to write" in str(result)

@@ -1,0 +1,117 @@
+"""Lesson 09's programs and figures: recomputation and accumulation trade as the closed forms
+say, the measured recomputation keeps one input per segment and peaks lowest in between, the
+master copy keeps small updates, and the interleaved view matches (P-1)/(V M)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from matplotlib.figure import Figure
+
+from mpgpu_edu.explore.live import Explorer
+from mpgpu_edu.lessons import memory_for_time as mt
+from mpgpu_edu.memory.recompute import checkpointed, segment_bounds
+
+
+def test_the_reference_layer_bytes_is_korthikanti_eq_1() -> None:
+    s, b, h, a = 1024, 2, 768, 12
+    assert mt.reference_layer_bytes(s, b, h, a) == s * b * h * 34 + 5 * a * s * s * b
+    assert mt.reference_layer_bytes(s, b, h, a, "selective") == 34 * s * b * h
+    assert mt.reference_layer_bytes(s, b, h, a, "full") == 2 * s * b * h
+
+
+@pytest.mark.parametrize("segments", [1, 2, 3, 7])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_checkpointed_equals_plain_autograd(segments: int, input_grad: bool) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) if i % 2 == 0 else torch.nn.Tanh()
+                                  for i in range(7)]).double()
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=input_grad)
+    model(x).pow(2).sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    want_x = x.grad.clone() if input_grad else None
+    model.zero_grad()
+    x.grad = None
+    checkpointed(model, segments)(x).pow(2).sum().backward()
+    for got, grad in zip(model.parameters(), want):
+        assert torch.allclose(got.grad, grad, rtol=1e-12, atol=1e-14)
+    if input_grad:
+        assert torch.allclose(x.grad, want_x, rtol=1e-12, atol=1e-14)
+
+
+def test_segment_bounds_split_evenly_and_refuse_bad_counts() -> None:
+    assert segment_bounds(5, 2) == [(0, 3), (3, 5)]
+    assert segment_bounds(7, 7) == [(k, k + 1) for k in range(7)]
+    for bad in (0, 8):
+        with pytest.raises(ValueError, match="segments"):
+            segment_bounds(7, bad)
+
+
+def test_measured_recomputation_keeps_one_input_per_segment() -> None:
+    """Every kept tensor is one batch x width input; the plain model keeps its input and every
+    Tanh output; the peak is lowest in between."""
+    blocks, width, batch = 8, 32, 16
+    rows = mt.measure_recompute(mt.reference_checkpointed(), blocks=blocks, width=width,
+                                batch=batch, segments=(1, 2, 4, 8), repeats=1)
+    one = 4 * batch * width
+    assert rows[0]["segments"] == 0 and rows[0]["kept"] == (blocks + 1) * one
+    for r in rows[1:]:
+        assert r["kept"] == r["segments"] * one
+        assert r["seconds"] > 0
+    peaks = {r["segments"]: r["peak"] for r in rows}
+    assert peaks[1] == rows[0]["kept"]              # one segment: everything, once more
+    assert min(peaks.values()) < peaks[1] and min(peaks.values()) < peaks[8]
+    assert isinstance(mt.plot_recompute_measured(rows), Figure)
+
+
+def test_recomputation_saves_memory_for_time_and_accumulation_splits_activations() -> None:
+    rows = mt.recompute_rows("gpt2-small", "8xA100-nvlink", sequences=8, seq=512,
+                             accumulate=(1, 4))
+    by = {(r["recompute"], r["accumulate"]): r for r in rows}
+    for k in (1, 4):
+        assert (by["none", k]["activations"] > by["selective", k]["activations"]
+                > by["full", k]["activations"])
+        assert by["none", k]["step_s"] < by["selective", k]["step_s"] < by["full", k]["step_s"]
+    for recompute in mt.RECOMPUTE:  # 4 micro-batches of 2: a quarter of the activations
+        assert by[recompute, 4]["activations"] == pytest.approx(
+            by[recompute, 1]["activations"] / 4, rel=0.01)
+    assert isinstance(mt.plot_recompute_tradeoff(rows), Figure)
+
+
+def test_the_notebooks_setting_needs_a_remedy_to_fit() -> None:
+    """The notebook's default: without recomputation or accumulation the step does not fit one
+    device; selective or full recomputation, or 2 micro-batches, does."""
+    rows = mt.recompute_rows(accumulate=(1, 2))
+    fits = {(r["recompute"], r["accumulate"]): r["fits"] for r in rows}
+    assert fits == {("none", 1): False, ("selective", 1): True, ("full", 1): True,
+                    ("none", 2): True, ("selective", 2): True, ("full", 2): True}
+    assert all(r["fits"] == (r["total"] <= r["capacity"]) for r in rows)
+
+
+def test_a_bf16_weight_loses_small_updates_and_the_master_copy_keeps_them() -> None:
+    curves = mt.master_copy_demo(steps=100, update=1e-3)
+    assert curves["bf16 only"][-1] == 1.0
+    assert curves["fp32"][-1] == pytest.approx(1.1, abs=1e-5)
+    assert abs(curves["fp32 master, bf16 copy"][-1] - 1.1) < 0.01
+    assert isinstance(mt.plot_master_copy(curves), Figure)
+
+
+@pytest.mark.parametrize("stages, rounds, chunks", [(4, 2, 2), (3, 1, 3), (2, 4, 1)])
+def test_interleaved_view_matches_the_closed_form(stages: int, rounds: int,
+                                                  chunks: int) -> None:
+    figure, info = mt.interleaved_view(stages, rounds, chunks)
+    m = stages * rounds
+    assert info["overhead_interleaved"] == pytest.approx((stages - 1) / (chunks * m))
+    assert info["overhead_1f1b"] == pytest.approx((stages - 1) / m)
+    assert info["idle_1f1b"] == pytest.approx((stages - 1) / (m + stages - 1))
+    plain = next(iter(mt.schedule_traces(stages, m, chunks).values()))
+    assert info["idle_1f1b"] == pytest.approx(plain.idle_fraction(0))  # the row's "idle"
+    assert isinstance(figure, Figure)
+    assert "(P-1)/(V M)" in mt.describe_interleaved(info)
+
+
+def test_interleaved_explorer_redraws() -> None:
+    explorer = mt.interleaved_explorer()
+    assert isinstance(explorer, Explorer) and explorer.renders == 1
+    explorer.controls["chunks"].value = 3
+    assert explorer.renders == 2 and explorer.info["chunks"] == 3
