@@ -43,7 +43,7 @@ from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.data import DEMO_BATCH, DEMO_SIZES, Workload, make_batches, make_mlp, shard
 from mpgpu_edu.dp.dataparallel import flat_params
 from mpgpu_edu.dp.ddp import flatten_grads, forward_backward
-from mpgpu_edu.lessons.l01 import first_devices
+from mpgpu_edu.lessons.communication import first_devices
 from mpgpu_edu.trace import Trace
 from mpgpu_edu.viz.palette import FONT_SIZE, format_seconds, new_figure, series_color, style
 from mpgpu_edu.viz.timeline import plot_timeline, time_axis

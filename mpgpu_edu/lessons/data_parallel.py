@@ -46,8 +46,8 @@ from mpgpu_edu.dp.ddp import (StepFn, broadcast_parameters, ddp_step_overlapped,
                               flatten_grads, forward_backward, make_buckets, optimizer_step,
                               train_ddp, unflatten_grads)
 from mpgpu_edu.dp.scaling import PRESETS, WORLD_SIZES, scaling_study
-from mpgpu_edu.lessons.l01 import first_devices
-from mpgpu_edu.lessons.l02 import one_torch_thread, plot_loss_curves
+from mpgpu_edu.lessons.communication import first_devices
+from mpgpu_edu.lessons.parameter_server import one_torch_thread, plot_loss_curves
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.reference import (batch_for_step, compare_to_reference, make_optimizer,
                                  named_params, train_single)
