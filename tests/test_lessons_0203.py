@@ -16,6 +16,7 @@ from mpgpu_edu.data import Workload
 from mpgpu_edu.lessons import parameter_server as psl, data_parallel as dpl
 from mpgpu_edu.memory import estimate_memory
 from mpgpu_edu.trace import Event, Trace
+from mpgpu_edu.viz.server import widen_messages
 
 SMALL = Workload("small", (64, 128, 64), 64)  # big enough for bytes to dominate alpha
 
@@ -184,7 +185,7 @@ def test_comm_windows_on_one_axis_label_the_workers_messages() -> None:
 
 def test_widened_messages_split_sends_from_receives_and_keep_the_makespan() -> None:
     run = psl.run_ssp("8xA100-nvlink", [1e-3, 2e-3], steps=2, staleness_bound=10**6)
-    wide = psl.widen_messages(run.trace, 2e-4)
+    wide = widen_messages(run.trace, 2e-4)
     assert wide.makespan == pytest.approx(run.trace.makespan)
     assert all(e.duration >= 2e-4 - 1e-12 for e in wide.events if e.stream == "comm")
     assert wide.on(0, "compute") == run.trace.on(0, "compute")
@@ -290,15 +291,15 @@ def test_scaling_study_wrapper_returns_plot_ready_series() -> None:
 
 
 def test_demo_wrappers_match_one_device() -> None:
-    assert psl.run_demo(3, 2, "adam")["matches"]
-    report = dpl.run_demo(3, 2, "sgd", variant="bucketed")
+    assert psl.run_demo("sim", 3, 2, "adam")["matches"]
+    report = dpl.run_demo("sim", 3, 2, "sgd", variant="bucketed")
     assert report["matches"] and report["variant"] == "bucketed"
 
 
 # ---- lesson 03: a DDP wrapper at work (exercise 3.5's reference) -----------------------------
 
 def test_reference_wrapper_trains_like_one_device_on_uneven_shards() -> None:
-    report = dpl.run_wrapped_demo(dpl.wrap_ddp, 5, 3, "adam")
+    report = dpl.run_wrapped_demo("sim", 5, 3, "adam", wrap=dpl.wrap_ddp)
     assert report["matches"] and report["world_size"] == 5
 
 
