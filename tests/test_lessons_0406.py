@@ -18,6 +18,7 @@ from mpgpu_edu.memory import spec_params
 from mpgpu_edu.pipeline import (gpipe, naive, one_f_one_b, partition_balanced, partition_by_list,
                                 partition_by_sizes)
 from mpgpu_edu.tensor import megatron_mlp
+from mpgpu_edu.viz.stages import plot_bubble
 
 # ---- lesson 04 --------------------------------------------------------------------------------
 
@@ -65,7 +66,7 @@ def test_bubble_rows_measure_both_formulas(stages: int) -> None:
     for row in pl.bubble_rows(stages, [1, 3, 8]):
         assert row["idle_share"] == pytest.approx(row["idle_formula"])
         assert row["overhead"] == pytest.approx(row["overhead_formula"])
-    assert len(pl.plot_bubble(stages).axes[0].get_lines()) == 4
+    assert len(plot_bubble(stages, pl.bubble_rows(stages, (1, 2, 4, 8, 16, 32, 64))).axes[0].get_lines()) == 4
 
 
 def test_timed_trace_pays_the_link() -> None:
