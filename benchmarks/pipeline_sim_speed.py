@@ -9,7 +9,7 @@ Two things are timed, each for GPipe and 1F1B, in this order in one fresh proces
 
 - ``timeline``: ``schedule_timeline`` of the schedule (every step as soon as its device is
   free and its input has arrived, sends costing the cluster's link time) and its
-  ``timeline_trace``: what lesson 04 draws before anything runs (``l04.timed_trace``,
+  ``timeline_trace``: what lesson 04 draws before anything runs (``lessons.pipeline.timed_trace``,
   here without importing the plotting of the lesson).
   The target: under 0.5 s, the first call included.
 - ``executor`` (``--executor``): the same step run by the pipeline executor on the
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p_, m, cluster = args.stages, args.microbatches, CLUSTER
     ok = True
     for name, make in (("gpipe", gpipe), ("1f1b", one_f_one_b)):
-        def timeline(make=make) -> object:  # noqa: ANN001 - l04.timed_trace, without plots
+        def timeline(make=make) -> object:  # noqa: ANN001 - lesson 04's timed_trace, no plots
             send_s = Cluster.preset(cluster).route(0, 1).seconds(ACTIVATION_BYTES)
             return timeline_trace(schedule_timeline(make(p_, m), 1e-3, 2e-3, send_s), p_)
 

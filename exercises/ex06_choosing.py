@@ -56,7 +56,8 @@ def exchange_with_partner(comm: Communicator, tensor: torch.Tensor,
 
 
 def smooth_ring(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Tensor:
-    """The fixed ``l06.smooth_ring_broken``: the same result, without the deadlock.
+    """The fixed ``choosing_and_debugging.smooth_ring_broken``: the same result, without the
+    deadlock.
 
     The array is every rank's ``block`` (1-D float, any length >= 1, lengths may differ
     between ranks) in rank order, and it is a ring: after the last element of rank N-1 comes
@@ -75,7 +76,8 @@ def smooth_ring(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Te
 
 
 def find_straggler(logs: list[list[str]]) -> tuple[int, float]:
-    """The straggler of a run of ``l06.straggler_steps``, found from its per-rank logs alone.
+    """The straggler of a run of ``choosing_and_debugging.straggler_steps``, found from its
+    per-rank logs alone.
 
     ``logs[r]`` is rank r's log as ``launch`` returns it: lines ``"[   12.3456 ms] text"``,
     time stamps in milliseconds from the start. For each step every rank logs

@@ -1,6 +1,6 @@
 """The headless tour: every strategy of the course on one simulated cluster, as files.
 
-``run_demo(out, preset)`` runs one training step of each strategy on the first four devices of
+``run_tour(out, preset)`` runs one training step of each strategy on the first four devices of
 a preset (default ``4xRTX4090-pcie``: four consumer GPUs, each on its own PCIe 4 x16 link
 to the CPU, with no peer-to-peer, so every GPU-to-GPU copy is staged through host memory,
 whose bandwidth concurrent copies share: slow enough that communication costs show) and
@@ -252,7 +252,7 @@ def memory_figure(cluster: Cluster, runs: list[Run]) -> Figure:
     return fig
 
 
-def run_demo(out: str | Path, preset: str = DEFAULT_CLUSTER,
+def run_tour(out: str | Path, preset: str = DEFAULT_CLUSTER,
              progress: Progress = lambda line: None) -> dict:
     """Run the tour on ``preset`` and write its files into ``out`` (created if missing);
     ``progress`` gets one line per stage. Returns the summary (also ``summary.json``)."""

@@ -9,12 +9,12 @@ import pytest
 
 import mpgpu_edu as mp
 from mpgpu_edu.comm.errors import DeadlockError, LaunchTimeoutError, Pending
-from mpgpu_edu.lessons import l06
+from mpgpu_edu.lessons import choosing_and_debugging as cd
 
 
 def test_a_simulated_deadlock_names_each_ranks_send() -> None:
     with pytest.raises(DeadlockError) as caught:
-        mp.launch(l06.both_send_first, 2)
+        mp.launch(cd.both_send_first, 2)
     got = sorted((p.rank, p.op, p.peer, p.tag, p.stream) for p in caught.value.pending)
     assert got == [(0, "send", 1, 0, False), (1, "send", 0, 0, False)]
     assert caught.value.finished == ()
@@ -35,8 +35,8 @@ def test_pending_survives_a_board_line_and_pickling() -> None:
 @pytest.mark.gloo
 def test_a_gloo_timeout_names_the_receive_and_the_finished_rank() -> None:
     with pytest.raises(LaunchTimeoutError) as caught:
-        mp.launch(l06.forgot_to_send, 2, backend="gloo", timeout=3)
+        mp.launch(cd.forgot_to_send, 2, backend="gloo", timeout=3)
     assert [(p.rank, p.op, p.peer, p.tag) for p in caught.value.pending] == [(0, "recv", 1, 0)]
     assert caught.value.finished == (1,)
-    figure = l06.plot_wait_for(caught.value)
+    figure = cd.plot_wait_for(caught.value)
     assert "finished" in figure.axes[0].get_title(loc="left")

@@ -428,14 +428,14 @@ def test_a_forward_step_must_let_the_gradient_flow_back() -> None:
 
 
 def test_the_package_executor_passes_the_executor_check() -> None:
-    from mpgpu_edu.lessons.l04 import reference_executor
+    from mpgpu_edu.lessons.pipeline import reference_executor
 
     results = verdicts("4.5", reference_executor)
     assert not failing(results), results
 
 
 def test_an_executor_that_ignores_the_schedule_holds_too_much() -> None:
-    from mpgpu_edu.lessons.l04 import reference_executor
+    from mpgpu_edu.lessons.pipeline import reference_executor
     from mpgpu_edu.pipeline import gpipe
 
     def always_gpipe(comm: Any, schedule: Any, *args: Any) -> Any:

@@ -7,13 +7,13 @@ from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import launch
-from mpgpu_edu.lessons import l00
+from mpgpu_edu.lessons import welcome as wl
 
 
 def test_split_then_combine_divides_compute_and_adds_an_all_reduce() -> None:
     cluster = Cluster.uniform(4, alpha_s=1e-5, beta_Bps=1e9)
-    one = launch(l00.split_then_combine, cluster.with_visible("0"), 3, 0.03, 1000)
-    four = launch(l00.split_then_combine, cluster, 3, 0.03, 1000)
+    one = launch(wl.split_then_combine, cluster.with_visible("0"), 3, 0.03, 1000)
+    four = launch(wl.split_then_combine, cluster, 3, 0.03, 1000)
     assert one.trace.makespan == pytest.approx(3 * 0.03)
     assert one.bytes_sent_per_rank == [0]
     compute = four.trace.busy(0, "compute")
@@ -26,65 +26,65 @@ def test_split_then_combine_divides_compute_and_adds_an_all_reduce() -> None:
 @pytest.mark.parametrize("loaders", [1, 2, 3])
 def test_input_pipeline_gpu_busy_share_matches_steady_state(loaders: int) -> None:
     load, compute, steps = 0.4, 0.1, 12
-    result = l00.run_input_pipeline(load, compute, loaders=loaders, steps=steps,
+    result = wl.run_input_pipeline(load, compute, loaders=loaders, steps=steps,
                                     batch_bytes=1000)
     gpu = result.trace.n_devices - 1
     assert result.trace.busy(gpu) == pytest.approx(steps * compute)
     steady = 1 - min(1.0, loaders * compute / load)
-    assert l00.gpu_idle_after_first_batch(result) == pytest.approx(steady, abs=0.08)
-    assert l00.gpu_idle_fraction(result) >= l00.gpu_idle_after_first_batch(result)
+    assert wl.gpu_idle_after_first_batch(result) == pytest.approx(steady, abs=0.08)
+    assert wl.gpu_idle_fraction(result) >= wl.gpu_idle_after_first_batch(result)
     kinds = {e.kind for e in result.trace.events if e.stream == "compute"}
     assert kinds == {"data", "compute"}
 
 
 def test_enough_loaders_make_the_gpu_the_bottleneck() -> None:
-    result = l00.run_input_pipeline(0.2, 0.1, loaders=4, steps=10, batch_bytes=10)
-    assert l00.gpu_idle_after_first_batch(result) < 0.01
+    result = wl.run_input_pipeline(0.2, 0.1, loaders=4, steps=10, batch_bytes=10)
+    assert wl.gpu_idle_after_first_batch(result) < 0.01
 
 
 def test_input_pipeline_needs_a_loader_and_a_gpu() -> None:
     with pytest.raises(Exception, match="at least 2 ranks"):
-        launch(l00.input_pipeline, 1, 2, 0.1, 0.1, 10)
+        launch(wl.input_pipeline, 1, 2, 0.1, 0.1, 10)
 
 
 def test_pipeline_figure_names_rows_and_states_the_idle_share() -> None:
-    result = l00.run_input_pipeline(0.2, 0.1, loaders=2, steps=4, batch_bytes=10)
-    fig = l00.plot_input_pipeline(result)
+    result = wl.run_input_pipeline(0.2, 0.1, loaders=2, steps=4, batch_bytes=10)
+    fig = wl.plot_input_pipeline(result)
     assert isinstance(fig, Figure)
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels == ["loader 0 compute", "loader 1 compute", "GPU compute"]
-    assert f"{l00.gpu_idle_fraction(result):.0%}" in fig.axes[0].get_title(loc="left")
+    assert f"{wl.gpu_idle_fraction(result):.0%}" in fig.axes[0].get_title(loc="left")
 
 
 def test_epoch_seconds_is_compute_split_n_ways() -> None:
     cluster = Cluster.preset("8xH100-nvswitch")
     flops = 1e18
-    times = l00.epoch_seconds(cluster, flops, [1, 2, 8])
+    times = wl.epoch_seconds(cluster, flops, [1, 2, 8])
     assert times[1] == pytest.approx(cluster.compute_seconds(flops, "bf16"))
     assert times[8] == pytest.approx(cluster.compute_seconds(flops / 8, "bf16"))
     assert times[1] / times[8] == pytest.approx(8, rel=1e-6)
 
 
 def test_idle_summary_is_in_the_figure_title() -> None:
-    result = l00.run_input_pipeline(0.2, 0.1, loaders=1, steps=4, batch_bytes=10)
-    fig = l00.plot_input_pipeline(result, title="mine")
+    result = wl.run_input_pipeline(0.2, 0.1, loaders=1, steps=4, batch_bytes=10)
+    fig = wl.plot_input_pipeline(result, title="mine")
     title = fig.axes[0].get_title(loc="left")
-    assert title.startswith("mine: ") and l00.idle_summary(result) in title
-    assert f"{l00.gpu_idle_after_first_batch(result):.0%} after the first batch" in title
+    assert title.startswith("mine: ") and wl.idle_summary(result) in title
+    assert f"{wl.gpu_idle_after_first_batch(result):.0%} after the first batch" in title
 
 
 def test_a_faster_gpu_does_not_speed_up_an_input_bound_step() -> None:
-    slow = l00.run_input_pipeline(0.4, 0.1, loaders=1, steps=6, batch_bytes=10)
-    fast = l00.run_input_pipeline(0.4, 0.05, loaders=1, steps=6, batch_bytes=10)
-    assert l00.step_seconds_in_steady_state(slow) == pytest.approx(0.4, rel=0.01)
-    assert l00.step_seconds_in_steady_state(fast) == pytest.approx(0.4, rel=0.01)
+    slow = wl.run_input_pipeline(0.4, 0.1, loaders=1, steps=6, batch_bytes=10)
+    fast = wl.run_input_pipeline(0.4, 0.05, loaders=1, steps=6, batch_bytes=10)
+    assert wl.step_seconds_in_steady_state(slow) == pytest.approx(0.4, rel=0.01)
+    assert wl.step_seconds_in_steady_state(fast) == pytest.approx(0.4, rel=0.01)
 
 
 def test_device_ids_for_maps_physical_to_logical_in_request_order() -> None:
-    assert l00.device_ids_for([1, 2], [1, 2]) == [0, 1]
-    assert l00.device_ids_for([3, 1, 2], [1, 3, 1]) == [1, 0, 1]
+    assert wl.device_ids_for([1, 2], [1, 2]) == [0, 1]
+    assert wl.device_ids_for([3, 1, 2], [1, 3, 1]) == [1, 0, 1]
     with pytest.raises(ValueError, match="GPU 0 is not visible"):
-        l00.device_ids_for([1, 2], [0])
+        wl.device_ids_for([1, 2], [0])
 
 
 def test_data_parallel_plan_uses_the_functions_it_is_given() -> None:
@@ -98,12 +98,12 @@ def test_data_parallel_plan_uses_the_functions_it_is_given() -> None:
 
     def ids_for(visible: list[int], want: list[int]) -> list[int]:
         calls.append("ids")
-        return l00.device_ids_for(visible, want)
+        return wl.device_ids_for(visible, want)
 
-    line = l00.data_parallel_plan("3,1", [1, 3], 4, parse, ids_for)
+    line = wl.data_parallel_plan("3,1", [1, 3], 4, parse, ids_for)
     assert calls == ["parse", "ids"]
     assert "device_ids=[1, 0]" in line and "physical GPUs [1, 3]" in line
-    lost = l00.data_parallel_plan("0,2,-1,1", [1], 4, parse, ids_for)
+    lost = wl.data_parallel_plan("0,2,-1,1", [1], 4, parse, ids_for)
     assert "no device_ids will do" in lost
 
 
@@ -121,6 +121,6 @@ def test_prose_numbers_of_the_notebook_stay_true() -> None:
     assert fits == {1: True, 2: True, 4: False}
     heavy = data.heavy()
     rtx = Cluster.preset("4xRTX4090-pcie")
-    run = l00.run_input_pipeline(1e-3 + 0.2e-6 * heavy.batch, rtx.compute_seconds(heavy.step_flops),
+    run = wl.run_input_pipeline(1e-3 + 0.2e-6 * heavy.batch, rtx.compute_seconds(heavy.step_flops),
                                  loaders=1, steps=8, batch_bytes=4 * 512 * heavy.batch)
-    assert 0.05 <= l00.gpu_idle_after_first_batch(run) <= l00.gpu_idle_fraction(run) <= 0.15
+    assert 0.05 <= wl.gpu_idle_after_first_batch(run) <= wl.gpu_idle_fraction(run) <= 0.15

@@ -16,7 +16,7 @@ from mpgpu_edu.comm import launch
 from mpgpu_edu.course import prediction
 from mpgpu_edu.data import Workload
 from mpgpu_edu.hardware import LINKS
-from mpgpu_edu.lessons import l01
+from mpgpu_edu.lessons import communication as cm
 from mpgpu_edu.viz.ring import ring_state, ring_steps, ring_steps_of
 
 
@@ -34,19 +34,19 @@ SOLUTION = _solution()
 def test_message_seconds_is_alpha_plus_n_over_beta() -> None:
     link = LINKS["nvlink3"]
     expected = link.alpha_s + 1e6 / link.beta_Bps
-    assert l01.message_seconds("nvlink3", 10**6) == pytest.approx(expected)
+    assert cm.message_seconds("nvlink3", 10**6) == pytest.approx(expected)
 
 
 def test_message_figure_has_one_line_per_link_and_honest_labels() -> None:
-    fig = l01.plot_message_time(["pcie4-x16", "nvlink3"], [1, 1024, 2**20])
+    fig = cm.plot_message_time(["pcie4-x16", "nvlink3"], [1, 1024, 2**20])
     ax = fig.axes[0]
     assert isinstance(fig, Figure) and len(ax.get_lines()) == 2
     assert "message" in ax.get_ylabel() and "message" in ax.get_xlabel()
 
 
 def test_send_one_takes_one_message_time() -> None:
-    result = launch(l01.send_one, "4xRTX4090-pcie", 2**20)
-    assert result.trace.makespan == pytest.approx(l01.message_seconds("pcie4-x16", 2**20))
+    result = launch(cm.send_one, "4xRTX4090-pcie", 2**20)
+    assert result.trace.makespan == pytest.approx(cm.message_seconds("pcie4-x16", 2**20))
     assert result.bytes_sent_per_rank == [2**20, 0, 0, 0]
 
 
@@ -61,19 +61,19 @@ EXPECTED = {  # what rank 0 and rank 3 hold after each collective on 4 ranks
 }
 
 
-@pytest.mark.parametrize("name", l01.COLLECTIVES)
+@pytest.mark.parametrize("name", cm.COLLECTIVES)
 def test_each_collective_leaves_the_documented_result(name: str) -> None:
-    result = l01.run_collective(name, 4)
+    result = cm.run_collective(name, 4)
     before = [b for b, _ in result.results]
     assert before[3] == [31, 32, 33, 34]
     assert (result.results[0][1], result.results[3][1]) == EXPECTED[name]
-    text = l01.describe_collective(result)
+    text = cm.describe_collective(result)
     assert text.count("\n") == 3 and text.startswith("rank 0 (sent")
 
 
 def test_unknown_collective_is_refused() -> None:
     with pytest.raises(Exception, match="unknown collective"):
-        l01.run_collective("alltoall", 2)
+        cm.run_collective("alltoall", 2)
 
 
 def test_run_all_reduce_matches_closed_forms_on_a_switch() -> None:
@@ -87,14 +87,14 @@ def test_run_all_reduce_matches_closed_forms_on_a_switch() -> None:
     copy = cluster.op_seconds(0, 2 * size)
     adds = {"naive": 3 * whole, "tree": copy + 2 * whole, "ring": 3 * chunk}
     for algo in ("naive", "tree", "ring"):
-        seconds = l01.run_all_reduce(algo, cluster, size).trace.makespan
+        seconds = cm.run_all_reduce(algo, cluster, size).trace.makespan
         closed = cost.allreduce_time(algo, 4, size, route.alpha_s, route.beta_Bps)
         assert seconds == pytest.approx(closed + adds[algo], rel=1e-9)
 
 
 def test_with_own_uplinks_the_ring_wins_but_behind_one_switch_uplink_it_is_no_faster() -> None:
     size = 256 * 2**20
-    times = {preset: {algo: l01.run_all_reduce(algo, preset, size).trace.makespan
+    times = {preset: {algo: cm.run_all_reduce(algo, preset, size).trace.makespan
                       for algo in ("naive", "tree", "ring")}
              for preset in ("4xRTX4090-pcie", "4xRTX4090-pcie-switch")}
     own, switch = times["4xRTX4090-pcie"], times["4xRTX4090-pcie-switch"]
@@ -106,53 +106,53 @@ def test_with_own_uplinks_the_ring_wins_but_behind_one_switch_uplink_it_is_no_fa
 
 def test_on_two_sockets_the_socket_link_slows_the_ring_but_it_still_beats_naive() -> None:
     size = 256 * 2**20
-    four = l01.run_all_reduce("ring", "4xRTX4090-pcie", size).trace.makespan
-    eight = l01.run_all_reduce("ring", "8xRTX4090-pcie", size).trace.makespan
-    naive = l01.run_all_reduce("naive", "8xRTX4090-pcie", size).trace.makespan
+    four = cm.run_all_reduce("ring", "4xRTX4090-pcie", size).trace.makespan
+    eight = cm.run_all_reduce("ring", "8xRTX4090-pcie", size).trace.makespan
+    naive = cm.run_all_reduce("naive", "8xRTX4090-pcie", size).trace.makespan
     assert eight > 1.5 * four  # far more than the 7/6 of the bytes per rank
     assert naive > 2 * eight
 
 
 def test_links_show_peak_and_effective_and_routes_their_shared_caps() -> None:
-    text = l01.describe_links(["pcie4-x16", "nvlink3", "loopback-gloo"]).splitlines()
+    text = cm.describe_links(["pcie4-x16", "nvlink3", "loopback-gloo"]).splitlines()
     assert "peak  31.5 GB/s, effective  24.0 GB/s" in text[0]
     assert "peak 300.0 GB/s, effective 205.0 GB/s ( 68% of peak)" in text[1]
     assert "no peak figure" in text[2]
-    cross = l01.describe_route("8xRTX4090-pcie", 0, 7)
+    cross = cm.describe_route("8xRTX4090-pcie", 0, 7)
     assert "alone  10 GB/s" in cross and "socket0to1 10" in cross
-    assert "alone  24 GB/s" in l01.describe_route("4xRTX4090-pcie", 0, 1)
+    assert "alone  24 GB/s" in cm.describe_route("4xRTX4090-pcie", 0, 1)
 
 
 def test_bus_bandwidth_and_the_comparison_with_published_figures() -> None:
     link = LINKS["nvlink3"]
     ideal = cost.ring_allreduce_time(8, 2**30, 0.0, link.beta_Bps)
-    assert l01.bus_bandwidth(2**30, 8, ideal) == pytest.approx(link.beta_Bps)
-    for preset, (published, citation) in l01.PUBLISHED_BUSBW.items():
-        simulated, figure, error, cited = l01.compare_with_published(preset, 2**30)
+    assert cm.bus_bandwidth(2**30, 8, ideal) == pytest.approx(link.beta_Bps)
+    for preset, (published, citation) in cm.PUBLISHED_BUSBW.items():
+        simulated, figure, error, cited = cm.compare_with_published(preset, 2**30)
         assert figure == published and cited == citation
         assert error == pytest.approx(simulated / published - 1)
         assert -0.25 < error < -0.05  # below the measurement: its adds are kernels of their own
         source = LINKS["nvlink3" if "A100" in preset else "nvlink4-nvswitch"].source
         assert citation.split("(")[1].split(",")[0] in source  # the issue the link cites
     # NCCL's engineering closes the gap (every preset's row: tests/test_fidelity.py)
-    simulated = l01.compare_with_published("8xA100-nvlink", 2**30)[0]
-    nccl, _, nccl_error, _ = l01.compare_with_published("8xA100-nvlink", 2**30, "nccl")
+    simulated = cm.compare_with_published("8xA100-nvlink", 2**30)[0]
+    nccl, _, nccl_error, _ = cm.compare_with_published("8xA100-nvlink", 2**30, "nccl")
     assert abs(nccl_error) < 0.05 and nccl > simulated
 
 
 def test_allreduce_times_uses_the_first_devices() -> None:
-    times = l01.allreduce_times("8xA100-nvlink", ["ring"], [2**20], world_size=2)
+    times = cm.allreduce_times("8xA100-nvlink", ["ring"], [2**20], world_size=2)
     cluster = Cluster.preset("8xA100-nvlink")
     route = cluster.route(0, 1)
     add = cluster.op_seconds(0, 3 * 2**20 / 2)  # one half added, in the one reduce step
     assert times["ring"][2**20] == pytest.approx(
         cost.ring_allreduce_time(2, 2**20, route.alpha_s, route.beta_Bps) + add)
-    assert l01.first_devices("8xA100-nvlink", 3).world_size == 3
+    assert cm.first_devices("8xA100-nvlink", 3).world_size == 3
 
 
 def test_bytes_figure_has_a_panel_per_run() -> None:
-    runs = {algo: l01.run_all_reduce(algo, 4, 4096) for algo in ("naive", "ring")}
-    fig = l01.plot_bytes_per_rank(runs)
+    runs = {algo: cm.run_all_reduce(algo, 4, 4096) for algo in ("naive", "ring")}
+    fig = cm.plot_bytes_per_rank(runs)
     assert len(fig.axes) == 2
     assert fig.axes[0].get_title(loc="left").startswith("naive: busiest rank sent 12 KiB")
 
@@ -160,9 +160,9 @@ def test_bytes_figure_has_a_panel_per_run() -> None:
 def test_light_model_gets_slower_on_pcie_and_heavy_scales_on_nvswitch() -> None:
     light = Workload("light", (256, 1024, 256), 64)
     heavy = Workload("heavy", (256, 1024, 256), 65536)
-    pcie = l01.step_seconds(light, "8xRTX4090-pcie", [1, 2])
+    pcie = cm.step_seconds(light, "8xRTX4090-pcie", [1, 2])
     assert pcie[2] > pcie[1]
-    switch = l01.step_seconds(heavy, "8xA100-nvlink", [1, 4])
+    switch = cm.step_seconds(heavy, "8xA100-nvlink", [1, 4])
     assert 3 < switch[1] / switch[4] <= 4
 
 
@@ -170,14 +170,14 @@ def test_light_model_gets_slower_on_pcie_and_heavy_scales_on_nvswitch() -> None:
 
 def test_run_all_reduce_takes_a_function_and_times_it_like_the_package() -> None:
     for fn, name in ((SOLUTION.ring_all_reduce, "ring"), (SOLUTION.naive_all_reduce, "naive")):
-        mine = l01.run_all_reduce(fn, "8xA100-nvlink", 2**24).trace.makespan
-        package = l01.run_all_reduce(name, "8xA100-nvlink", 2**24).trace.makespan
+        mine = cm.run_all_reduce(fn, "8xA100-nvlink", 2**24).trace.makespan
+        package = cm.run_all_reduce(name, "8xA100-nvlink", 2**24).trace.makespan
         assert mine == pytest.approx(package, rel=1e-6)
-    times = l01.allreduce_times("4xA100-nvlink", {"yours": SOLUTION.composed_all_reduce},
+    times = cm.allreduce_times("4xA100-nvlink", {"yours": SOLUTION.composed_all_reduce},
                                 [2**20])
     assert list(times) == ["yours"] and times["yours"][2**20] > 0
     with pytest.raises(ValueError, match="unknown all-reduce"):
-        l01.run_all_reduce("butterfly", 4, 1024)
+        cm.run_all_reduce("butterfly", 4, 1024)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
@@ -215,23 +215,23 @@ def test_binary_tree_reference_sums_along_the_exercise_tree(n: int) -> None:
 
     def program(comm: Any) -> torch.Tensor:
         tensor = torch.full((5,), float(comm.rank + 1))
-        l01.binary_tree_all_reduce(comm, tensor)
+        cm.binary_tree_all_reduce(comm, tensor)
         return tensor
 
     result = launch(program, n)
     assert all(t.tolist() == [n * (n + 1) / 2] * 5 for t in result.results)
     for rank, stats in enumerate(result.stats):
-        peers = l01.tree_children(rank, n) + ([(rank - 1) // 2] if rank else [])
+        peers = cm.tree_children(rank, n) + ([(rank - 1) // 2] if rank else [])
         assert sorted(stats.sent_to) == sorted(peers)
 
 
 @pytest.mark.parametrize("n", range(1, 17))
 def test_binary_tree_closed_form_holds_on_the_simulator(n: int) -> None:
     alpha, beta, size = 1e-5, 1e9, 2**20
-    seconds = l01.run_all_reduce(l01.binary_tree_all_reduce,
+    seconds = cm.run_all_reduce(cm.binary_tree_all_reduce,
                                  Cluster.uniform(n, alpha_s=alpha, beta_Bps=beta),
                                  size).trace.makespan
-    closed = l01.binary_tree_seconds(n, size, alpha, beta)
+    closed = cm.binary_tree_seconds(n, size, alpha, beta)
     if n in (1, 3, 7, 15):  # full trees: exactly the closed form
         assert seconds == pytest.approx(closed, rel=1e-9)
     else:
@@ -240,15 +240,15 @@ def test_binary_tree_closed_form_holds_on_the_simulator(n: int) -> None:
 
 def test_the_solution_tree_is_timed_like_the_reference() -> None:
     for n in (4, 7, 8):
-        mine = l01.run_all_reduce(SOLUTION.tree_all_reduce, "8xA100-nvlink", 2**24, n)
-        ref = l01.run_all_reduce(l01.binary_tree_all_reduce, "8xA100-nvlink", 2**24, n)
+        mine = cm.run_all_reduce(SOLUTION.tree_all_reduce, "8xA100-nvlink", 2**24, n)
+        ref = cm.run_all_reduce(cm.binary_tree_all_reduce, "8xA100-nvlink", 2**24, n)
         assert mine.trace.makespan == pytest.approx(ref.trace.makespan, rel=1e-9)
 
 
 def test_comm_timelines_label_every_bar_on_one_time_axis() -> None:
-    shared = l01.run_all_reduce(SOLUTION.ring_all_reduce, "4xRTX4090-pcie-switch", 2**26).trace
-    fast = l01.run_all_reduce(SOLUTION.ring_all_reduce, "4xRTX4090-pcie", 2**26).trace
-    fig = l01.plot_comm_timelines({"own": fast, "shared": shared}, until=fast.makespan)
+    shared = cm.run_all_reduce(SOLUTION.ring_all_reduce, "4xRTX4090-pcie-switch", 2**26).trace
+    fast = cm.run_all_reduce(SOLUTION.ring_all_reduce, "4xRTX4090-pcie", 2**26).trace
+    fig = cm.plot_comm_timelines({"own": fast, "shared": shared}, until=fast.makespan)
     fig.canvas.draw()
     top, bottom = fig.axes[0], fig.axes[1]
     assert top.get_xlim() == bottom.get_xlim() and top.get_xlabel() == ""
@@ -262,7 +262,7 @@ def test_scaling_figure_colour_is_the_machine_and_style_the_workload() -> None:
     step = {("light", "PCIe"): {1: 1.0, 2: 2.0}, ("heavy", "PCIe"): {1: 1.0, 2: 0.6},
             ("light", "NVSwitch"): {1: 1.0, 2: 0.9}, ("heavy", "NVSwitch"): {1: 1.0, 2: 0.5}}
     lines = {line.get_label(): line for line in
-             l01.plot_step_speedups(step, "t").axes[0].get_lines()}
+             cm.plot_step_speedups(step, "t").axes[0].get_lines()}
     colour = {k: lines[f"{w}, {m}"].get_color() for k, (w, m) in enumerate(step)}
     style = {k: lines[f"{w}, {m}"].get_linestyle() for k, (w, m) in enumerate(step)}
     assert colour[0] == colour[1] != colour[2] == colour[3]
@@ -271,8 +271,8 @@ def test_scaling_figure_colour_is_the_machine_and_style_the_workload() -> None:
 
 def test_the_predictions_answers_are_what_the_simulator_measures() -> None:
     big = 256 * 2**20
-    naive = l01.run_all_reduce(SOLUTION.naive_all_reduce, "8xA100-nvlink", big).trace.makespan
-    ring = l01.run_all_reduce(SOLUTION.ring_all_reduce, "8xA100-nvlink", big).trace.makespan
-    assert l01.speedup_choice(naive, ring) == prediction("01.ring-vs-naive").answer
-    four = l01.run_all_reduce(all_reduce_ring, "8xA100-nvlink", big, 4).trace.makespan
-    assert l01.growth_choice(four, ring) == prediction("01.ring-doubling").answer
+    naive = cm.run_all_reduce(SOLUTION.naive_all_reduce, "8xA100-nvlink", big).trace.makespan
+    ring = cm.run_all_reduce(SOLUTION.ring_all_reduce, "8xA100-nvlink", big).trace.makespan
+    assert cm.speedup_choice(naive, ring) == prediction("01.ring-vs-naive").answer
+    four = cm.run_all_reduce(all_reduce_ring, "8xA100-nvlink", big, 4).trace.makespan
+    assert cm.growth_choice(four, ring) == prediction("01.ring-doubling").answer

@@ -58,12 +58,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _writable(out)
 
-    from mpgpu_edu.demo import run_demo, table
+    from mpgpu_edu.demo import run_tour, table
 
     def progress(line: str) -> None:
         print(f"demo: {line}", file=sys.stderr, flush=True)
 
-    summary = run_demo(out, args.cluster, progress)
+    summary = run_tour(out, args.cluster, progress)
     print(json.dumps(summary, indent=2) if args.json else table(summary))
     if not args.json:
         print(f"\nfiles in {out}: summary.json, trace_*.json (open in https://ui.perfetto.dev)"

@@ -53,6 +53,13 @@ def message_time(nbytes: float, alpha_s: float, beta_Bps: float) -> float:
     return alpha_s + nbytes / beta_Bps
 
 
+def bus_bandwidth(nbytes: float, world_size: int, seconds: float) -> float:
+    """nccl-tests' bus bandwidth of an all-reduce: ``S / t x 2(N - 1) / N``, the rate each
+    rank's link must carry, comparable across N (and the link's bandwidth for an ideal
+    ring)."""
+    return nbytes / seconds * 2 * (world_size - 1) / world_size
+
+
 def broadcast_time(n: int, nbytes: float, alpha_s: float, beta_Bps: float) -> float:
     """Linear broadcast (``basic.broadcast``): ``(N - 1)(alpha + S / beta)``."""
     _check_n(n)

@@ -11,7 +11,8 @@ step. Speedup is against the same step on one device; efficiency is speedup / de
     info["step_s"], info["efficiency"]
 
 With ``wrap`` (a DDP wrapper: exercise 3.5's ``wrap_ddp``, or what ``mp.yours`` chose), the
-overlapped steps are the wrapper's, timed from the first forward on (``l03.step_only``).
+overlapped steps are the wrapper's, timed from the first forward on
+(``lessons.data_parallel.step_only``).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def simulate_step(devices: int, model: str, cluster: str | Cluster, bucket_mb: f
     step, _ = step_function(bucket_mb, overlap)
     machine = machine.with_visible(",".join(str(d) for d in range(devices)))
     if wrap is not None and overlap:
-        from mpgpu_edu.lessons.l03 import step_only, wrapped_step_on_meta
+        from mpgpu_edu.lessons.data_parallel import step_only, wrapped_step_on_meta
 
         nbytes = max(1, int(bucket_mb * 2**20))
         return step_only(launch(wrapped_step_on_meta, machine, _workload(model), wrap,
@@ -100,7 +101,7 @@ def dp_view(devices: int = 4, model: str = "heavy", cluster: str | Cluster = "4x
     _, mode = step_function(bucket_mb, overlap)
     who = ""
     if wrap is not None and overlap:
-        from mpgpu_edu.lessons.l03 import whose
+        from mpgpu_edu.lessons.data_parallel import whose
 
         who = (whose(wrap) if hasattr(wrap, "is_yours")
                else getattr(wrap, "label", "your DDP wrapper")) + "\n"

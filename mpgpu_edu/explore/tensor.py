@@ -1,11 +1,11 @@
 """The tensor-parallel explorer: Megatron's MLP block split over 1 to 8 devices, on the
 simulator, as the number of devices, the cluster and the model width change.
 
-The block is lesson 05's ``l05.megatron_pass``: ``Linear(d, 4d)``, GELU, ``Linear(4d, d)`` in
-bf16 on ``tokens`` rows, forward and backward, run by a function with exercise 5.4's
-signature (the learner's ``megatron_mlp`` once ``mp.yours`` hands it over, else the
-package's) on meta tensors: the simulator times its FLOPs and bytes without computing them,
-so a change redraws in well under a second.
+The block is lesson 05's ``lessons.tensor_and_hybrid.megatron_pass``: ``Linear(d, 4d)``, GELU,
+``Linear(4d, d)`` in bf16 on ``tokens`` rows, forward and backward, run by a function with
+exercise 5.4's signature (the learner's ``megatron_mlp`` once ``mp.yours`` hands it over,
+else the package's) on meta tensors: the simulator times its FLOPs and bytes without
+computing them, so a change redraws in well under a second.
 
 Each device computes 1/N of the block, then waits for two all-reduces of a (tokens, d)
 activation: the output's (g, after the forward) and x's gradient (f, after the backward).
@@ -55,7 +55,7 @@ def simulate_block(devices: int, cluster: ClusterLike, d_model: int = 4096,
     """One forward and backward of the block on the first ``devices`` devices of ``cluster``
     (a preset name or a Cluster), run by ``mlp`` (default: the package's ``megatron_mlp``).
     Runs on a preset are remembered, so moving one control does not redo the others."""
-    from mpgpu_edu.lessons.l05 import megatron_pass
+    from mpgpu_edu.lessons.tensor_and_hybrid import megatron_pass
 
     machine = _machine(cluster)
     if not 1 <= devices <= machine.n_physical:
@@ -106,7 +106,7 @@ def tp_view(devices: int = 4, cluster: ClusterLike = "8xA100-nvlink", d_model: i
     of the output the bytes add up to), ``bytes_sent`` per device, ``bytes_per_link``
     ({(src, dst): bytes}) and ``scaling`` (per device count: compute_s, all_reduce_s).
     ``mlp``: a function with exercise 5.4's signature (its ``label``, if any, in the title)."""
-    from mpgpu_edu.lessons.l05 import all_reduces
+    from mpgpu_edu.lessons.tensor_and_hybrid import all_reduces
 
     machine = _machine(cluster)
     name = machine.name

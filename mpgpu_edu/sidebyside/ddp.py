@@ -124,7 +124,7 @@ def compare_ddp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
                 timeout: float = 120.0) -> SideBySide:
     """Train ``make_mlp(sizes)`` for ``steps`` steps of ``batch`` samples on ``ranks`` gloo
     processes with ``wrap`` (exercise 3.5's ``wrap_ddp``, or ``mp.yours``'s choice; None:
-    the package's DDP wrapper, ``lessons.l03.wrap_ddp``, made of ``dp.ddp``'s buckets and
+    the package's DDP wrapper, ``lessons.data_parallel.wrap_ddp``, made of ``dp.ddp``'s buckets and
     hooks) and with ``torch.nn.parallel.DistributedDataParallel``, and on one device.
     ``batch`` must split evenly over the ranks. Returns the losses and step times of all
     three (``SideBySide``: print it, ``.plot()`` it)."""
@@ -133,7 +133,7 @@ def compare_ddp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
                          f"over them; got {ranks} ranks and a batch of {batch}")
     label = "the package's DDP wrapper" if wrap is None else label_of(wrap)
     if wrap is None:
-        from mpgpu_edu.lessons.l03 import wrap_ddp as wrap
+        from mpgpu_edu.lessons.data_parallel import wrap_ddp as wrap
     model_fn = functools.partial(make_mlp, tuple(sizes))
     batches = make_batches(steps, batch, sizes[0], sizes[-1])
     run = launch(ddp_side_by_side, ranks, plain(wrap), model_fn, batches, optimizer, lr,

@@ -126,7 +126,7 @@ def compare_pipelining(execute: Executor | None = None, ranks: int = 2, steps: i
     """Train ``make_mlp(sizes)`` cut into ``ranks`` stages (one per gloo process) for
     ``steps`` steps of ``batch`` samples in ``microbatches`` microbatches: with ``execute``
     (exercise 4.5's ``execute_schedule``, or ``mp.yours``'s choice; None: the package's
-    executor, ``lessons.l04.reference_executor``) running ``one_f_one_b``, with torch's
+    executor, ``lessons.pipeline.reference_executor``) running ``one_f_one_b``, with torch's
     ``PipelineStage`` + ``Schedule1F1B``, and on one device. ``batch`` must split into equal
     microbatches. Returns the losses and step times of all three (``SideBySide``)."""
     if ranks < 2 or batch % microbatches or microbatches < 1:
@@ -135,7 +135,7 @@ def compare_pipelining(execute: Executor | None = None, ranks: int = 2, steps: i
                          f"in {microbatches} microbatches")
     label = "the package's executor" if execute is None else label_of(execute)
     if execute is None:
-        from mpgpu_edu.lessons.l04 import reference_executor as execute
+        from mpgpu_edu.lessons.pipeline import reference_executor as execute
     model_fn = functools.partial(make_mlp, tuple(sizes))
     _check_stages(model_fn(), ranks)
     batches = make_batches(steps, batch, sizes[0], sizes[-1])

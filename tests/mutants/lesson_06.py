@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from mpgpu_edu.memory import estimate_memory
-from mpgpu_edu.lessons.l06 import phase_seconds
+from mpgpu_edu.lessons.choosing_and_debugging import phase_seconds
 
 
 # ---- 6.1 ------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from mpgpu_edu.grading.checks._support import (ALPHA, BETA, bytes_of, compute_ex
                                                evidence, examples, expect, expect_close,
                                                from_scratch, judge_examples, launch_facts,
                                                rank_inputs, run_spmd, showing, uniform)
-from mpgpu_edu.lessons.l01 import all_reduce_meta, binary_tree_all_reduce, tree_children
+from mpgpu_edu.lessons.communication import all_reduce_meta, binary_tree_all_reduce, tree_children
 
 Impl = Callable[..., Any]
 Facts = dict[str, Any]

@@ -20,7 +20,7 @@ from mpgpu_edu.grading.checks._plain import UNPLAIN, type_name
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
                                                expect_close, from_scratch, judge_examples,
                                                launch_facts, run_spmd, uniform)
-from mpgpu_edu.lessons import l06
+from mpgpu_edu.lessons import choosing_and_debugging as l06
 from mpgpu_edu.memory import estimate_memory
 
 Impl = Callable[..., Any]

@@ -1,20 +1,19 @@
 """Lesson 04's demos: a model split layer by layer, who waits for whom, and what the bubble costs.
+Its figures (``plot_stage_costs``, ``plot_flow``, ...) are ``mpgpu_edu.viz.stages``'s.
 
 - ``seed_model``: the seed's deep network, layers named ``"1" .. "30"``, so a placement reads
   "layers 1-10 on cuda:0"; ``uneven_model``: layers of very different sizes, to balance.
-- ``plot_stage_costs``: parameters (or FLOPs) per stage, one panel per placement.
 - ``run_step``: one training step of a small model through the package's pipeline executor on
   the simulator, each stage taking fixed seconds for the whole batch (shared out over the
   microbatches), so every schedule processes the same work.
-- ``describe_messages`` / ``plot_flow``: the activations each stage sends forward and the
-  gradients it sends back, as text and as arrows on the timeline.
-- ``bubble_rows`` / ``plot_bubble``: the two bubble formulas against measured schedules.
+- ``describe_messages``: the activations each stage sends forward and the gradients it
+  sends back.
+- ``bubble_rows``: the two bubble formulas against measured schedules (``plot_bubble``).
 - ``timed_trace``: a schedule on the clock of a real link (send = alpha + bytes / beta).
 - ``executor_step`` / ``run_executor_step``: one training step run by an executor with
   exercise 4.5's signature (the learner's, or ``reference_executor``, the package's), each
   stage a ``TrackedStage`` that records its activations from the forward until the executor
-  lets go of them;
-  ``microbatches_held``, ``plot_memory_runs``, ``plot_timeline_runs`` read the runs.
+  lets go of them; ``microbatches_held`` reads the runs.
 """
 
 from __future__ import annotations
@@ -22,38 +21,29 @@ from __future__ import annotations
 import copy
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter
 from torch import nn
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import Communicator, LaunchResult, launch, nbytes_of
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_parameters
-from mpgpu_edu.pipeline import (LayerCost, Placement, Schedule, Step, gpipe, one_f_one_b,
-                                partition_balanced, schedule_timeline, split_module, steps_of,
-                                timeline_trace)
+from mpgpu_edu.pipeline import (LayerCost, Schedule, Step, gpipe, one_f_one_b, partition_balanced,
+                                schedule_timeline, split_module, steps_of, timeline_trace)
 from mpgpu_edu.pipeline.executor import run_schedule, split_batch, stage_inputs_like
 from mpgpu_edu.pipeline.runner import train_pipeline
 from mpgpu_edu.trace import Trace
-from mpgpu_edu.viz.devicemap import format_count
-from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, format_bytes, format_seconds,
-                                   new_figure, series_color, style)
-from mpgpu_edu.viz.memory import plot_memory_compare
-from mpgpu_edu.viz.timeline import plot_timeline, plot_timelines_side_by_side
+from mpgpu_edu.viz.palette import format_bytes, format_seconds
+from mpgpu_edu.viz.stages import (message_kind, plot_flow, plot_link_timelines, plot_memory_runs,
+                                  plot_stage_costs, plot_timeline_runs, stage_messages)
 
 BATCH_SECONDS = (0.016, 0.032)  # one stage's forward and backward of the whole batch
 STEP_SIZES = (16, 64, 64, 64, 64, 64, 64, 64, 8)  # 8 Linear layers: 15 children with the ReLUs
 STEP_BATCH = 1024  # large enough that a stage's activations outweigh its parameters
 UNEVEN_WIDTHS = (512, 768, 768, 512, 512, 512, 256, 256, 256, 256, 256, 256, 32)
-ACTIVATION_COLOR = OKABE_ITO["black"]
-GRADIENT_COLOR = OKABE_ITO["vermillion"]
 
 
 # ---- models to split ---------------------------------------------------------------------------
@@ -73,41 +63,6 @@ def uneven_model(widths: Sequence[int] = UNEVEN_WIDTHS) -> nn.Sequential:
     blocks = [(str(i + 1), nn.Sequential(nn.Linear(a, b), nn.ReLU()) if i < len(pairs) - 1
                else nn.Linear(a, b)) for i, (a, b) in enumerate(pairs)]
     return nn.Sequential(OrderedDict(blocks))
-
-
-def plot_stage_costs(placements: Mapping[str, Placement], by: str = "params",
-                     title: str | None = None) -> Figure:
-    """One panel per placement: a bar per stage, its parameters (``by="params"``) or forward
-    FLOPs (``"flops"``); the dashed line is the ideal, the total divided evenly. ``title``
-    (say, whose split it is) goes above the panels."""
-    fig = new_figure(3.8 * len(placements) + 0.8, 3.6)
-    axes = fig.subplots(1, len(placements), sharey=True, squeeze=False)[0]
-    top = 0.0
-    for ax, (label, placement) in zip(axes, placements.items()):
-        costs = [s.n_params if by == "params" else s.flops for s in placement.stages]
-        top = max(top, *costs)
-        bars = ax.bar(range(len(costs)), costs, color=series_color(0), width=0.6)
-        for bar, cost, stage in zip(bars, costs, placement.stages):
-            ax.annotate(f"{format_count(int(cost))}\n{_layers(stage.layers)}",
-                        (bar.get_x() + bar.get_width() / 2, cost), xytext=(0, 2),
-                        textcoords="offset points", ha="center", va="bottom",
-                        fontsize=FONT_SIZE - 2)
-        ideal = sum(costs) / len(costs)
-        ax.axhline(ideal, color="black", linestyle="--", linewidth=1)
-        ax.set_xticks(range(len(costs)), [f"stage {s}" for s in range(len(costs))])
-        ax.set_title(f"{label}:\nlargest stage {max(costs) / ideal:.2f} x the even share "
-                     "(dashed)", loc="left", fontsize=FONT_SIZE)
-        style(ax, grid="y")
-    axes[0].set_ylim(0, top * 1.3)
-    axes[0].yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: format_count(int(y))))
-    axes[0].set_ylabel("parameters" if by == "params" else "forward FLOPs")
-    if title:
-        fig.suptitle(title, x=0.01, ha="left", fontsize=FONT_SIZE)
-    return fig
-
-
-def _layers(names: Sequence[str]) -> str:
-    return f"layer {names[0]}" if len(names) == 1 else f"layers {names[0]}-{names[-1]}"
 
 
 # ---- the package's answers to exercises 4.1-4.3, with the exercises' signatures ---------------
@@ -150,42 +105,17 @@ def run_step(schedule: Schedule, cluster: Cluster | str = "4xRTX4090-pcie",
                   None, loss_fn, seconds)
 
 
-def _messages(trace: Trace) -> list:
-    return sorted((e for e in trace.events if e.kind == "send"), key=lambda e: (e.start, e.device))
-
-
-def _what(event) -> str:  # noqa: ANN001 - a trace Event
-    return "activations" if event.peer > event.device else "gradient"
-
-
 def describe_messages(result: LaunchResult) -> str:
     """Every message of the run, in time order: when, from which device to which, what it
     carries (activations go to the next stage, gradients back to the previous one), bytes."""
     lines = []
-    for e in _messages(result.trace):
+    for e in stage_messages(result.trace):
         arrow = "->" if e.peer > e.device else "<-"
         pair = (f"dev {e.device} -> dev {e.peer}" if arrow == "->"
                 else f"dev {e.peer} <- dev {e.device}")
-        lines.append(f"{format_seconds(e.start):>9}  {pair}  {_what(e):11} "
+        lines.append(f"{format_seconds(e.start):>9}  {pair}  {message_kind(e):11} "
                      f"{format_bytes(e.nbytes):>9}, arrives after {format_seconds(e.duration)}")
     return "\n".join(lines)
-
-
-def plot_flow(trace: Trace, title: str | None = None) -> Figure:
-    """The compute timeline with an arrow for every message: black from a forward to the next
-    stage (activations), red from a backward to the previous stage (gradients)."""
-    fig = plot_timeline(trace, streams=("compute",), title=title)
-    ax = fig.axes[0]
-    for e in _messages(trace):
-        color = ACTIVATION_COLOR if e.peer > e.device else GRADIENT_COLOR
-        ax.annotate("", xy=(e.end, e.peer), xytext=(e.start, e.device),
-                    arrowprops={"arrowstyle": "-|>", "color": color, "linewidth": 1.4,
-                                "shrinkA": 0, "shrinkB": 6}, gid=f"message:{_what(e)}")
-    handles = [Line2D([], [], color=ACTIVATION_COLOR, label="activations -> next stage"),
-               Line2D([], [], color=GRADIENT_COLOR, label="gradient -> previous stage")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False,
-               fontsize=FONT_SIZE - 1)
-    return fig
 
 
 # ---- the bubble ----------------------------------------------------------------------------------
@@ -207,30 +137,6 @@ def bubble_rows(n_stages: int, microbatches: Sequence[int], forward_s: float = 1
     return rows
 
 
-def plot_bubble(n_stages: int, microbatches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)) -> Figure:
-    """Both bubble measures against the number of microbatches M, for P = ``n_stages``:
-    lines are the closed forms, dots the measured GPipe schedules."""
-    rows = bubble_rows(n_stages, microbatches)
-    ax = new_figure(7.5, 4).add_subplot()
-    ms = [r["M"] for r in rows]
-    p = n_stages
-    for i, (key, formula, label) in enumerate((
-            ("idle_share", "idle_formula", f"idle / total time = (P-1)/(M+P-1)"),
-            ("overhead", "overhead_formula", f"idle / ideal compute = (P-1)/M"))):
-        ax.plot(ms, [100 * r[formula] for r in rows], color=series_color(i), label=label)
-        ax.plot(ms, [100 * r[key] for r in rows], "o", color=series_color(i))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ms, [str(m) for m in ms])
-    ax.set_xlabel("microbatches M (log scale)")
-    ax.set_ylabel("bubble (%)")
-    ax.set_ylim(0, 100 * (p - 1) / ms[0] * 1.08)
-    ax.set_title(f"GPipe bubble with P = {p} stages: lines are the formulas, dots measured",
-                 loc="left")
-    ax.legend(frameon=False)
-    style(ax)
-    return ax.figure
-
-
 def timed_trace(schedule: Schedule, cluster: Cluster | str, forward_s: float, backward_s: float,
                 nbytes: int) -> tuple[Trace, float]:
     """``schedule`` on the clock: every step as soon as its device is free and its input has
@@ -241,16 +147,6 @@ def timed_trace(schedule: Schedule, cluster: Cluster | str, forward_s: float, ba
     send_s = machine.route(0, 1).seconds(nbytes)
     timeline = schedule_timeline(schedule, forward_s, backward_s, send_s)
     return timeline_trace(timeline, schedule.n_stages), send_s
-
-
-def plot_link_timelines(traces: Mapping[str, Trace]) -> Figure:
-    """``timed_trace`` runs stacked on one time axis, each panel with its own time labels."""
-    fig = plot_timelines_side_by_side(traces, streams=("compute",))
-    xlabel = fig.axes[-1].get_xlabel()
-    for ax in fig.axes:
-        ax.tick_params(labelbottom=True)
-        ax.set_xlabel(xlabel)
-    return fig
 
 
 # ---- an executor of exercise 4.5 on the clock ---------------------------------------------------
@@ -380,17 +276,3 @@ def microbatches_held(trace: Trace, device: int) -> int:
     return peak
 
 
-def plot_memory_runs(runs: Mapping[str, LaunchResult], label: str, device: int = 0) -> Figure:
-    """``device``'s memory over the step under each run, side by side; ``label`` (whose
-    executor ran them) as the figure's title."""
-    fig = plot_memory_compare({name: run.trace for name, run in runs.items()}, device=device)
-    fig.suptitle(f"run by: {label}", x=0.01, ha="left", fontsize=FONT_SIZE)
-    return fig
-
-
-def plot_timeline_runs(runs: Mapping[str, LaunchResult], label: str) -> Figure:
-    """The runs' compute timelines stacked on one time axis, ``label`` as the title."""
-    fig = plot_timelines_side_by_side({name: run.trace for name, run in runs.items()},
-                                      streams=("compute",))
-    fig.suptitle(f"run by: {label}", x=0.01, ha="left", fontsize=FONT_SIZE)
-    return fig

@@ -46,8 +46,8 @@ from mpgpu_edu.dp.ddp import (StepFn, broadcast_parameters, ddp_step_overlapped,
                               flatten_grads, forward_backward, make_buckets, optimizer_step,
                               train_ddp, unflatten_grads)
 from mpgpu_edu.dp.scaling import PRESETS, WORLD_SIZES, scaling_study
-from mpgpu_edu.lessons.l01 import first_devices
-from mpgpu_edu.lessons.l02 import one_torch_thread, plot_loss_curves
+from mpgpu_edu.lessons.communication import first_devices
+from mpgpu_edu.lessons.parameter_server import one_torch_thread, plot_loss_curves
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.reference import (batch_for_step, compare_to_reference, make_optimizer,
                                  named_params, train_single)
@@ -187,12 +187,13 @@ def whose(chosen: Any) -> str:
 
 # ---- whole runs -------------------------------------------------------------------------------
 
-def run_demo(world_size: int, steps: int, optimizer: str,
-             variant: str = "overlapped") -> dict:
-    """``dp.run_demo`` on the simulator: DDP (``variant``) on ``world_size`` ranks trains the
-    demo model for ``steps`` steps; the report compares with one device (``train_single``)."""
+def run_demo(backend: str, world_size: int, steps: int, optimizer: str,
+             **options: Any) -> dict:
+    """``dp.run_demo`` on one torch thread: DDP (option ``variant``, default "overlapped") on
+    ``world_size`` ranks trains the demo model for ``steps`` steps; the report compares with
+    one device (``train_single``)."""
     with one_torch_thread():
-        return dp_run_demo("sim", world_size, steps, optimizer, variant=variant)
+        return dp_run_demo(backend, world_size, steps, optimizer, **options)
 
 
 def run_training(cluster: Cluster | str, sizes: Sequence[int], batch: int, steps: int,
@@ -248,15 +249,17 @@ def train_wrapped(comm: Communicator, wrap: Wrap, model_fn: Callable[[], nn.Modu
     return {"params": named_params(model), "losses": total.tolist()}
 
 
-def run_wrapped_demo(wrap: Wrap, world_size: int, steps: int, optimizer: str) -> dict:
-    """``train_wrapped`` on the demo model against one device (``train_single``): the report
-    of ``compare_to_reference``."""
+def run_wrapped_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
+                     wrap: Wrap, **_: Any) -> dict:
+    """``run_demo`` with the DDP wrapper ``wrap``: ``train_wrapped`` on the demo model against
+    one device (``train_single``), the report of ``compare_to_reference``."""
     model_fn = functools.partial(make_mlp, DEMO_SIZES)
     batches = make_batches(steps, DEMO_BATCH, DEMO_SIZES[0], DEMO_SIZES[-1])
     with one_torch_thread():
-        run = launch(train_wrapped, world_size, wrap, model_fn, batches, optimizer, DEMO_LR)
+        run = launch(train_wrapped, world_size, wrap, model_fn, batches, optimizer, DEMO_LR,
+                     backend=backend)
     result = run.results[0]
-    return compare_to_reference("ddp", "sim", world_size, optimizer, result["params"],
+    return compare_to_reference("ddp", backend, world_size, optimizer, result["params"],
                                 result["losses"],
                                 train_single(model_fn, batches, optimizer, DEMO_LR))
 

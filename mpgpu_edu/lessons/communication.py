@@ -1,52 +1,40 @@
 """Lesson 01's demos: what a message costs, what each collective does, and what all-reduce
-costs on real topologies.
+costs on real topologies. Its figures are ``mpgpu_edu.viz.collectives``'s.
 
-- ``message_seconds`` / ``plot_message_time``: alpha + n / beta for the link profiles;
-  ``describe_links``: each profile's peak and effective bandwidth side by side.
-- ``describe_route``: a route's latency, bandwidth and the caps it shares.
+- ``message_seconds``: alpha + n / beta for a link profile; ``describe_links``: each
+  profile's peak and effective bandwidth; ``describe_route``: a route's latency, bandwidth
+  and the caps it shares.
 - ``send_one``: the smallest SPMD program, one message from rank 0 to rank 1.
 - ``run_collective`` / ``describe_collective``: one collective on small integer tensors, every
   rank's tensor before and after.
 - ``run_all_reduce``, ``allreduce_times``: an all-reduce, given as a function
   ``fn(comm, tensor)`` (the learner's, from ``mp.yours``) or as the name of one of the
-  package's, timed on the simulator with meta tensors (a shape, no data: a 1 GiB message
-  costs no memory).
+  package's, timed on the simulator with meta tensors (a 1 GiB message costs no memory).
 - ``binary_tree_all_reduce``, ``binary_tree_seconds``: the reference of exercise 1.6's tree
   (parent (r - 1) // 2) and its closed form.
-- ``ring_figure``: the ring before a step, in exercise 1.4's order (rank r ends with chunk r).
-- ``plot_bytes_per_rank``: who sends how much, per algorithm.
 - ``step_seconds``: compute plus gradient all-reduce per step on N devices (pitfall 1).
-- ``bus_bandwidth``, ``PUBLISHED_BUSBW``, ``compare_with_published``: a simulated all-reduce
-  as nccl-tests reports it, against the published figure cited in the link's ``source``.
-- ``speedup_choice``, ``growth_choice``: which answer of a prediction a measured ratio bears
-  out.
-
-Everything runs on the simulator; large messages are meta tensors (a shape, no data).
+- ``PUBLISHED_BUSBW``, ``compare_with_published``: a simulated all-reduce's bus bandwidth
+  (``bus_bandwidth``, as nccl-tests reports it) against the published figure.
+- ``speedup_choice``, ``growth_choice``: which answer of a prediction a ratio bears out.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union
 
 import torch
-from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.cluster.topology import Route
 from mpgpu_edu.collectives import (ALGORITHMS, all_gather, all_reduce, broadcast, gather,
                                    reduce, reduce_scatter, scatter)
+from mpgpu_edu.collectives.cost import bus_bandwidth
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.data import Workload
 from mpgpu_edu.hardware import LINKS
-from mpgpu_edu.trace import Trace
-from mpgpu_edu.viz.devicemap import link_name
-from mpgpu_edu.viz.palette import (FONT_SIZE, KIND_COLORS, OKABE_ITO, WARNING_COLOR, bytes_axis,
-                                   format_bytes, format_seconds, new_figure, style,
-                                   time_axis)
-from mpgpu_edu.viz.ring import plot_ring_step, ring_steps
-from mpgpu_edu.viz.scaling import plot_allreduce_vs_size, speedups
-from mpgpu_edu.viz.timeline import plot_timeline
+from mpgpu_edu.viz.collectives import (plot_bytes_per_rank, plot_comm_timelines, plot_message_time,
+                                       plot_step_speedups, ring_figure)
+from mpgpu_edu.viz.palette import format_bytes
 
 COLLECTIVES = ("broadcast", "reduce", "gather", "scatter", "all_gather", "reduce_scatter",
                "all_reduce")
@@ -74,18 +62,6 @@ def describe_links(names: Sequence[str]) -> str:
         lines.append(f"{name:17} alpha {link.alpha_s * 1e6:3.0f} µs | {peak} | alpha x beta "
                      f"{format_bytes(link.alpha_s * link.beta_Bps):>8}")
     return "\n".join(lines)
-
-
-def plot_message_time(links: Sequence[str], sizes: Sequence[int]) -> Figure:
-    """Time of one message against its size, log-log, one line per link profile: flat where
-    the latency alpha dominates, slope 1 where the bandwidth beta does."""
-    results = {f"{link_name(name)} ({LINKS[name].beta_Bps / 1e9:g} GB/s effective)":
-               {n: message_seconds(name, n) for n in sizes} for name in links}
-    fig = plot_allreduce_vs_size(results, title="one message: alpha + n / beta")
-    ax = fig.axes[0]
-    ax.set_xlabel("message size (log scale)")
-    ax.set_ylabel("time of one message (log scale)")
-    return fig
 
 
 def alone_Bps(route: Route) -> float:
@@ -255,69 +231,6 @@ def binary_tree_seconds(world_size: int, nbytes: float, alpha_s: float,
     return 2 * depth * (alpha_s + 2 * nbytes / beta_Bps)
 
 
-def ring_figure(world_size: int, step: int, nbytes: int | None = None) -> Figure:
-    """The ring before step ``step``, in exercise 1.4's order: the reduce-scatter leaves
-    rank r the full sum of chunk r."""
-    return plot_ring_step(world_size, step, nbytes=nbytes, steps=ring_steps(world_size, 0))
-
-
-def plot_bytes_per_rank(results: Mapping[str, LaunchResult]) -> Figure:
-    """Bytes each rank sent and received, one group of bars per rank, one panel per run
-    (``{"naive": result, "ring": result}``), all panels on the same scale."""
-    fig = new_figure(3.2 * len(results) + 1.0, 3.6)
-    axes = fig.subplots(1, len(results), sharey=True, squeeze=False)[0]
-    top = max(max(r.bytes_sent_per_rank + r.bytes_received_per_rank) for r in results.values())
-    for ax, (label, result) in zip(axes, results.items()):
-        ranks = range(len(result.stats))
-        for offset, what, values in ((-0.2, "send", result.bytes_sent_per_rank),
-                                     (0.2, "recv", result.bytes_received_per_rank)):
-            ax.bar([r + offset for r in ranks], values, width=0.4, color=KIND_COLORS[what],
-                   label="sent" if what == "send" else "received")
-        bytes_axis(ax, top, label="bytes")
-        ax.set_xticks(list(ranks), [f"rank {r}" for r in ranks])
-        ax.set_title(f"{label}: busiest rank sent {format_bytes(max(result.bytes_sent_per_rank))}",
-                     loc="left", fontsize=FONT_SIZE)
-        style(ax, grid="y")
-    for ax in axes[1:]:
-        ax.set_ylabel("")
-    axes[0].legend(loc="upper right", frameon=False, fontsize=FONT_SIZE - 1)
-    return fig
-
-
-def plot_comm_timelines(traces: Mapping[str, Trace], title: str | None = None,
-                        until: float | None = None) -> Figure:
-    """The comm rows of several runs (``{label: trace}``) on one time axis, every message's
-    bar labelled with its peer ("to 1", "from 0"); each panel's title gives its label and
-    makespan. ``until`` (seconds) shows only the messages that start before it, so that
-    short bars stay wide enough for their labels."""
-    heights = [0.55 * t.n_devices + 1.1 for t in traces.values()]
-    fig = new_figure(12, sum(heights) + (0.9 if title else 0.4))
-    axes = fig.subplots(len(traces), 1, height_ratios=heights, squeeze=False)[:, 0]
-    shown = {label: _before(trace, until) for label, trace in traces.items()}
-    right = max(t.makespan for t in shown.values())
-    for ax, (label, trace) in zip(axes, traces.items()):
-        part = shown[label]
-        sends = [e for e in trace.events if e.kind == "send"]
-        shown_sends = [e for e in part.events if e.kind == "send"]
-        first = "" if len(shown_sends) == len(sends) else (
-            f" (shown: its first {len(shown_sends)} of {len(sends)} messages)")
-        plot_timeline(part, ax=ax, streams=("comm",),
-                      title=f"{label}: makespan {format_seconds(trace.makespan)}{first}")
-        time_axis(ax, right)  # one unit and one scale for every panel
-    for ax in axes[:-1]:
-        ax.set_xlabel("")
-    if title:
-        fig.suptitle(title, x=0.01, ha="left", fontsize=FONT_SIZE + 2)
-    return fig
-
-
-def _before(trace: Trace, until: float | None) -> Trace:
-    if until is None:
-        return trace
-    return Trace(trace.n_devices, [e for e in trace.events if e.start < until],
-                 source=trace.source)
-
-
 # ---- pitfall 1: communication against compute ------------------------------------------------
 
 def step_seconds(workload: Workload, cluster: Cluster | str, sizes: Iterable[int],
@@ -335,7 +248,6 @@ def step_seconds(workload: Workload, cluster: Cluster | str, sizes: Iterable[int
     return out
 
 
-
 # ---- simulated against published -------------------------------------------------------------
 
 # nccl-tests all_reduce_perf bus bandwidth at large messages, as cited in the ``source`` of the
@@ -347,13 +259,6 @@ PUBLISHED_BUSBW: dict[str, tuple[float, str]] = {
                                "(NVIDIA/nccl-tests#212, cited in "
                                "LINKS['nvlink4-nvswitch'].source)"),
 }
-
-
-def bus_bandwidth(nbytes: float, world_size: int, seconds: float) -> float:
-    """nccl-tests' bus bandwidth of an all-reduce: ``S / t x 2(N - 1) / N``, the rate each
-    rank's link must carry, comparable across N (and the link's bandwidth for an ideal
-    ring)."""
-    return nbytes / seconds * 2 * (world_size - 1) / world_size
 
 
 def compare_with_published(preset: str, nbytes: int, algo: AllReduce = "ring"
@@ -390,42 +295,3 @@ def growth_choice(before_s: float, after_s: float) -> int:
     """Prediction 01.ring-doubling: the time grows (a) x0.5, (b) ~x1.2, (c) x2, (d) x4."""
     ratio = after_s / before_s
     return 0 if ratio < 0.75 else 1 if ratio < 1.5 else 2 if ratio < 3 else 3
-
-
-# ---- the scaling figure: colour = machine, line style = workload ---------------------------
-
-MACHINE_COLORS = (OKABE_ITO["blue"], OKABE_ITO["bluish_green"], OKABE_ITO["orange"])
-WORKLOAD_STYLES = (("-", "o"), ("--", "s"), (":", "^"))
-
-
-def plot_step_speedups(results: Mapping[tuple[str, str], Mapping[int, float]],
-                       title: str) -> Figure:
-    """Speedup of one training step against devices, for ``{(workload, machine): {N: s}}``:
-    one colour per machine, one line style per workload; points slower than one device
-    circled in red; the ideal dashed black."""
-    fig = new_figure(8, 4.5)
-    ax = fig.add_subplot()
-    machines = list(dict.fromkeys(m for _, m in results))
-    workloads = list(dict.fromkeys(w for w, _ in results))
-    for (workload, machine), times in results.items():
-        gains = speedups(times)
-        line, marker = WORKLOAD_STYLES[workloads.index(workload) % len(WORKLOAD_STYLES)]
-        ax.plot(list(gains), list(gains.values()), linestyle=line, marker=marker, linewidth=1.8,
-                color=MACHINE_COLORS[machines.index(machine) % len(MACHINE_COLORS)],
-                label=f"{workload}, {machine}")
-        slower = [(n, g) for n, g in gains.items() if g < 1]
-        ax.scatter([n for n, _ in slower], [g for _, g in slower], s=160, facecolors="none",
-                   edgecolors=WARNING_COLOR, linewidths=1.8, zorder=4)
-    sizes = sorted({n for times in results.values() for n in times})
-    ax.plot(sizes, sizes, linestyle=(0, (4, 3)), color="black", linewidth=1, label="ideal")
-    ax.scatter([], [], s=160, facecolors="none", edgecolors=WARNING_COLOR, linewidths=1.8,
-               label="slower than 1 device")
-    ax.axhline(1.0, color="#777777", linestyle=":", linewidth=1)
-    ax.set_xticks(sizes)
-    ax.set_xlabel("devices (world size)")
-    ax.set_ylabel("speedup over 1 device (x)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-              fontsize=FONT_SIZE - 1)
-    ax.set_title(title, loc="left", fontsize=FONT_SIZE + 1)
-    style(ax, grid="both")
-    return fig
