@@ -22,7 +22,8 @@ import json
 from pathlib import Path
 
 from mpgpu_edu.cli import UsageError, number
-from mpgpu_edu.cli.bench import BACKENDS, DEFAULT_SIZES, MAX_RANKS, MAX_REPEATS, parse_sizes
+from mpgpu_edu.cli.bench import (DEFAULT_SIZES, MAX_REPEATS, add_launch_arguments, check_launch,
+                                 parse_sizes)
 
 PING_SIZES = "0," + DEFAULT_SIZES
 
@@ -32,11 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Measure this machine's latency (alpha) and bandwidth "
                                    "(beta) by ping-pong, write a cluster profile, and compare "
                                    "simulated ring all-reduce with the measured one.")
-    p.add_argument("--backend", default="gloo", metavar="{" + ",".join(BACKENDS) + "}",
-                   help="torch.distributed backend (default gloo)")
-    p.add_argument("--world-size", type=number(int, 1, MAX_RANKS), default=2, metavar="N",
-                   help="ranks: the ping-pong uses ranks 0 and 1, the all-reduce all N "
-                        "(default 2)")
+    add_launch_arguments(p, "ranks: the ping-pong uses ranks 0 and 1, the all-reduce all N "
+                            "(default 2)")
     p.add_argument("--out", metavar="PATH",
                    help="where to write the profile (default .mpgpu/calibration.json in the "
                         "repository)")
@@ -66,14 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_args(args: argparse.Namespace) -> tuple[list[int], list[int]]:
     """Validate before any process starts: (ping-pong sizes, all-reduce sizes), in bytes."""
-    if args.backend not in BACKENDS:
-        raise UsageError(f"unknown backend {args.backend!r}: choose one of "
-                         f"{', '.join(BACKENDS)}")
-    if args.world_size < 2:
-        raise UsageError(f"--world-size must be at least 2 (a ping-pong needs two ranks), "
-                         f"got {args.world_size}")
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+    check_launch(args, "a ping-pong needs two ranks")
     if args.out and Path(args.out).is_dir():
         raise UsageError(f"--out {args.out!r} is a folder: give a file name, e.g. "
                          f"{str(Path(args.out) / 'calibration.json')!r}")
