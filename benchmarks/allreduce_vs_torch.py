@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from mpgpu_edu.bench import (DEFAULT_REPEATS, MAX_LOAD_PER_CORE, QUICK_REPEATS,  # noqa: E402
-                             QUICK_SIZES, bench_allreduce, load_before, replace_section,
-                             size_label, table)
+from mpgpu_edu.bench import (DEFAULT_REPEATS, QUICK_REPEATS, QUICK_SIZES,  # noqa: E402
+                             bench_allreduce, size_label, table)
+from mpgpu_edu.recording import MAX_LOAD_PER_CORE, load_before, replace_section  # noqa: E402
 from mpgpu_edu.cli.bench import DEFAULT_SIZES, parse_algos, parse_sizes  # noqa: E402
 
 MARKER = "<!-- allreduce_vs_torch runs -->"

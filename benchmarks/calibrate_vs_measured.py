@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from mpgpu_edu.bench import MAX_LOAD_PER_CORE, load_before, record, size_label  # noqa: E402
+from mpgpu_edu.bench import size_label  # noqa: E402
+from mpgpu_edu.recording import MAX_LOAD_PER_CORE, load_before, record  # noqa: E402
 
 MARKER = "<!-- calibrate_vs_measured -->"
 QUICK_SIZES = [2**12, 2**22]
@@ -35,8 +36,8 @@ QUICK_SIZES = [2**12, 2**22]
 
 def run_once(world_size: int, repeats: int, sizes: list[int] | None) -> dict:
     """One calibration and its comparison (``compare``'s dict, with the profile's load)."""
-    from mpgpu_edu.calibrate import (ALLREDUCE_SIZES, DEFAULT_SIZES, calibrate, compare,
-                                     load_calibrated, save_profile)
+    from mpgpu_edu.calibrate import ALLREDUCE_SIZES, DEFAULT_SIZES, calibrate, compare
+    from mpgpu_edu.calibrated import load_calibrated, save_profile
 
     ping = DEFAULT_SIZES if sizes is None else [0, *sizes]
     profile = calibrate(world_size, ping, repeats, "gloo", sizes or ALLREDUCE_SIZES)

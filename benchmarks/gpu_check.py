@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from mpgpu_edu.bench import replace_section  # noqa: E402
+from mpgpu_edu.recording import replace_section  # noqa: E402
 from mpgpu_edu.cluster import Cluster  # noqa: E402
 from mpgpu_edu.comm import launch  # noqa: E402
 from mpgpu_edu.data import loss_fn, make_batch, make_mlp  # noqa: E402

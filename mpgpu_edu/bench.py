@@ -24,7 +24,8 @@ How it is timed, so that the comparison is fair on a busy machine:
 - per repeat also the ratio ours / builtin of that repeat's two neighbouring runs, and its
   median over repeats (``paired_<algo>``): a slow drift in the machine's load cancels out;
 - the 1-minute load average before and after (``loadavg_start``, ``loadavg``): a result
-  taken above ``MAX_LOAD_PER_CORE`` per core is not one to record (``check_idle``).
+  taken above ``MAX_LOAD_PER_CORE`` per core is not one to record (``check_idle``; both in
+  ``mpgpu_edu.recording``, with the writing of ``RESULTS.md``).
 
 The tensor holds zeros while it is timed: repeated sums neither overflow nor change the work.
 Besides ``ring`` and ``naive``, ``algos=`` can time ``ring_reused`` (the same ring, keeping its
@@ -38,7 +39,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,7 +55,6 @@ DEFAULT_REPEATS = 10
 WARMUP = 2
 QUICK_SIZES = [4, 4100]  # --quick: does the bench run end to end? (not: how fast)
 QUICK_REPEATS = 2
-MAX_LOAD_PER_CORE = 0.5  # above this 1-minute load average per core, timings are not kept
 Op = Callable[[Any, torch.Tensor], None]
 
 
@@ -171,64 +170,6 @@ def paired(per_rank: list[dict[str, list[list[float]]]], name: str) -> list[floa
     return [statistics.median(slowest(name, i, r) / slowest(BUILTIN, i, r)
                               for r in range(len(per_size)))
             for i, per_size in enumerate(per_rank[0][name])]
-
-
-def load_per_core() -> float:
-    """The machine's 1-minute load average divided by its number of cores."""
-    return os.getloadavg()[0] / (os.cpu_count() or 1)
-
-
-def replace_section(path: Path, marker: str, section: str) -> None:
-    """Put ``section`` (which starts and ends with ``marker``) into the Markdown file ``path``
-    in place of the text between the two ``marker`` lines there, or append it."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if text.count(marker) == 2:
-        before, _, rest = text.partition(marker)
-        _, _, after = rest.partition(marker)
-        text = before + section + after
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-
-
-def record(results: str, marker: str, title: str, script: str, argv: list[str] | None,
-           text: str) -> None:
-    """Write a benchmark's ``text`` into its section of the Markdown file ``results``, under
-    ``## title`` and the command that made it (``python benchmarks/SCRIPT ARGS``)."""
-    import sys
-
-    command = " ".join(["python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None
-                                                            else argv)])
-    replace_section(Path(results), marker,
-                    f"{marker}\n## {title}\n\nCommand: `{command}`\n\n{text}\n{marker}")
-
-
-def load_before(results: str | None, force: bool = False) -> float | None:
-    """Print the 1-minute load average before a benchmark and return it; ``None`` (with the
-    reason on stderr) when its results are to be written (``results``) and the machine is
-    too busy for that (``check_idle``), unless ``force``."""
-    import sys
-
-    load = os.getloadavg()[0]
-    print(f"1-minute load average before: {load:.2f} on {os.cpu_count()} cores")
-    if results:
-        try:
-            check_idle(force)
-        except RuntimeError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return None
-    return load
-
-
-def check_idle(force: bool = False) -> None:
-    """Raise ``RuntimeError`` if the machine is too busy for timings worth recording
-    (1-minute load average above ``MAX_LOAD_PER_CORE`` per core), unless ``force``."""
-    load = load_per_core()
-    if load > MAX_LOAD_PER_CORE and not force:
-        raise RuntimeError(f"the machine is busy (1-minute load average {os.getloadavg()[0]:.2f}"
-                           f" on {os.cpu_count()} cores, {load:.2f} per core, above "
-                           f"{MAX_LOAD_PER_CORE}): not recording these timings; run on an "
-                           "idle machine, or pass --force")
 
 
 def ratios(ours: Sequence[float], builtin: Sequence[float]) -> list[float]:

@@ -135,22 +135,24 @@ def check_port() -> Check:
 
 
 def check_jupyterlab() -> Check:
-    try:
-        version = metadata.version("jupyterlab")
-    except metadata.PackageNotFoundError:
-        return Check("jupyterlab", "fail", "JupyterLab is not installed", SETUP_FIX)
-    return Check("jupyterlab", "ok", f"JupyterLab {version}")
+    return _installed("jupyterlab", "JupyterLab")
 
 
 def check_ipywidgets() -> Check:
+    return _installed("ipywidgets", "ipywidgets", major="8", who="the explorers")
+
+
+def _installed(package: str, label: str, major: str = "", who: str = "") -> Check:
+    """The check named ``package``: installed (fails if not), of version ``major``.x (warns
+    if not: ``who`` needs it)."""
     try:
-        version = metadata.version("ipywidgets")
+        version = metadata.version(package)
     except metadata.PackageNotFoundError:
-        return Check("ipywidgets", "fail", "ipywidgets is not installed", SETUP_FIX)
-    if not version.startswith("8."):
-        return Check("ipywidgets", "warn", f"ipywidgets {version}; the explorers need 8.x",
-                     "`.venv/bin/pip install -c constraints.txt ipywidgets`")
-    return Check("ipywidgets", "ok", f"ipywidgets {version}")
+        return Check(package, "fail", f"{label} is not installed", SETUP_FIX)
+    if major and not version.startswith(f"{major}."):
+        return Check(package, "warn", f"{label} {version}; {who} need {major}.x",
+                     f"`.venv/bin/pip install -c constraints.txt {package}`")
+    return Check(package, "ok", f"{label} {version}")
 
 
 def check_matplotlib() -> Check:
@@ -213,31 +215,11 @@ def format_table(checks: list[Check]) -> str:
 
 
 def read_visible(value: str, n_physical: int) -> tuple[list[str], list[int]]:
-    """``(warnings, physical ids)`` for a CUDA_VISIBLE_DEVICES value.
+    """``(warnings, physical ids)`` for a CUDA_VISIBLE_DEVICES value, as the simulated
+    cluster reads it (``mpgpu_edu.cluster.visible``, CUDA's own rules)."""
+    from mpgpu_edu.cluster.visible import check_visible, parse_visible
 
-    Uses the cluster's own reading (``mpgpu_edu.cluster.visible``), and a plain one
-    (comma-separated distinct integers) when that module cannot be imported.
-    """
-    try:
-        from mpgpu_edu.cluster.visible import check_visible, parse_visible
-    except ImportError:
-        return _read_visible_plain(value, n_physical)
-    return list(check_visible(value, n_physical)), list(parse_visible(value, n_physical))
-
-
-def _read_visible_plain(value: str, n_physical: int) -> tuple[list[str], list[int]]:
-    ids: list[int] = []
-    if not value.strip():
-        return ["set but empty: no device is visible"], ids
-    for position, entry in enumerate(value.split(","), start=1):
-        text = entry.strip()
-        if not text.isdigit() or int(text) >= n_physical:
-            return [f"entry {position} ({entry!r}) is not a GPU id on this machine: CUDA "
-                    "ignores it and everything after it"], ids
-        if int(text) in ids:
-            return [f"entry {position} repeats GPU {text}: CUDA then shows no device"], []
-        ids.append(int(text))
-    return [], ids
+    return check_visible(value, n_physical), parse_visible(value, n_physical)
 
 
 def _physical_gpu_count() -> int | None:

@@ -73,6 +73,11 @@ class LinkSpec:
         return self.alpha_s + nbytes / self.beta_Bps
 
 
+def _by_name(*specs: GPUSpec | LinkSpec) -> dict:
+    """``{spec.name: spec}`` in the order given: each profile writes its name once."""
+    return {spec.name: spec for spec in specs}
+
+
 # "fp32" is plain FP32 on the CUDA cores: PyTorch leaves TF32 matmuls off by default.
 # "bf16"/"fp16" are dense Tensor Core rates with FP32 accumulation, as used in mixed-precision
 # training; spec sheets often print the 2:4-sparsity rate, which is twice these.
@@ -89,8 +94,8 @@ _LAUNCH = ("launch ~5 us per kernel: eager PyTorch dispatch plus cudaLaunchKerne
 # whose effective figure applies the H100's 86.7% to its spec sheet peak, and says so.
 _STREAM_FRACTION = 2903e9 / 3350e9
 
-GPUS: dict[str, GPUSpec] = {
-    "RTX4090-24GB": GPUSpec(
+GPUS: dict[str, GPUSpec] = _by_name(
+    GPUSpec(
         name="RTX4090-24GB",
         label="NVIDIA GeForce RTX 4090",
         peak_flops={"fp32": 82.6e12, "bf16": 165.2e12, "fp16": 165.2e12},
@@ -106,7 +111,7 @@ GPUS: dict[str, GPUSpec] = {
                         "measurement cited). efficiency 0.52 assumed as the A100's (no "
                         "published training MFU for the RTX 4090 cited). " + _LAUNCH),
     ),
-    "A100-80GB": GPUSpec(
+    GPUSpec(
         name="A100-80GB",
         label="NVIDIA A100-SXM4-80GB",
         peak_flops={"fp32": 19.5e12, "bf16": 312e12, "fp16": 312e12},
@@ -125,7 +130,7 @@ GPUS: dict[str, GPUSpec] = {
                         "Large-Scale Language Model Training on GPU Clusters Using "
                         "Megatron-LM', SC 2021). " + _LAUNCH),
     ),
-    "H100-SXM-80GB": GPUSpec(
+    GPUSpec(
         name="H100-SXM-80GB",
         label="NVIDIA H100 80GB HBM3",
         peak_flops={"fp32": 67e12, "bf16": 989.5e12, "fp16": 989.5e12},
@@ -143,7 +148,7 @@ GPUS: dict[str, GPUSpec] = {
                         "Herd of Models', 2024, Table 4). " + _LAUNCH),
     ),
     # Not a GPU: the device profile of one CPU process, so the gloo presets use the same code.
-    "CPU-16GB": GPUSpec(
+    GPUSpec(
         name="CPU-16GB",
         label="CPU (gloo process)",
         peak_flops={"fp32": 200e9, "bf16": 100e9, "fp16": 100e9},
@@ -159,10 +164,10 @@ GPUS: dict[str, GPUSpec] = {
                         "of eager PyTorch dispatch per op. `mpgpu-edu calibrate` measures "
                         "the memory bandwidth and the per-op overhead of this machine"),
     ),
-}
+)
 
-LINKS: dict[str, LinkSpec] = {
-    "pcie4-x16": LinkSpec(
+LINKS: dict[str, LinkSpec] = _by_name(
+    LinkSpec(
         name="pcie4-x16", alpha_s=11e-6, beta_Bps=24e9, peak_Bps=31.5e9,
         source=("peak: PCI-SIG PCI Express Base Specification 4.0, 16 GT/s x 16 lanes, "
                 "128b/130b = 31.5 GB/s per direction. effective 24 GB/s: NCCL's own model of a "
@@ -174,14 +179,14 @@ LINKS: dict[str, LinkSpec] = {
                 "takes 11.3-11.9 us "
                 "(tinygrad/open-gpu-kernel-modules#17)"),
     ),
-    "pcie5-x16": LinkSpec(
+    LinkSpec(
         name="pcie5-x16", alpha_s=11e-6, beta_Bps=48e9, peak_Bps=63e9,
         source=("peak: PCI-SIG PCI Express Base Specification 5.0, 32 GT/s x 16 lanes = 63 "
                 "GB/s per direction. effective 48 GB/s: twice the Gen4 figure (NCCL scales "
                 "its PCIe model with the link speed); no Gen5 nccl-tests result cited. alpha "
                 "as Gen4"),
     ),
-    "nvlink3": LinkSpec(
+    LinkSpec(
         name="nvlink3", alpha_s=3e-6, beta_Bps=205e9, peak_Bps=300e9,
         source=("peak: NVIDIA A100 Tensor Core GPU Architecture whitepaper, 12 NVLink3 x 25 "
                 "GB/s = 300 GB/s per direction per GPU. effective 205 GB/s: 8x "
@@ -192,7 +197,7 @@ LINKS: dict[str, LinkSpec] = {
                 "(li-plus/playground, cuda/nccl.md) agrees. alpha 3 us: the "
                 "NVLink4 figure (no A100 small-message measurement cited)"),
     ),
-    "nvlink4-nvswitch": LinkSpec(
+    LinkSpec(
         name="nvlink4-nvswitch", alpha_s=3e-6, beta_Bps=370e9, peak_Bps=450e9,
         source=("peak: NVIDIA H100 datasheet / Hopper whitepaper, 18 NVLink4 x 25 GB/s = 450 "
                 "GB/s per direction per GPU through NVSwitch. effective 370 GB/s: 'with the "
@@ -202,14 +207,14 @@ LINKS: dict[str, LinkSpec] = {
                 "alpha 3 us: sendrecv_perf over NVLink takes ~3 us for small messages "
                 "(NVIDIA/nccl#1487, 2x H100) and 3.7 us at 1 KiB (NVIDIA/nccl#1984, H800)"),
     ),
-    "ib-hdr": LinkSpec(
+    LinkSpec(
         name="ib-hdr", alpha_s=5e-6, beta_Bps=24e9, peak_Bps=25e9,
         source=("peak: InfiniBand HDR, NVIDIA ConnectX-6 / Quantum datasheets, 200 Gb/s = 25 "
                 "GB/s per direction per port. effective 24 GB/s: 3 nodes of 8x A100 with 4 "
                 "HDR NICs each peaked at ~96 GB/s all_reduce busbw, 24 GB/s per NIC "
                 "(NVIDIA/nccl-tests#119). alpha ~5 us GPU to GPU, not calibrated"),
     ),
-    "ib-ndr": LinkSpec(
+    LinkSpec(
         name="ib-ndr", alpha_s=5e-6, beta_Bps=47e9, peak_Bps=50e9,
         source=("peak: InfiniBand NDR, NVIDIA ConnectX-7 / Quantum-2 datasheets, 400 Gb/s = 50 "
                 "GB/s per direction per port. effective 47 GB/s: 'for NDR @ 400Gbps you should "
@@ -217,7 +222,7 @@ LINKS: dict[str, LinkSpec] = {
                 "~5 us GPU to GPU, not calibrated"),
     ),
     # Not links between GPUs but the shared parts that PCIe copies cross in a workstation.
-    "host-ddr4-8ch": LinkSpec(
+    LinkSpec(
         name="host-ddr4-8ch", alpha_s=0.0, beta_Bps=0.75 * 204.8e9, peak_Bps=204.8e9,
         source=("host memory of one CPU with 8 channels of DDR4-3200 (AMD Threadripper PRO / "
                 "EPYC, Intel Xeon Ice Lake-SP, the CPUs with enough lanes for four x16 cards): "
@@ -226,17 +231,17 @@ LINKS: dict[str, LinkSpec] = {
                 "SPRAD45A, table 3-3: 74-78%); no STREAM result on these CPUs is cited. "
                 "Counts reads and writes together"),
     ),
-    "upi-xeon": LinkSpec(
+    LinkSpec(
         name="upi-xeon", alpha_s=0.0, beta_Bps=10e9, peak_Bps=2 * 20.8e9,
         source=("the link between two Xeon sockets: peak 2 UPI links x 10.4 GT/s = 20.8 GB/s "
                 "per direction each (Skylake-SP; Wikipedia, 'Intel Ultra Path "
                 "Interconnect'). effective 10 GB/s for GPU traffic: NCCL's model of a Skylake UPI "
                 "path (SKL_QPI_BW 10.0, src/graph/topo.h)"),
     ),
-    "loopback-gloo": LinkSpec(
+    LinkSpec(
         name="loopback-gloo", alpha_s=30e-6, beta_Bps=2e9,
         source=("rough default for gloo over TCP loopback between processes on one machine "
                 "(~30 us per message, ~2 GB/s); `mpgpu-edu calibrate` measures this machine "
                 "and replaces it"),
     ),
-}
+)

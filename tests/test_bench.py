@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpgpu_edu import bench
+from mpgpu_edu import bench, recording
 from mpgpu_edu.cli import main
 from mpgpu_edu.collectives import cost
 from mpgpu_edu.comm import launch
@@ -100,13 +100,13 @@ def test_paired_is_the_median_of_ratios_within_a_repeat() -> None:
 
 
 def test_a_busy_machine_is_refused_unless_forced(monkeypatch) -> None:
-    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(bench.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    monkeypatch.setattr(recording.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(recording.os, "getloadavg", lambda: (1.2, 1.0, 1.0))
     with pytest.raises(RuntimeError, match="0.60 per core"):
-        bench.check_idle()
-    bench.check_idle(force=True)
-    monkeypatch.setattr(bench.os, "getloadavg", lambda: (0.9, 1.0, 1.0))
-    bench.check_idle()
+        recording.check_idle()
+    recording.check_idle(force=True)
+    monkeypatch.setattr(recording.os, "getloadavg", lambda: (0.9, 1.0, 1.0))
+    recording.check_idle()
 
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"

@@ -105,12 +105,14 @@ def test_well_formed_visible_devices_are_read(monkeypatch: pytest.MonkeyPatch,
     assert "2" in check.detail and "3" in check.detail
 
 
-def test_plain_reading_when_the_cluster_module_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "mpgpu_edu.cluster.visible", None)  # import now fails
+def test_the_doctor_reads_the_variable_as_the_simulated_cluster_does() -> None:
+    from mpgpu_edu.cluster.visible import check_visible, parse_visible
+
     assert doctor.read_visible("1,0", 4) == ([], [1, 0])
-    for value in ["0,x", "0,,1", "0,9", "1,1", ""]:
-        warnings, _ = doctor.read_visible(value, 4)
-        assert warnings, value
+    for value in ["0,x", "0,,1", "0,9", "1,1", "", "0,2,-1,1"]:
+        warnings, physical = doctor.read_visible(value, 4)
+        assert warnings and warnings == check_visible(value, 4), value
+        assert physical == parse_visible(value, 4), value
 
 
 def test_command_line_json_and_exit_status() -> None:

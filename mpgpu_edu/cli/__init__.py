@@ -15,18 +15,21 @@ Every numeric option takes ``type=number(int or float, low, high)``: argparse th
 nan, inf, values below ``low`` and past the stated limit ``high`` before the command starts
 any work (tests/test_cli_bad_input.py walks the parser and holds every option to it). Sizes
 go through ``parse_size``, whose limit each command states; output files through
-``writable_file``, before any long work.
+``writable_file``, before any long work. An error of a library function that is the user's
+input's fault becomes a ``UsageError`` inside ``with usage_errors(KeyError, ...)``; a command
+with sub-commands (``mpgpu-edu bench allreduce``) gets its parser from ``add_command_group``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
 import pkgutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -37,6 +40,30 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+@contextlib.contextmanager
+def usage_errors(*kinds: type[Exception]) -> Iterator[None]:
+    """Inside, an exception of one of ``kinds`` becomes a ``UsageError`` with its message (a
+    ``KeyError``'s own text, not its quoted repr): the registry's unknown id, a course folder
+    that is not found."""
+    try:
+        yield
+    except kinds as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise UsageError(message) from None
+
+
+def add_command_group(sub: argparse._SubParsersAction, name: str,
+                      run: Callable[[argparse.Namespace], int], *, help: str,  # noqa: A002
+                      description: str) -> argparse._SubParsersAction:
+    """The parser of a command made of sub-commands (``mpgpu-edu NAME WHAT``), which runs
+    ``run``; returns the action that each WHAT's parser is added to (a WHAT is required)."""
+    parser = sub.add_parser(name, help=help, description=description)
+    what = parser.add_subparsers(dest="what", metavar="WHAT")
+    what.required = True
+    parser.set_defaults(func=run)
+    return what
 
 
 def command_names() -> list[str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mpgpu_edu.cli import UsageError, number, parse_size
+from mpgpu_edu.cli import UsageError, add_command_group, number, parse_size
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_SIZES = "1KiB,4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB"
@@ -33,18 +33,14 @@ MAX_RANKS, MAX_REPEATS, MAX_THREADS, MAX_SIZE = 64, 10_000, 256, 16 * 2**30
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="measure our collectives against torch.distributed",
-                            description="Measure our collectives against torch.distributed's "
-                                        "on real worker processes.")
-    what = parser.add_subparsers(dest="what", metavar="WHAT")
-    what.required = True
+    what = add_command_group(sub, "bench", run,
+                             help="measure our collectives against torch.distributed",
+                             description="Measure our collectives against torch.distributed's "
+                                         "on real worker processes.")
     p = what.add_parser("allreduce", help="ring and naive all-reduce vs torch.distributed",
                         description="Time our all-reduces against torch.distributed.all_reduce "
                                     "in the same processes, per size.")
-    p.add_argument("--backend", default="gloo", metavar="{" + ",".join(BACKENDS) + "}",
-                   help="torch.distributed backend (default gloo)")
-    p.add_argument("--world-size", type=number(int, 1, MAX_RANKS), default=2, metavar="N",
-                   help="number of ranks, at least 2 (default 2)")
+    add_launch_arguments(p, "number of ranks, at least 2 (default 2)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, metavar="LIST",
                    help=f"comma-separated tensor sizes per rank (default {DEFAULT_SIZES}); "
                         "rounded up to whole fp32 elements; at most 16GiB each")
@@ -60,7 +56,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"sizes {QUICK_SIZES} and 2 repeats: checks that the bench runs end "
                         "to end; its numbers mean nothing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(func=run)
+
+
+def add_launch_arguments(p: argparse.ArgumentParser, world_size_help: str) -> None:
+    """``--backend`` and ``--world-size``, as ``bench`` and ``calibrate`` take them."""
+    p.add_argument("--backend", default="gloo", metavar="{" + ",".join(BACKENDS) + "}",
+                   help="torch.distributed backend (default gloo)")
+    p.add_argument("--world-size", type=number(int, 1, MAX_RANKS), default=2, metavar="N",
+                   help=world_size_help)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,18 +79,25 @@ def run(args: argparse.Namespace) -> int:
 
 def check_args(args: argparse.Namespace) -> tuple[list[int], list[str]]:
     """Validate the options before any process starts: (sizes in bytes, algorithm names)."""
-    if args.backend not in BACKENDS:
-        raise UsageError(f"unknown backend {args.backend!r}: choose one of "
-                         f"{', '.join(BACKENDS)} (`mpgpu-edu simulate allreduce` simulates)")
-    if args.world_size < 2:
-        raise UsageError(f"--world-size must be at least 2 (an all-reduce needs two ranks), "
-                         f"got {args.world_size}")
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+    check_launch(args, "an all-reduce needs two ranks",
+                 " (`mpgpu-edu simulate allreduce` simulates)")
     if args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
     sizes = QUICK_SIZES if args.quick else args.sizes
     return parse_sizes(sizes), parse_algos(args.algos)
+
+
+def check_launch(args: argparse.Namespace, why_two: str, backend_tip: str = "") -> None:
+    """What ``bench`` and ``calibrate`` refuse before any process starts: a backend not in
+    ``BACKENDS`` (``backend_tip`` follows the list), fewer than two ranks (``why_two``: what
+    needs them), fewer than one repeat."""
+    if args.backend not in BACKENDS:
+        raise UsageError(f"unknown backend {args.backend!r}: choose one of "
+                         f"{', '.join(BACKENDS)}{backend_tip}")
+    if args.world_size < 2:
+        raise UsageError(f"--world-size must be at least 2 ({why_two}), got {args.world_size}")
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
 
 
 def parse_sizes(text: str, flag: str = "--sizes", zero: bool = False) -> list[int]:

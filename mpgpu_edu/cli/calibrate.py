@@ -7,7 +7,7 @@ Ranks 0 and 1 bounce messages from 0 B to 64 MiB (ping-pong); a least-squares fi
 error gives ``t(n) = alpha + n / beta`` (``mpgpu_edu.calibrate``). They also exchange messages
 (both send at once), which shows why a gloo profile is a shared host: the two directions take
 turns. The profile is written as JSON (default ``.mpgpu/calibration.json`` in the repository)
-and loads as a simulated cluster with ``mpgpu_edu.calibrate.load_calibrated(path)``. Then ring
+and loads as a simulated cluster with ``mpgpu_edu.calibrated.load_calibrated(path)``. Then ring
 all-reduce is simulated on that cluster and measured on the worker processes, per size: the
 table shows how far the model is from reality, and from torch.distributed's all-reduce. Every
 rank also times ``add_`` at a few sizes: the fit gives this machine's memory bandwidth and
@@ -22,7 +22,8 @@ import json
 from pathlib import Path
 
 from mpgpu_edu.cli import UsageError, number
-from mpgpu_edu.cli.bench import BACKENDS, DEFAULT_SIZES, MAX_RANKS, MAX_REPEATS, parse_sizes
+from mpgpu_edu.cli.bench import (DEFAULT_SIZES, MAX_REPEATS, add_launch_arguments, check_launch,
+                                 parse_sizes)
 
 PING_SIZES = "0," + DEFAULT_SIZES
 
@@ -32,11 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Measure this machine's latency (alpha) and bandwidth "
                                    "(beta) by ping-pong, write a cluster profile, and compare "
                                    "simulated ring all-reduce with the measured one.")
-    p.add_argument("--backend", default="gloo", metavar="{" + ",".join(BACKENDS) + "}",
-                   help="torch.distributed backend (default gloo)")
-    p.add_argument("--world-size", type=number(int, 1, MAX_RANKS), default=2, metavar="N",
-                   help="ranks: the ping-pong uses ranks 0 and 1, the all-reduce all N "
-                        "(default 2)")
+    add_launch_arguments(p, "ranks: the ping-pong uses ranks 0 and 1, the all-reduce all N "
+                            "(default 2)")
     p.add_argument("--out", metavar="PATH",
                    help="where to write the profile (default .mpgpu/calibration.json in the "
                         "repository)")
@@ -52,8 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ping_sizes, allreduce_sizes = check_args(args)
-    from mpgpu_edu.calibrate import (calibrate, compare, default_profile_path, load_calibrated,
-                                     save_profile)
+    from mpgpu_edu.calibrate import calibrate, compare
+    from mpgpu_edu.calibrated import default_profile_path, load_calibrated, save_profile
 
     profile = calibrate(args.world_size, ping_sizes, args.repeats, args.backend,
                         allreduce_sizes)
@@ -66,14 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_args(args: argparse.Namespace) -> tuple[list[int], list[int]]:
     """Validate before any process starts: (ping-pong sizes, all-reduce sizes), in bytes."""
-    if args.backend not in BACKENDS:
-        raise UsageError(f"unknown backend {args.backend!r}: choose one of "
-                         f"{', '.join(BACKENDS)}")
-    if args.world_size < 2:
-        raise UsageError(f"--world-size must be at least 2 (a ping-pong needs two ranks), "
-                         f"got {args.world_size}")
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be at least 1, got {args.repeats}")
+    check_launch(args, "a ping-pong needs two ranks")
     if args.out and Path(args.out).is_dir():
         raise UsageError(f"--out {args.out!r} is a folder: give a file name, e.g. "
                          f"{str(Path(args.out) / 'calibration.json')!r}")

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from mpgpu_edu.cli import UsageError, number, writable_file
+from mpgpu_edu.cli import UsageError, number, usage_errors, writable_file
 
 MAX_TIMEOUT_S = 86_400.0  # a day per exercise
 
@@ -45,22 +45,15 @@ def run(args: argparse.Namespace) -> int:
     from mpgpu_edu.grading.progress import CourseNotFound, find_root, record
     from mpgpu_edu.grading.report import Report, html_page, report_html
 
-    try:
+    with usage_errors(KeyError):
         ids = registry.select(args.ids)
-    except KeyError as exc:
-        raise UsageError(exc.args[0]) from None
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     html_path = writable_file(args.html, "--html") if args.html else None  # before any check
     named = args.impl in ("exercises", "solutions")
-    try:
+    with usage_errors(CourseNotFound, ValueError):
         root = find_root() if named else None
-    except CourseNotFound as exc:
-        raise UsageError(str(exc)) from None
-    try:
         folder = resolve_impl(args.impl, root)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     if not folder.is_dir():
         raise UsageError(f"{folder} does not exist")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mpgpu_edu.cli import UsageError
+from mpgpu_edu.cli import usage_errors
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,13 +35,11 @@ def run(args: argparse.Namespace) -> int:
     from mpgpu_edu.grading import generate
     from mpgpu_edu.grading.progress import CourseNotFound, find_root
 
-    try:
+    with usage_errors(CourseNotFound):
         root = find_root() if not (args.solutions and args.exercises) else None
-    except CourseNotFound as exc:
-        raise UsageError(str(exc)) from None
     solutions = Path(args.solutions) if args.solutions else root / "solutions"
     exercises = Path(args.exercises) if args.exercises else root / "exercises"
-    try:
+    with usage_errors(generate.GenerateError):
         if args.check:
             stale = generate.outdated(solutions, exercises)
             for name in stale:
@@ -51,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
             return 1 if stale else 0
         written = generate.generate(solutions, exercises,
                                     Path(args.backups) if args.backups else None)
-    except generate.GenerateError as exc:
-        raise UsageError(str(exc)) from None
     for path, saved in written:
         if saved is not None:
             print(f"backed up {path} to {saved}")

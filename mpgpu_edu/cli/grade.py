@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from mpgpu_edu.cli import UsageError, number, writable_file
+from mpgpu_edu.cli import UsageError, number, usage_errors, writable_file
 
 MAX_TIMEOUT_S, MAX_MEMORY_GIB = 86_400.0, 1024.0  # a day per exercise; 1 TiB
 LAYOUT = ("one subfolder per learner, holding exercises/exNN_*.py (a copy of the course) or "
@@ -55,10 +55,8 @@ def run(args: argparse.Namespace) -> int:
     from mpgpu_edu.grading import grade, registry, runner
     from mpgpu_edu.grading.grade import find_submissions
 
-    try:
+    with usage_errors(KeyError):
         ids = registry.select(args.ids)
-    except KeyError as exc:
-        raise UsageError(exc.args[0]) from None
     folder = Path(args.submissions)
     if not folder.is_dir():
         raise UsageError(f"{folder} is not a folder: give a folder with "

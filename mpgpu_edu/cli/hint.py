@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mpgpu_edu.cli import UsageError
+from mpgpu_edu.cli import usage_errors
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,10 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from mpgpu_edu.grading.hints import hint
 
-    try:
+    with usage_errors(ValueError):
         shown = hint(args.id, reset=args.reset)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     if args.json:
         print(json.dumps({"id": shown.exercise.id, "level": shown.level,
                           "hints": shown.shown}))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mpgpu_edu.cli import UsageError
+from mpgpu_edu.cli import usage_errors
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,10 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from mpgpu_edu.grading import registry, runner
     from mpgpu_edu.grading.progress import CourseNotFound, find_root, progress, record
 
-    try:
+    with usage_errors(CourseNotFound):
         root = find_root()
-    except CourseNotFound as exc:
-        raise UsageError(str(exc)) from None
     if args.refresh:
         results = runner.run_many(root / "exercises", list(registry.EXERCISES),
                                   display_dir="exercises")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from mpgpu_edu.cli import UsageError
+from mpgpu_edu.cli import usage_errors
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,16 +26,12 @@ def run(args: argparse.Namespace) -> int:
     from mpgpu_edu.grading import registry
     from mpgpu_edu.grading.progress import CourseNotFound, find_root, reset
 
-    try:
+    with usage_errors(KeyError):
         exercise = registry.get(args.id)
-    except KeyError as exc:
-        raise UsageError(exc.args[0]) from None
-    try:
+    with usage_errors(CourseNotFound):
         root = find_root()
         missing = not (root / "exercises" / exercise.filename).is_file()
         file, saved = reset(root, exercise)
-    except CourseNotFound as exc:
-        raise UsageError(str(exc)) from None
     if missing:
         print(f"{file.relative_to(root)} was missing: restored the whole file as handed out "
               f"(every exercise of lesson {exercise.lesson} as a stub)")

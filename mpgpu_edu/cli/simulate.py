@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from mpgpu_edu.cli import UsageError, number, parse_size
+from mpgpu_edu.cli import UsageError, add_command_group, number, parse_size
 from mpgpu_edu.cli.simulate_pipeline import (  # noqa: F401 - simulate_pipeline is public here
     add_pipeline_parser, pipeline_text, run_pipeline, simulate_pipeline)
 from mpgpu_edu.cli.simulate_step import add_step_parser, run_step
@@ -43,14 +43,12 @@ MAX_RANKS = 1024   # the presets are far smaller; _world_size states the preset'
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("simulate", help="cost of a collective (or a schedule) on a preset",
-                            description="Simulate a collective (or a schedule) on a preset "
-                                        "cluster and report its cost.")
-    what = parser.add_subparsers(dest="what", metavar="WHAT")
-    what.required = True
+    what = add_command_group(sub, "simulate", run,
+                             help="cost of a collective (or a schedule) on a preset",
+                             description="Simulate a collective (or a schedule) on a preset "
+                                         "cluster and report its cost.")
     for add in PARSERS.values():
         add(what)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,27 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpgpu_edu.grading.registry import EXERCISES, get
-from mpgpu_edu.grading.report import ExerciseResult, Report, exercise_html, html_page
+from mpgpu_edu.grading.report import ExerciseResult, Report, Scored, exercise_html, html_page
 from mpgpu_edu.grading.runner import Limits, missing_file, run_many
 
 MAX_PROCESSES = 256  # processes one learner's sandbox may hold at once
 
 
 @dataclass
-class Graded:
+class Graded(Scored):
     """One learner's results."""
 
     learner: str
     folder: Path | None
     results: list[ExerciseResult]
-
-    @property
-    def score(self) -> int:
-        return sum(r.points for r in self.results)
-
-    @property
-    def max_score(self) -> int:
-        return sum(r.max_points for r in self.results)
 
     def notes(self) -> str:
         """The exercises that did not end normally, e.g. ``"1.3 timeout; 2.1 error"``."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from mpgpu_edu.grading.generate import (backup_file, function_source, generate_text,
                                         source_sha, stub_source)
 from mpgpu_edu.grading.registry import EXERCISES, LESSON_TITLES, LESSONS, Exercise
-from mpgpu_edu.grading.report import ExerciseResult
+from mpgpu_edu.grading.report import ExerciseResult, Scored
 
 ROOT_ENV = "MPGPU_EDU_ROOT"
 STATE_DIR = ".mpgpu"
@@ -117,19 +117,14 @@ class LessonProgress:
 
 
 @dataclass
-class Progress:
+class Progress(Scored):
     """Per lesson: exercises passed out of all, and points. Shows as a table."""
 
     lessons: list[LessonProgress]
     entries: dict[str, dict]
 
-    @property
-    def points(self) -> int:
-        return sum(lesson.points for lesson in self.lessons)
-
-    @property
-    def max_points(self) -> int:
-        return sum(lesson.max_points for lesson in self.lessons)
+    _parts = "lessons"
+    points, max_points = Scored.score, Scored.max_score  # the names progress reports use
 
     def to_dict(self) -> dict:
         return {"lessons": [vars(lesson) for lesson in self.lessons],

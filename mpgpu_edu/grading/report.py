@@ -165,19 +165,26 @@ def exercise_html(result: ExerciseResult) -> str:
     return "".join(parts)
 
 
-@dataclass
-class Report:
-    """Several exercises' results: a table with a total score."""
+class Scored:
+    """Points added up: ``score`` out of ``max_score``, over the parts that ``_parts`` names
+    (``results``: a report's or a learner's; a learner's progress adds up its lessons)."""
 
-    results: list[ExerciseResult]
+    _parts = "results"
 
     @property
     def score(self) -> int:
-        return sum(r.points for r in self.results)
+        return sum(part.points for part in getattr(self, self._parts))
 
     @property
     def max_score(self) -> int:
-        return sum(r.max_points for r in self.results)
+        return sum(part.max_points for part in getattr(self, self._parts))
+
+
+@dataclass
+class Report(Scored):
+    """Several exercises' results: a table with a total score."""
+
+    results: list[ExerciseResult]
 
     def to_dict(self) -> dict:
         return {"exercises": [r.to_dict() for r in self.results], "score": self.score,

@@ -95,13 +95,38 @@ def ddp_side_by_side(comm: Communicator, wrap: Wrap, model_fn: Callable[[], nn.M
     ours = wrap(comm, ours_model, bucket_bytes)
     torch_model = model_fn()
     theirs = DistributedDataParallel(torch_model, bucket_cap_mb=bucket_bytes / 2**20)
+    return three_ways(comm, model_fn, batches, optimizer, lr, ours, ours_model.parameters(),
+                      theirs)
+
+
+def three_ways(comm: Communicator, model_fn: Callable[[], nn.Module],
+               batches: Sequence[Batch], optimizer: str, lr: float, ours: Any, ours_params: Any,
+               theirs: nn.Module) -> dict:
+    """One device (rank 0), the replica ``ours`` (training ``ours_params``, ``finish()``
+    after each backward) and torch's ``theirs``, step by step (``take_turns``): this rank's
+    losses and seconds per step."""
     runs = {"one device": (one_device_steps(model_fn, batches, optimizer, lr)
                            if comm.rank == 0 else None),
-            "ours": replica_steps(comm, ours, ours_model.parameters(), True, batches,
-                                  optimizer, lr),
+            "ours": replica_steps(comm, ours, ours_params, True, batches, optimizer, lr),
             "torch": replica_steps(comm, theirs, theirs.parameters(), False, batches,
                                    optimizer, lr)}
     return take_turns(runs, len(batches))
+
+
+def data_parallel_job(compare: str, ranks: int, steps: int, sizes: Sequence[int], batch: int,
+                      optimizer: str, lr: float
+                      ) -> tuple[Callable[[], nn.Module], list[Batch], str]:
+    """What a data-parallel comparison (``compare``: its name, for the error) starts from:
+    the check that ``batch`` splits evenly over ``ranks``; the model's maker, the batches,
+    and the start of the setup line."""
+    if ranks < 2 or batch % ranks:
+        raise ValueError(f"{compare} needs 2 or more ranks and a batch that splits evenly "
+                         f"over them; got {ranks} ranks and a batch of {batch}")
+    model_fn = functools.partial(make_mlp, tuple(sizes))
+    batches = make_batches(steps, batch, sizes[0], sizes[-1])
+    setup = (f"MLP {'-'.join(map(str, sizes))}, batch {batch} ({batch // ranks} per rank), "
+             f"{steps} steps, {optimizer} lr {lr}")
+    return model_fn, batches, setup
 
 
 def label_of(fn: Any) -> str:
@@ -128,18 +153,14 @@ def compare_ddp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
     hooks) and with ``torch.nn.parallel.DistributedDataParallel``, and on one device.
     ``batch`` must split evenly over the ranks. Returns the losses and step times of all
     three (``SideBySide``: print it, ``.plot()`` it)."""
-    if ranks < 2 or batch % ranks:
-        raise ValueError(f"compare_ddp needs 2 or more ranks and a batch that splits evenly "
-                         f"over them; got {ranks} ranks and a batch of {batch}")
+    model_fn, batches, setup = data_parallel_job("compare_ddp", ranks, steps, sizes, batch,
+                                                 optimizer, lr)
     label = "the package's DDP wrapper" if wrap is None else label_of(wrap)
     if wrap is None:
         from mpgpu_edu.lessons.data_parallel import wrap_ddp as wrap
-    model_fn = functools.partial(make_mlp, tuple(sizes))
-    batches = make_batches(steps, batch, sizes[0], sizes[-1])
     run = launch(ddp_side_by_side, ranks, plain(wrap), model_fn, batches, optimizer, lr,
                  bucket_bytes, backend="gloo", timeout=timeout)
     return from_ranks(
         run.results, title=f"DDP on {ranks} gloo processes: {label} against torch's",
-        setup=(f"MLP {'-'.join(map(str, sizes))}, batch {batch} ({batch // ranks} per rank), "
-               f"{steps} steps, {optimizer} lr {lr}, buckets of {bucket_bytes // 1024} KiB"),
+        setup=f"{setup}, buckets of {bucket_bytes // 1024} KiB",
         convention=CONVENTION, ours=label, torch_label="torch DistributedDataParallel")

@@ -22,16 +22,15 @@ optimizer state between steps.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch
-from mpgpu_edu.data import Batch, make_batches, make_mlp
-from mpgpu_edu.sidebyside.ddp import CONVENTION, label_of, one_device_steps, plain, replica_steps
-from mpgpu_edu.sidebyside.result import SideBySide, from_ranks, take_turns
+from mpgpu_edu.data import Batch
+from mpgpu_edu.sidebyside.ddp import CONVENTION, data_parallel_job, label_of, plain, three_ways
+from mpgpu_edu.sidebyside.result import SideBySide, from_ranks
 
 Wrap = Callable[[Communicator, nn.Sequential, bool], Any]  # lesson 08's wrap_fsdp
 
@@ -63,12 +62,7 @@ def fsdp_side_by_side(comm: Communicator, wrap: Wrap, model_fn: Callable[[], nn.
     step (``take_turns``). Returns this rank's losses and seconds per step."""
     ours = wrap(comm, model_fn(), prefetch)
     theirs = fully_shard_layers(model_fn())
-    runs = {"one device": (one_device_steps(model_fn, batches, optimizer, lr)
-                           if comm.rank == 0 else None),
-            "ours": replica_steps(comm, ours, ours.parameters(), True, batches, optimizer, lr),
-            "torch": replica_steps(comm, theirs, theirs.parameters(), False, batches,
-                                   optimizer, lr)}
-    return take_turns(runs, len(batches))
+    return three_ways(comm, model_fn, batches, optimizer, lr, ours, ours.parameters(), theirs)
 
 
 def package_wrap() -> Wrap:
@@ -90,17 +84,13 @@ def compare_fsdp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
     package's, ``dp.fsdp.wrap_fsdp``), with FSDP2 (``fully_shard``) and on one device.
     ``batch`` must split evenly over the ranks. Returns the losses and step times of all
     three (``SideBySide``)."""
-    if ranks < 2 or batch % ranks:
-        raise ValueError(f"compare_fsdp needs 2 or more ranks and a batch that splits evenly "
-                         f"over them; got {ranks} ranks and a batch of {batch}")
+    model_fn, batches, setup = data_parallel_job("compare_fsdp", ranks, steps, sizes, batch,
+                                                 optimizer, lr)
     label = "the package's sharded wrapper" if wrap is None else label_of(wrap)
     wrap = package_wrap() if wrap is None else wrap
-    model_fn = functools.partial(make_mlp, tuple(sizes))
-    batches = make_batches(steps, batch, sizes[0], sizes[-1])
     run = launch(fsdp_side_by_side, ranks, plain(wrap), model_fn, batches, optimizer, lr,
                  prefetch, backend="gloo", timeout=timeout)
     return from_ranks(
         run.results, title=f"ZeRO-3 on {ranks} gloo processes: {label} against torch's FSDP2",
-        setup=(f"MLP {'-'.join(map(str, sizes))}, batch {batch} ({batch // ranks} per rank), "
-               f"{steps} steps, {optimizer} lr {lr}, prefetch {'on' if prefetch else 'off'}"),
+        setup=f"{setup}, prefetch {'on' if prefetch else 'off'}",
         convention=CONVENTION, ours=label, torch_label="torch fully_shard (FSDP2)")
