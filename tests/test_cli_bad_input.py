@@ -95,8 +95,12 @@ def test_check_html_folder_is_checked_before_any_check(capsys, no_work) -> None:
 
 
 def test_grade_csv_folder_is_checked_before_grading(tmp_path, capsys, no_work) -> None:
-    line = refused(["grade", str(submissions(tmp_path)), "--csv", "/missing/dir/g.csv"], capsys)
+    subs = submissions(tmp_path)
+    line = refused(["grade", str(subs), "--csv", "/missing/dir/g.csv"], capsys)
     assert "--csv" in line and "does not exist" in line and "mkdir -p" in line
+    line = refused(["grade", str(subs), "--csv", str(tmp_path / "g.csv"),
+                    "--json-file", "/missing/dir/g.json"], capsys)
+    assert "--json-file" in line and "does not exist" in line and "mkdir -p" in line
 
 
 def test_pipeline_sizes_past_the_limit_are_refused_at_once(capsys, no_work) -> None:

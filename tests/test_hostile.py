@@ -13,6 +13,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import json
 import os
 import signal
 import subprocess
@@ -268,7 +269,8 @@ def test_a_killed_grader_loses_nothing_and_the_next_run_resumes(tmp_path: Path) 
         (subs / name).mkdir(parents=True)
         (subs / name / "ex00_devices.py").write_text(solution)
     command = [sys.executable, "-m", "mpgpu_edu", "grade", str(subs), "--csv", str(out),
-               "--ids", "0.1", "--html", str(tmp_path / "g.html")]
+               "--ids", "0.1", "--html", str(tmp_path / "g.html"),
+               "--json-file", str(tmp_path / "g.json")]
     grader = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -283,6 +285,8 @@ def test_a_killed_grader_loses_nothing_and_the_next_run_resumes(tmp_path: Path) 
     rows = list(csv.reader(out.open()))
     assert rows[0][0] == "learner" and 1 <= len(rows) - 1 <= 2
     assert ">a</td>" in (tmp_path / "g.html").read_text()  # the report so far, whole
+    so_far = json.loads((tmp_path / "g.json").read_text())  # and the JSON, whole
+    assert "a" in json.dumps(so_far)
     assert all(row[1] == "5" for row in rows[1:])
     time.sleep(1.0)
     assert marked() == []

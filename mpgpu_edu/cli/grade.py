@@ -46,7 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--fresh", action="store_true",
                         help="grade every learner again, even those already in the CSV "
                              "(default: resume after them)")
-    parser.add_argument("--json", action="store_true", help="also print one JSON object")
+    parser.add_argument("--json", action="store_true",
+                        help="also print the grades as one JSON object at the end")
+    parser.add_argument("--json-file", metavar="PATH",
+                        help="also write the grades as one JSON object to PATH, rewritten "
+                             "after every learner")
     parser.add_argument("--html", metavar="PATH", help="also write an HTML report")
     parser.set_defaults(func=run)
 
@@ -71,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
                          + LAYOUT.format(folder=folder))
     csv_path = writable_file(args.csv, "--csv")  # before any grading
     html_path = writable_file(args.html, "--html") if args.html else None
+    json_path = writable_file(args.json_file, "--json-file") if args.json_file else None
     if not args.no_isolation:
         from mpgpu_edu.runtime.sandbox import problem
 
@@ -98,12 +103,16 @@ def run(args: argparse.Namespace) -> int:
         done.append(graded)
         if html_path is not None:
             grade.write_atomically(html_path, grade.html_report(done))
+        if json_path is not None:
+            grade.write_atomically(json_path, json.dumps(grade.to_dict(done), indent=1) + "\n")
 
     graded = grade.grade(folder, ids, limits, on_result=show, isolate=not args.no_isolation,
                          skip=set(rows), on_learner=save)
     grade.write_rows(csv_path, rows, ids)
     if html_path is not None:
         grade.write_atomically(html_path, grade.html_report(graded))
+    if json_path is not None:
+        grade.write_atomically(json_path, json.dumps(grade.to_dict(graded), indent=1) + "\n")
     if args.json:
         print(json.dumps(grade.to_dict(graded), indent=1))
     else:
