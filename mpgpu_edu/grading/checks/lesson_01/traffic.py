@@ -94,6 +94,13 @@ def _traffic_case(name: str, points: int, exercise: str, padded: bool = False) -
     return Case(name, points, compute, judge)
 
 
+def _judge_ring_hidden(padded: bool) -> Callable[..., None]:
+    def judge_one(facts: Facts, world_size: int, numel: int, seed: int) -> None:
+        _judge_sums(facts, world_size, numel, seed)
+        _judge_ring_traffic(facts, world_size, numel, padded)
+    return judge_one
+
+
 # ---- 1.6 tree --------------------------------------------------------------------------------
 
 def _judge_tree_traffic(facts: Facts, n: int, numel: int) -> None:
@@ -128,10 +135,3 @@ def _tree_traffic() -> Case:
 def _judge_tree_hidden(facts: Facts, world_size: int, numel: int, seed: int) -> None:
     _judge_sums(facts, world_size, numel, seed)
     _judge_tree_traffic(facts, world_size, numel)
-
-
-def _judge_ring_hidden(padded: bool) -> Callable[..., None]:
-    def judge_one(facts: Facts, world_size: int, numel: int, seed: int) -> None:
-        _judge_sums(facts, world_size, numel, seed)
-        _judge_ring_traffic(facts, world_size, numel, padded)
-    return judge_one

@@ -18,6 +18,8 @@ from mpgpu_edu.lessons import l06
 Impl = Callable[..., Any]
 
 
+# ---- 6.2 a swap that cannot deadlock -------------------------------------------------------
+
 def _swap_inputs(partners: list[int], numel: int) -> list[torch.Tensor]:
     return [torch.full((numel,), float(rank)) for rank in range(len(partners))]
 
