@@ -173,7 +173,7 @@ def test_a_buffer_made_on_the_cpu_fails_only_on_the_figures_meta_tensors() -> No
 
 
 def test_the_padded_byte_count_is_explained_and_one_message_is_singular() -> None:
-    from mpgpu_edu.grading.checks.lesson_01 import _count
+    from mpgpu_edu.grading.checks.lesson_01.all_reduce import _count
 
     results = verdicts("1.7", ring_sending_everything)
     message = results["traffic: 2(N-1)/N of the tensor, to the right neighbour"][1]

@@ -198,10 +198,11 @@ def _references_blocked(exercise_id: str) -> Iterator[None]:
     import importlib
 
     from mpgpu_edu.grading.checks import CheckFailure, lesson_module
+    from mpgpu_edu.grading.checks._support import rebound
     from mpgpu_edu.grading.registry import get
 
     references = getattr(lesson_module(get(exercise_id).lesson), "REFERENCES", {})
-    replaced: list[tuple[dict, str, Any]] = []
+    swaps: list[tuple[Any, Any]] = []
     for target in references.get(exercise_id, ()):
         module_name, _, attribute = target.partition(":")
         original = getattr(importlib.import_module(module_name), attribute)
@@ -210,18 +211,13 @@ def _references_blocked(exercise_id: str) -> Iterator[None]:
             raise CheckFailure(f"exercise {exercise_id} is yours to write: the package's own "
                                f"{_name} cannot be called while it is checked")
 
-        for module in list(sys.modules.values()):
-            namespace = getattr(module, "__dict__", None)
-            if isinstance(namespace, dict):
-                for key, value in list(namespace.items()):
-                    if value is original:
-                        replaced.append((namespace, key, value))
-                        namespace[key] = blocked
-    try:
+        swaps.append((original, blocked))
+    if not swaps:
         yield
-    finally:
-        for namespace, key, value in reversed(replaced):
-            namespace[key] = value
+        return
+    namespaces = [getattr(module, "__dict__", None) for module in list(sys.modules.values())]
+    with rebound([ns for ns in namespaces if isinstance(ns, dict)], swaps):
+        yield
 
 
 def _load(file: str, function: str) -> Any:

@@ -1,5 +1,6 @@
 """What every lesson's checks share: running SPMD code, refusing built-in collectives,
-hidden cases on reproducible examples, plain facts of a run, and comparing tensors."""
+swapping a function for a stand-in wherever it is named, hidden cases on reproducible
+examples, plain facts of a run, and comparing tensors."""
 
 from __future__ import annotations
 
@@ -123,6 +124,26 @@ def _blocker(exercise_id: str, display: str) -> Callable[..., Any]:
         raise CheckFailure(f"exercise {exercise_id} is built from comm.send/recv/isend/irecv "
                            f"only, but it called {display}")
     return blocked
+
+
+@contextlib.contextmanager
+def rebound(owners: list[Any], swaps: list[tuple[Any, Any]]) -> Iterator[None]:
+    """While inside, every name of ``owners`` (modules, or namespaces such as the learner's
+    function's ``__globals__``) bound to the first of a pair in ``swaps`` is bound to the
+    second; on leaving, each name gets its original back (the last rebound first)."""
+    patched: list[tuple[dict, str, Any]] = []
+    for owner in owners:
+        namespace = owner if isinstance(owner, dict) else vars(owner)
+        for name, value in list(namespace.items()):
+            for original, replacement in swaps:
+                if value is original:
+                    patched.append((namespace, name, value))
+                    namespace[name] = replacement
+    try:
+        yield
+    finally:
+        for namespace, name, value in reversed(patched):
+            namespace[name] = value
 
 
 # ---- messages naming an example ----------------------------------------------------------------
@@ -253,3 +274,13 @@ def judge_examples(records: list[dict], judge_one: Callable[..., None]) -> None:
         except AssertionError as exc:
             raise CheckFailure(f"fails for {_example(record['example'])}: "
                                f"{_first_line(exc)}") from None
+
+
+def each(configs: list[dict[str, Any]], compute_one: Callable[..., Any],
+         judge_one: Callable[..., None]) -> tuple[Callable[[Any], list[dict]],
+                                                  Callable[[list[dict]], None]]:
+    """*compute* and *judge* over listed examples (``Case(name, points, *each(...))``):
+    ``compute_one(impl, **example)`` for each, then ``judge_one(out, **example)``; the first
+    failure is reported with its example."""
+    return (lambda impl: compute_examples(lambda **e: compute_one(impl, **e), configs),
+            lambda records: judge_examples(records, judge_one))

@@ -1,15 +1,10 @@
-"""Checks of lesson 07: the groups of a 2-level cluster, the hierarchical all-reduce's closed
-form, and the hierarchical all-reduce itself.
-
-Oracles: ``collectives.hierarchical.node_groups`` / ``rail_groups`` for the groups,
-``collectives.cost.hierarchical_allreduce_time`` for the closed form, the sum (or mean) of
-every rank's tensor for the values, ``cost.hierarchical_bytes_sent`` for the bytes each rank
-sends inside its node and across the network. The capstone runs with every built-in
-collective switched off (``from_scratch``) on a two-level cluster: NVSwitch-like links inside
-each node, one NIC per GPU between nodes, free additions, so that its simulated time must
-equal the closed form; a flat ring, or whole tensors sent across, or the groups swapped, send
-the wrong bytes on the wrong links.
-"""
+"""Checks of exercise 7.3, the hierarchical all-reduce, run with every built-in collective
+switched off (``from_scratch``) on a two-level cluster: NVSwitch-like links inside each node,
+one NIC per GPU between nodes, free additions, so that its simulated time must equal the
+closed form. Oracles: the sum (or mean) of every rank's tensor for the values,
+``cost.hierarchical_bytes_sent`` for the bytes each rank sends inside its node and across
+the network; a flat ring, or whole tensors sent across, or the groups swapped, send the
+wrong bytes on the wrong links."""
 
 from __future__ import annotations
 
@@ -21,16 +16,12 @@ import torch
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.cluster import topology as topo
 from mpgpu_edu.collectives import cost
-from mpgpu_edu.collectives.hierarchical import node_groups, rail_groups
-from mpgpu_edu.grading.checks import Case, CheckFailure
-from mpgpu_edu.grading.checks._plain import type_name
-from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
-                                               expect_close, from_scratch, judge_examples,
-                                               launch_facts, rank_inputs, run_spmd)
+from mpgpu_edu.grading.checks._support import (bytes_of, examples, expect, expect_close,
+                                               from_scratch, launch_facts, rank_inputs, run_spmd)
 from mpgpu_edu.hardware import GPUS, LinkSpec
 
 Impl = Callable[..., Any]
-Judge = Callable[[Any], None]
+
 
 # Inside a node: 2 us, 8 GB/s; a NIC: 6 us, 1 GB/s (8 us between nodes: both latencies).
 INTRA_ALPHA, INTRA_BETA, NIC_ALPHA, NIC_BETA = 2e-6, 8e9, 6e-6, 1e9
@@ -44,104 +35,6 @@ def two_level(nodes: int, per_node: int) -> Cluster:
     return Cluster(f"{nodes}x{per_node}-two-level", GPUS["H100-SXM-80GB"], wiring,
                    efficiency=1.0, launch_overhead_s=0.0, memory_Bps=0.0)
 
-
-def _each(configs: list[dict[str, Any]], compute_one: Callable[..., Any],
-          judge_one: Callable[..., None]) -> tuple[Impl, Judge]:
-    return (lambda impl: compute_examples(lambda **c: compute_one(impl, **c), configs),
-            lambda records: judge_examples(records, judge_one))
-
-
-def _case(name: str, points: int, halves: tuple[Impl, Judge], hidden: bool = False,
-          timeout_s: float = 20.0) -> Case:
-    return Case(name, points, halves[0], halves[1], hidden=hidden, timeout_s=timeout_s)
-
-
-# ---- 7.1 nodes and rails ------------------------------------------------------------------------
-
-def _groups_compute(impl: Impl, world_size: int, per_node: int) -> Any:
-    return impl(world_size, per_node)
-
-
-def _groups_agree(got: Any, world_size: int, per_node: int) -> None:
-    expect(isinstance(got, (list, tuple)) and len(got) == 2,
-           f"expected (nodes, rails), a pair of lists, got {type_name(got)}")
-    nodes, rails = got
-    want_nodes = node_groups(world_size // per_node, per_node)
-    want_rails = rail_groups(world_size // per_node, per_node)
-    expect(nodes == want_nodes, f"nodes should be {want_nodes}, got {nodes}")
-    expect(rails == want_rails, f"rails should be {want_rails} (local rank i of every node), "
-                                f"got {rails}")
-
-
-def _groups_bad_compute(impl: Impl) -> list[str]:
-    outcomes = []
-    for world_size, per_node in [(6, 4), (4, 0), (0, 2), (5, 2)]:
-        try:
-            impl(world_size, per_node)
-            outcomes.append(f"({world_size}, {per_node}) returned")
-        except ValueError:
-            outcomes.append("ValueError")
-    return outcomes
-
-
-def _groups_bad_judge(outcomes: Any) -> None:
-    bad = [o for o in outcomes if o != "ValueError"]
-    expect(not bad, "ranks that do not fill whole nodes must raise ValueError, but "
-                    + ", ".join(bad))
-
-
-def _groups_examples() -> list[dict[str, int]]:
-    drawn = examples(12, 71, nodes=(1, 5), per_node=(1, 6))
-    return [dict(world_size=e["nodes"] * e["per_node"], per_node=e["per_node"]) for e in drawn]
-
-
-# ---- 7.2 the closed form -------------------------------------------------------------------------
-
-def _form_compute(impl: Impl, nodes: int, per_node: int, nbytes: float, alphas: tuple,
-                  betas: tuple) -> Any:
-    return impl(nodes, per_node, nbytes, alphas[0], betas[0], alphas[1], betas[1])
-
-
-def _form_agree(got: Any, nodes: int, per_node: int, nbytes: float, alphas: tuple,
-                betas: tuple) -> None:
-    want = cost.hierarchical_allreduce_time(nodes, per_node, nbytes, alphas[0], betas[0],
-                                            alphas[1], betas[1])
-    expect(isinstance(got, (int, float)) and not isinstance(got, bool),
-           f"expected a number of seconds, got {type_name(got)}")
-    # judge_examples names the example (nodes, per_node, nbytes, alphas, betas) once
-    expect(abs(got - want) <= 1e-9 * max(want, 1e-30),
-           f"expected {want:.6g} s, got {got:.6g} s")
-
-
-_FORM_MAIN = [dict(nodes=2, per_node=8, nbytes=2.0**28, alphas=(3e-6, 8e-6),
-                   betas=(370e9, 47e9)),
-              dict(nodes=4, per_node=2, nbytes=1e6, alphas=(1e-5, 1e-4), betas=(1e9, 1e8)),
-              dict(nodes=1, per_node=4, nbytes=1e6, alphas=(1e-5, 1e-4), betas=(1e9, 1e8)),
-              dict(nodes=3, per_node=1, nbytes=1e6, alphas=(1e-5, 1e-4), betas=(1e9, 1e8))]
-
-
-def _judge_forms_hidden(records: list[dict]) -> None:
-    """*judge* of 7.2's hidden case: the first failing example by its shape only (its size
-    and links stay hidden, and are not printed twice)."""
-    for i, record in enumerate(records):
-        try:
-            _form_agree(record["out"], **record["example"])
-        except AssertionError as exc:
-            e = record["example"]
-            raise CheckFailure(f"fails on hidden example {i + 1} of {len(records)} "
-                               f"({e['nodes']} nodes x {e['per_node']} GPUs; its size and "
-                               f"links stay hidden): {exc}") from None
-
-
-def _form_examples() -> list[dict[str, Any]]:
-    drawn = examples(12, 72, nodes=(1, 6), per_node=(1, 8), kib=(1, 2**20), a=(1, 50),
-                     b=(1, 400))
-    return [dict(nodes=e["nodes"], per_node=e["per_node"], nbytes=float(e["kib"] * 1024),
-                 alphas=(e["a"] * 1e-6, e["a"] * 3e-6), betas=(e["b"] * 1e9, e["b"] * 1e8))
-            for e in drawn]
-
-
-# ---- 7.3 the hierarchical all-reduce -------------------------------------------------------------
 
 def _hier_compute(impl: Impl, nodes: int, per_node: int, numel: int, op: str = "sum",
                   seed: int = 0) -> dict[str, Any]:
@@ -274,39 +167,3 @@ def _hier_examples() -> list[dict[str, Any]]:
     return [dict(nodes=e["nodes"], per_node=e["per_node"],
                  numel=e["size"] * (e["nodes"] * e["per_node"] if e["whole"] else 1),
                  op="mean" if e["mean"] else "sum", seed=i) for i, e in enumerate(drawn)]
-
-
-CASES: dict[str, list[Case]] = {
-    "7.1": [
-        _case("the docstring's example; 2 x 8, 4 x 2, 1 node, 1 GPU per node", 1,
-              _each([dict(world_size=w, per_node=p) for w, p in
-                     [(4, 2), (16, 8), (8, 2), (3, 3), (3, 1)]],
-                    _groups_compute, _groups_agree)),
-        Case("per_node must divide world_size", 1, _groups_bad_compute, _groups_bad_judge),
-        _case("hidden: random clusters", 1,
-              _each(_groups_examples(), _groups_compute, _groups_agree), hidden=True),
-    ],
-    "7.2": [
-        _case("2 x 8 H100-like, 4 x 2, one node, one GPU per node", 2,
-              _each(_FORM_MAIN, _form_compute, _form_agree)),
-        _case("hidden: random clusters and sizes", 2,
-              (_each(_form_examples(), _form_compute, _form_agree)[0], _judge_forms_hidden),
-              hidden=True),
-    ],
-    "7.3": [
-        _case("sums and means in place on 2 nodes x 4", 3,
-              _each(_HIER_MAIN, _hier_compute, _hier_values)),
-        _case("traffic: 2(G-1)/G S inside the node, 2(M-1)/(GM) S across, on its own rail", 3,
-              _each(_HIER_SHAPES, _hier_compute, _hier_traffic)),
-        _case("time: the closed form on a two-level cluster", 3,
-              _each(_HIER_SHAPES, _hier_compute, _hier_time)),
-        _case("sizes that do not divide, 3 nodes, 1 node, 1 GPU per node", 2,
-              _each(_HIER_EDGES, _hier_compute, _hier_values)),
-        _case("hidden: random clusters, sizes and ops", 2,
-              _each(_hier_examples(), _hier_compute, _hier_all), hidden=True, timeout_s=40.0),
-    ],
-}
-
-# The package's own implementation of each exercise: it must not run while the exercise is
-# checked (``from_scratch`` switches it off, with the other collectives, for 7.3).
-REFERENCES = {"7.3": ["mpgpu_edu.collectives.hierarchical:all_reduce_hierarchical"]}

@@ -1,0 +1,96 @@
+"""Checks of lesson 01: message cost and collectives built from send and recv.
+
+Every collective case runs the learner's function on the simulator with the built-in
+collectives disabled (``from_scratch``); *compute* hands the judge what each rank holds and
+sent (``launch_facts``), and *judge* checks values, bytes and messages per rank, who talks
+to whom, and the time against the grader's own reference. Structure the numbers cannot show
+is recorded in *compute* as plain data too: how many isend/irecv works each rank waited on
+(``WorkLedger``), and whether a returned tensor shares memory with the input.
+
+Modules: ``p2p`` (1.1), ``all_reduce`` (what the all-reduces 1.2, 1.3, 1.6 and 1.7 share),
+``traffic`` (each all-reduce's bytes and messages per rank), ``scatter_gather`` (1.4, 1.5).
+"""
+
+from __future__ import annotations
+
+from mpgpu_edu.collectives import all_reduce_ring
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks.lesson_01.all_reduce import (_all_reduce_facts, _hidden_case,
+                                                           _meta_case, _sums_case, _time_case,
+                                                           _waits_case, fully_connected)
+from mpgpu_edu.grading.checks.lesson_01.p2p import _p2p_case
+from mpgpu_edu.grading.checks.lesson_01.scatter_gather import (_half_hidden, _half_traffic_case,
+                                                               _judge_all_gather,
+                                                               _judge_new_tensors,
+                                                               _judge_reduce_scatter,
+                                                               _values_case)
+from mpgpu_edu.grading.checks.lesson_01.traffic import (_judge_naive_hidden, _judge_ring_hidden,
+                                                        _judge_tree_hidden, _naive_traffic,
+                                                        _traffic_case, _tree_traffic)
+from mpgpu_edu.lessons.communication import binary_tree_all_reduce
+
+
+CASES: dict[str, list[Case]] = {
+    "1.1": [
+        _p2p_case("uniform cluster: alpha + n / beta", "uniform"),
+        _p2p_case("PCIe preset: matches a simulated send", "preset"),
+        _p2p_case("logical ids under CUDA_VISIBLE_DEVICES", "visible"),
+    ],
+    "1.2": [
+        _sums_case("sums in place on 4 ranks", 1, "1.2", [(4, 100)]),
+        _sums_case("world sizes 1, 2, 3, 5", 1, "1.2", [(1, 5), (2, 5), (3, 7), (5, 11)]),
+        _naive_traffic(),
+        _meta_case("1.2"),
+        _hidden_case("1.2", _all_reduce_facts, _judge_naive_hidden),
+    ],
+    "1.3": [
+        _sums_case("sums in place on 4 ranks", 1, "1.3", [(4, 1000)]),
+        _meta_case("1.3"),
+        _sums_case("any size: uneven chunks, fewer elements than ranks", 2, "1.3",
+                   [(3, 10), (5, 3), (2, 1), (1, 4)]),
+        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 2, "1.3"),
+        _waits_case("1.3", 1, [(4, 1000), (3, 10)]),
+        _time_case("time: every link busy at once", "1.3", all_reduce_ring, "ring",
+                   [(4, 2**18 + 3)], "do all ranks send at the same time?"),
+        _hidden_case("1.3", _all_reduce_facts, _judge_ring_hidden(padded=False)),
+    ],
+    "1.4": [
+        _values_case("each rank gets its chunk of the sum", "1.4", _judge_reduce_scatter,
+                     [(4, (12,)), (3, (10,)), (5, (3,)), (1, (4,)), (3, (2, 5))]),
+        _half_traffic_case("traffic: (N-1)/N of the tensor, to the right neighbour", 3, "1.4",
+                           _judge_reduce_scatter, "reduce-scatter"),
+        _half_hidden("1.4", _judge_reduce_scatter),
+    ],
+    "1.5": [
+        _values_case("every rank gets every tensor", "1.5", _judge_all_gather,
+                     [(4, (2, 3)), (3, (5,)), (1, (2,)), (5, (1,))]),
+        _values_case("new tensors: no entry is the caller's tensor", "1.5",
+                     _judge_new_tensors, [(4, (2, 3)), (1, (2,))], points=1),
+        _half_traffic_case("traffic: N-1 tensors, to the right neighbour", 1, "1.5",
+                           _judge_all_gather, "all-gather"),
+        _half_hidden("1.5", _judge_all_gather),
+    ],
+    "1.6": [
+        _sums_case("sums in place, N = 1 to 7", 2, "1.6",
+                   [(1, 4), (2, 5), (3, 6), (4, 4), (5, 3), (6, 7), (7, 10)]),
+        _tree_traffic(),
+        _meta_case("1.6"),
+        _time_case("time: both subtrees at once, on a fully connected cluster", "1.6",
+                   binary_tree_all_reduce, "reference binary tree", [(7, 4096), (6, 4096)],
+                   "on this cluster a rank can take both children's messages (and send to "
+                   "both) at once: does it wait for one before it starts on the other, or wait "
+                   "for ranks outside its subtree?", cluster=fully_connected,
+                   faster="a binary tree can be: does it follow the tree?"),
+        _hidden_case("1.6", _all_reduce_facts, _judge_tree_hidden, points=2),
+    ],
+    "1.7": [
+        _sums_case("sums in place, any size", 2, "1.7",
+                   [(4, 1000), (3, 10), (5, 3), (2, 1), (1, 4)]),
+        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 3, "1.7",
+                      padded=True),
+        _meta_case("1.7"),
+        _time_case("time: as fast as the ring", "1.7", all_reduce_ring, "ring",
+                   [(4, 2**18 + 3)], "do all ranks send at the same time?"),
+        _hidden_case("1.7", _all_reduce_facts, _judge_ring_hidden(padded=True), points=2),
+    ],
+}

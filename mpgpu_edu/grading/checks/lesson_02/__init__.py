@@ -1,0 +1,67 @@
+"""Checks of lesson 02: the parameter server's worker, its server (one step and the whole
+loop), and a server sharded over every rank.
+
+*compute* runs the learner's side on the simulator against the reference of the other side
+(``steps._reference_worker``, ``steps._reference_server``) and hands over plain facts: each
+rank's parameters, its traffic, and where asked the timeline. *judge* rebuilds the expected
+values from the same seeds with the grader's own arithmetic: one SGD step on the mean
+gradient, or plain training on one device for the cases that train a small model.
+
+Modules: ``steps`` (one step, either side), ``training`` (a small model against one device),
+``arrivals`` (2.3's loop against workers of uneven speed), ``sharded`` (2.4).
+"""
+
+from __future__ import annotations
+
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks.lesson_02.arrivals import (_judge_no_early_update, _judge_uneven,
+                                                         _judge_waits, _uneven_workers)
+from mpgpu_edu.grading.checks.lesson_02.sharded import (_hidden_sharded, _judge_sharded,
+                                                        _judge_sharded_waits, _run_sharded)
+from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _judge_step, _run_step,
+                                                      _server_traffic, _steps, _worker_traffic)
+from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training, _training
+
+
+CASES: dict[str, list[Case]] = {
+    "2.1": [
+        Case("sends the gradient, receives the new parameters", 1, *_steps("worker", [(3, 2)])),
+        Case("the server need not be the last rank", 1, *_steps("worker", [(4, 0), (2, 1)])),
+        Case("traffic: one message each way, with the server only", 1,
+             lambda impl: _run_step(impl, "worker", 4, 100, 3), _worker_traffic),
+        Case("hidden: random sizes and servers", 1, *_hidden_steps("worker"), hidden=True),
+    ],
+    "2.2": [
+        Case("averages the workers' gradients and updates", 2, *_steps("server", [(4, 3)])),
+        Case("any server rank, N = 2, 3, 5", 1, *_steps("server", [(2, 0), (3, 1), (5, 4)])),
+        Case("traffic: (N-1) gradients in, (N-1) parameter copies out", 1,
+             lambda impl: _run_step(impl, "server", 5, 100, 4),
+             lambda facts: (_judge_step(facts, 5, 100, 4), _server_traffic(facts)) and None),
+        Case("hidden: random sizes and servers", 1, *_hidden_steps("server"), hidden=True),
+    ],
+    "2.3": [
+        Case("one step: the mean of every worker's gradient", 1, *_steps("loop", [(4, 3)])),
+        Case("trains a linear model like one device, N = 3", 2,
+             *_training("2.3", [(3, "linear", 4)])),
+        Case("a fast worker's gradient is not held behind a slower one's", 1,
+             _uneven_workers, _judge_uneven),
+        Case("no update before every gradient of the step is in", 2,
+             _uneven_workers, _judge_no_early_update),
+        Case("waits: every isend and irecv is waited on", 1,
+             _uneven_workers, lambda facts: _judge_waits(facts["works"], "the server")),
+        Case("hidden: other world sizes, models and step counts", 2,
+             *_hidden_training("2.3"), hidden=True),
+    ],
+    "2.4": [
+        Case("one step, N = 4, 12 parameters", 2,
+             lambda impl: _run_sharded(impl, 4, 12), lambda f: _judge_sharded(f, 4, 12)),
+        Case("shards that differ in size: N = 3, 10 parameters", 2,
+             lambda impl: _run_sharded(impl, 3, 10), lambda f: _judge_sharded(f, 3, 10)),
+        Case("trains an MLP like one device, N = 4", 2, *_training("2.4", [(4, "mlp", 3)])),
+        Case("waits: every isend and irecv is waited on, N = 3, 10 parameters", 1,
+             lambda impl: _run_sharded(impl, 3, 10, ledger=True),
+             lambda f: _judge_sharded_waits(f, 3, 10)),
+        Case("hidden: other world sizes, models, sizes that do not divide", 3,
+             *_hidden_sharded(), hidden=True),
+    ],
+}

@@ -1,0 +1,91 @@
+"""Exercise 2.3's server loop against workers of uneven speed: it takes gradients as they
+arrive, updates only once every gradient of the step is in, and waits on every isend and
+irecv. The server's communicator is a ``WorkLedger`` that watches its parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mpgpu_edu.grading.checks._ledger import WorkLedger
+from mpgpu_edu.grading.checks._support import (expect, expect_close, from_scratch, launch_facts,
+                                               rank_inputs, run_spmd)
+from mpgpu_edu.grading.checks.lesson_02.steps import LR, _reference_worker, _server_traffic
+
+Impl = Callable[..., Any]
+DELAYS = (3e-3, 1e-3, 2e-3)  # seconds of compute of workers 0, 1, 2: worker 0 is the slowest
+UNEVEN_STEPS = 2
+
+
+def _judge_waits(works: dict, where: str) -> None:
+    for kind in ("isend", "irecv"):
+        left = works[f"{kind}_unwaited"]
+        expect(left == 0,
+               f"{where} started {works[kind]} {kind}(s) and returned without waiting on "
+               f"{left} of them; until its work is waited on, an {kind}'s tensor may still "
+               "be in flight (on gloo or NCCL it can be read or overwritten too early)")
+
+
+def _uneven_workers(impl: Impl) -> dict:
+    """compute: the learner's server loop for two steps against reference workers that need
+    ``DELAYS`` seconds per gradient; the server's communicator is a ``WorkLedger`` watching its
+    parameters."""
+    n, numel = len(DELAYS) + 1, 100
+    params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, 1)
+    ledgers: list[Any] = [None]
+
+    def program(comm: Any) -> torch.Tensor:
+        mine = params.clone()
+        if comm.rank == n - 1:
+            ledgers[0] = WorkLedger(comm, watch=mine)
+            impl(ledgers[0], mine, UNEVEN_STEPS, LR)
+            return mine
+        for _step in range(UNEVEN_STEPS):
+            with comm.compute("backward", "gradient", seconds=DELAYS[comm.rank]):
+                pass
+            _reference_worker(comm, mine, grads[comm.rank].clone(), n - 1)
+        return mine
+
+    with from_scratch(impl, "2.3"):
+        facts = launch_facts(run_spmd(program, n), with_trace=True)
+    facts["works"] = ledgers[0].summary()
+    return facts
+
+
+def _judge_uneven(facts: dict) -> None:
+    n = len(DELAYS) + 1
+    server = n - 1
+    recvs = sorted((e for e in facts["trace"]["events"] if e["device"] == server
+                    and e["stream"] == "comm" and e["kind"] == "recv"),
+                   key=lambda e: e["start"])
+    first = [e["peer"] for e in recvs[: n - 1]]
+    want = sorted(range(n - 1), key=lambda w: DELAYS[w])
+    finish = ", ".join(f"{d * 1e3:g}" for d in DELAYS)
+    expect(first == want,
+           f"workers 0, 1, 2 finish their gradients after {finish} ms; the server received "
+           f"the first step's gradients from workers {first}, in that order, so a fast "
+           f"worker's message waited for a slower one's (arrival order: {want})")
+    _server_traffic(facts, n, steps=UNEVEN_STEPS)
+
+
+def _judge_no_early_update(facts: dict) -> None:
+    """The server's parameters, each time one of its receives completed, against the
+    parameters every worker started the step from."""
+    n, numel = len(DELAYS) + 1, 100
+    start, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, 1)
+    mean = torch.stack(grads[: n - 1]).mean(0)
+    seen = facts["works"]["at_receive"]
+    expect(len(seen) == UNEVEN_STEPS * (n - 1),
+           f"in {UNEVEN_STEPS} steps with {n - 1} workers the server should complete "
+           f"{UNEVEN_STEPS * (n - 1)} receives; it completed {len(seen)}")
+    for i, record in enumerate(seen):
+        step, k = divmod(i, n - 1)
+        want = start - step * LR * mean
+        who = "" if record["src"] is None else f" (from worker {record['src']})"
+        expect_close(record["params"], want,
+                     f"step {step}: when gradient {k + 1} of {n - 1}{who} arrived, the "
+                     "server's parameters were no longer those the workers computed this "
+                     "step's gradients at: they changed before every gradient of the step "
+                     "was in")

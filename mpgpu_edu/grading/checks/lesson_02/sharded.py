@@ -1,0 +1,80 @@
+"""Exercise 2.4: every rank a worker and the server of one shard. The judge rebuilds one SGD
+step on the mean gradient and the bytes each rank sends each peer (its gradient's shard k to
+rank k, its own updated shard to every rank)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks._ledger import WorkLedger
+from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
+                                               expect_close, from_scratch, judge_examples,
+                                               launch_facts, rank_inputs, run_spmd)
+from mpgpu_edu.grading.checks.lesson_02.arrivals import _judge_waits
+from mpgpu_edu.grading.checks.lesson_02.steps import LR, _one_step
+from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training
+
+Impl = Callable[..., Any]
+
+
+def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0,
+                 ledger: bool = False) -> dict:
+    """compute: the learner's sharded step on every rank (with ``ledger``, each rank's
+    communicator a ``WorkLedger``: its works, started and waited, go to the judge)."""
+    params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
+    ledgers: list[Any] = [None] * n
+
+    def program(comm: Any) -> torch.Tensor:
+        mine = params.clone()
+        if ledger:
+            comm = ledgers[comm.rank] = WorkLedger(comm)
+        impl(comm, mine, grads[comm.rank].clone(), LR)
+        return mine
+
+    with from_scratch(impl, "2.4"):
+        facts = launch_facts(run_spmd(program, n))
+    if ledger:
+        facts["works"] = [one.summary() for one in ledgers]
+    return facts
+
+
+def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
+    _judge_sharded(facts, n, numel)
+    for rank, works in enumerate(facts["works"]):
+        _judge_waits(works, f"N={n}: rank {rank}")
+
+
+def _judge_sharded(facts: dict, n: int, numel: int, seed: int = 0) -> None:
+    want = _one_step(n, numel, None, seed)
+    for rank, got in enumerate(facts["results"]):
+        expect_close(got, want, f"N={n}, {numel} parameters: rank {rank}'s parameters after "
+                                "the step")
+    sizes = [len(piece) for piece in torch.tensor_split(torch.arange(numel), n)]
+    for rank, stats in enumerate(facts["stats"]):
+        want_sent = {k: bytes_of(sizes[k] + sizes[rank]) for k in range(n)
+                     if k != rank and sizes[k] + sizes[rank] > 0}
+        got_sent = {k: v for k, v in stats["sent_to"].items() if v}
+        expect(got_sent == want_sent,
+               f"N={n}, {numel} parameters (shards of {sizes} elements): rank {rank} should "
+               f"send each rank k its gradient's shard k and its own updated shard "
+               f"{rank}, {want_sent} bytes per peer; it sent {got_sent}")
+
+
+def _hidden_sharded() -> Case:
+    steps = examples(12, 3, world_size=(2, 6), numel=(1, 23), data=(0, 3))
+    training = _hidden_training("2.4")
+
+    def compute(impl: Impl) -> dict:
+        def body(world_size: int, numel: int, data: int) -> dict:
+            return _run_sharded(impl, world_size, numel, data)
+        return {"steps": compute_examples(body, steps), "training": training[0](impl)}
+
+    def judge(facts: dict) -> None:
+        judge_examples(facts["steps"], lambda out, world_size, numel, data: _judge_sharded(
+            out, world_size, numel, data))
+        training[1](facts["training"])
+    return compute, judge

@@ -1,0 +1,135 @@
+"""Lesson 02's one-step cases (2.1 the worker, 2.2 the server, 2.3's loop for one step): the
+learner's side runs on the simulator against the reference of the other side, and the judge
+rebuilds the parameters after one SGD step on the mean gradient."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
+                                               expect_close, from_scratch, judge_examples,
+                                               launch_facts, rank_inputs, run_spmd)
+
+Impl = Callable[..., Any]
+LR = 0.1
+
+
+# ---- the reference sides ---------------------------------------------------------------------
+
+def _reference_worker(comm: Any, params: torch.Tensor, grad: torch.Tensor, server: int) -> None:
+    comm.send(grad, server)
+    comm.recv(params, server)
+
+
+def _reference_server(comm: Any, params: torch.Tensor, lr: float) -> None:
+    workers = [r for r in range(comm.world_size) if r != comm.rank]
+    total, buffer = torch.zeros_like(params), torch.empty_like(params)
+    for worker in workers:
+        comm.recv(buffer, worker)
+        total.add_(buffer)
+    params.sub_(total / len(workers), alpha=lr)
+    for worker in workers:
+        comm.send(params, worker)
+
+
+def _one_step(n: int, numel: int, server: int | None, seed: int) -> torch.Tensor:
+    """Parameters after one SGD step on the mean gradient of the workers (``server`` is
+    None: every rank is a worker)."""
+    params = torch.linspace(-1, 1, numel)
+    grads = rank_inputs(n, numel, seed)
+    mean = torch.stack([g for r, g in enumerate(grads) if r != server]).mean(0)
+    return params - LR * mean
+
+
+# ---- one step, one side from the learner ---------------------------------------------------
+
+def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int = 0,
+              with_trace: bool = False) -> dict:
+    """One step with the learner's ``side`` ("worker", "server" or "loop": 2.3 for one step)
+    against the reference of the other side."""
+    params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
+
+    def program(comm: Any) -> torch.Tensor:
+        mine = params.clone()
+        if comm.rank == server:
+            if side == "server":
+                impl(comm, mine, LR)
+            elif side == "loop":
+                impl(comm, mine, 1, LR)
+            else:
+                _reference_server(comm, mine, LR)
+        elif side == "worker":
+            impl(comm, mine, grads[comm.rank].clone(), server)
+        else:
+            _reference_worker(comm, mine, grads[comm.rank].clone(), server)
+        return mine
+
+    exercise = {"worker": "2.1", "server": "2.2", "loop": "2.3"}[side]
+    with from_scratch(impl, exercise):
+        return launch_facts(run_spmd(program, n), with_trace)
+
+
+def _judge_step(facts: dict, n: int, numel: int, server: int, seed: int = 0) -> None:
+    want = _one_step(n, numel, server, seed)
+    for rank, got in enumerate(facts["results"]):
+        who = "the server" if rank == server else f"worker {rank}"
+        expect_close(got, want, f"N={n}, server rank {server}: parameters on {who} after the "
+                                "step")
+
+
+def _steps(side: str, setups: list[tuple[int, int]]) -> Case:
+    """compute and judge for one step on each (N, server) of ``setups``."""
+    def compute(impl: Impl) -> list:
+        return [_run_step(impl, side, n, 10, server) for n, server in setups]
+
+    def judge(runs: list) -> None:
+        for facts, (n, server) in zip(runs, setups):
+            _judge_step(facts, n, 10, server)
+    return compute, judge
+
+
+def _worker_traffic(facts: dict) -> None:
+    n, numel, server = 4, 100, 3
+    _judge_step(facts, n, numel, server)
+    size = bytes_of(numel)
+    for rank in range(n - 1):
+        stats = facts["stats"][rank]
+        expect(stats["sent_to"] == {server: size} and stats["messages_sent"] == 1
+               and stats["bytes_received"] == size,
+               f"worker {rank} should send one gradient ({size} bytes) to the server and "
+               f"receive the parameters once; it sent {stats['sent_to']} (bytes per peer) "
+               f"in {stats['messages_sent']} messages and received {stats['bytes_received']} "
+               "bytes")
+
+
+def _server_traffic(facts: dict, n: int = 5, steps: int = 1) -> None:
+    numel, server = 100, n - 1
+    size = bytes_of(numel)
+    stats = facts["stats"][server]
+    want = {r: steps * size for r in range(n) if r != server}
+    expect(stats["sent_to"] == want and stats["bytes_received"] == steps * (n - 1) * size,
+           f"in {steps} step(s) the server should receive one gradient from each of the "
+           f"{n - 1} workers per step and send each the parameters once per step ({size} "
+           f"bytes each); it received {stats['bytes_received']} bytes and sent "
+           f"{stats['sent_to']} (bytes per peer)")
+    expect(stats["messages_sent"] == steps * (n - 1),
+           f"the server sent {stats['messages_sent']} messages, expected one per worker per "
+           f"step ({steps * (n - 1)})")
+
+
+def _hidden_steps(side: str) -> Case:
+    cases = examples(12, 2, world_size=(2, 6), numel=(1, 30), server=(0, 5), data=(0, 3))
+
+    def compute(impl: Impl) -> list:
+        def body(world_size: int, numel: int, server: int, data: int) -> dict:
+            return _run_step(impl, side, world_size, numel, server % world_size, data)
+        return compute_examples(body, cases)
+
+    def judge(records: list) -> None:
+        judge_examples(records, lambda out, world_size, numel, server, data: _judge_step(
+            out, world_size, numel, server % world_size, data))
+    return compute, judge

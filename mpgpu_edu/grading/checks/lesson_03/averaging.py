@@ -1,0 +1,189 @@
+"""Checks of exercises 3.1 (averaging gradients) and 3.3 (averaging them during backward).
+
+The oracle for averaging is single-device training: the mean of the ranks' gradients on
+equal slices of a batch is the gradient of the whole batch. Overlap is read off the
+simulator's timeline: communication must run while backward is still computing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.collectives import all_reduce
+from mpgpu_edu.grading.checks import CheckFailure, Evidence
+from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, evidence, examples,
+                                               expect, expect_close, judge_examples,
+                                               launch_facts, run_spmd, showing, uniform)
+from mpgpu_edu.grading.checks.lesson_03.models import _batch, _local_grads, _model, _names
+
+Impl = Callable[..., Any]
+
+
+# ---- 3.1 averaging ---------------------------------------------------------------------------
+
+WIDTHS = (6, 5, 3)
+
+
+def _averaging_program(impl: Impl, widths: tuple[int, ...], x: torch.Tensor, y: torch.Tensor,
+                       overlap: bool = False) -> Callable[..., Any]:
+    base = _model(widths)  # built here: rank threads must not share the global RNG
+
+    def program(comm: Any) -> list[torch.Tensor]:
+        model = copy.deepcopy(base)
+        xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
+        loss = nn.functional.mse_loss(model(xs), ys)
+        if overlap:
+            with comm.compute("backward", "backward"):
+                impl(comm, model, loss)
+        else:
+            loss.backward()
+            impl(comm, model)
+        return [p.grad.clone() for p in model.parameters()]
+    return program
+
+
+def _averaged(impl: Impl, n: int, widths: tuple[int, ...], n_samples: int,
+              overlap: bool = False, cluster: Cluster | None = None) -> dict:
+    """compute: every rank's gradients after the learner averaged them, and the traffic."""
+    x, y = _batch(n_samples, widths)
+    result = run_spmd(_averaging_program(impl, widths, x, y, overlap), cluster or uniform(n))
+    return {"grads": result.results, "stats": launch_facts(result)["stats"]}
+
+
+def _expect_mean_close(got: Any, want: torch.Tensor, n: int, what: str) -> None:
+    """``expect_close``, saying so when ``got`` is ``n`` times ``want`` (a sum over the ranks
+    where their mean was due)."""
+    if (n > 1 and isinstance(got, torch.Tensor) and got.shape == want.shape
+            and want.abs().max() > 1e-6
+            and torch.allclose(got.double(), n * want.double(), rtol=1e-5, atol=1e-6)):
+        raise CheckFailure(f"{what}: every value is {n} times the expected one (N = {n} "
+                           "ranks)")
+    expect_close(got, want, what)
+
+
+def _judge_mean(data: dict, n: int, widths: tuple[int, ...], n_samples: int) -> None:
+    x, y = _batch(n_samples, widths)
+    model = _model(widths)
+    per_rank = [_local_grads(model, torch.tensor_split(x, n)[r], torch.tensor_split(y, n)[r])
+                for r in range(n)]
+    want = [torch.stack(grads).mean(0) for grads in zip(*per_rank)]
+    expect(len(data["grads"]) == n, f"expected results from {n} ranks")
+    for rank, grads in enumerate(data["grads"]):
+        for name, got, expected in zip(_names(widths), grads, want):
+            _expect_mean_close(got, expected, n, f"N={n}: rank {rank}'s gradient of {name}")
+
+
+def _judge_single_device(data: dict) -> None:
+    x, y = _batch(12, WIDTHS)
+    full = _local_grads(_model(WIDTHS), x, y)
+    for rank, grads in enumerate(data["grads"]):
+        for name, got, want in zip(_names(WIDTHS), grads, full):
+            _expect_mean_close(got, want, len(data["grads"]),
+                               f"rank {rank}'s gradient of {name} against one device "
+                               "training on the whole batch")
+
+
+def _judge_traffic(data: dict) -> None:
+    n = 4
+    _judge_mean(data, n, WIDTHS, 12)
+    sizes = [p.numel() for p in _model(WIDTHS).parameters()]
+    most = sum(2 * (n - 1) * bytes_of(-(-numel // n)) for numel in sizes)
+    busiest = max(s["bytes_sent"] for s in data["stats"])
+    expect(busiest <= most, f"the busiest rank sent {busiest} bytes; a ring all-reduce of "
+                            f"every gradient sends at most {most} per rank (is one rank doing "
+                            "all the work, as in a naive all-reduce?)")
+
+
+AVERAGING_EXAMPLES = examples(8, seed=3, world_size=(1, 5), hidden=(1, 6))
+
+
+def _averaging_hidden(impl: Impl) -> list[dict]:
+    return compute_examples(
+        lambda world_size, hidden: _averaged(impl, world_size, (4, hidden, 2),
+                                             2 * world_size + 1),
+        AVERAGING_EXAMPLES)
+
+
+def _judge_averaging_hidden(records: list[dict]) -> None:
+    judge_examples(records, lambda out, world_size, hidden: _judge_mean(
+        out, world_size, (4, hidden, 2), 2 * world_size + 1))
+
+
+# ---- 3.3 overlap ------------------------------------------------------------------------------
+
+OVERLAP_WIDTHS = (256, 256, 256, 256, 256)
+OVERLAP_SAMPLES = 64
+
+
+def _overlap_cluster(n: int) -> Cluster:
+    # A slow device on a fast network: backward and the all-reduces take similar time.
+    return Cluster.uniform(n, alpha_s=1e-6, beta_Bps=5e10, gpu="CPU-16GB")
+
+
+def _after_backward(comm: Any, model: nn.Module, loss: torch.Tensor) -> None:
+    """The grader's no-overlap baseline: all-reduce every gradient after backward."""
+    loss.backward()
+    for param in model.parameters():
+        all_reduce(comm, param.grad, op="mean")
+
+
+def _intervals_overlap(trace: Any, device: int, after: float = 0.0) -> float:
+    """Seconds during which ``device`` computed backward and communicated at once."""
+    compute = [(e.start, e.end) for e in trace.on(device, "compute") if e.kind == "backward"]
+    comm = [(e.start, e.end) for e in trace.on(device, "comm") if e.start >= after]
+    return sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in compute for b0, b1 in comm)
+
+
+def _overlap_traces(impl: Impl) -> dict:
+    x, y = _batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS)
+    cluster = _overlap_cluster(2)
+    yours = run_spmd(_averaging_program(impl, OVERLAP_WIDTHS, x, y, True), cluster)
+    plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, x, y, True), cluster)
+    return {"yours": launch_facts(yours, with_trace=True)["trace"],
+            "plain": launch_facts(plain, with_trace=True)["trace"]}
+
+
+def _judge_overlap_timeline(data: dict) -> Evidence:
+    shown = evidence({"yours": data["yours"],
+                      "no overlap (all-reduce after backward)": data["plain"]})
+    yours, plain = shown.traces["yours"], shown.traces["no overlap (all-reduce after backward)"]
+    with showing(shown):
+        backward_end = max(e.end for e in yours.on(0, "compute") if e.kind == "backward")
+        first_comm = min((e.start for e in yours.on(0, "comm")), default=float("inf"))
+        expect(first_comm < backward_end,
+               f"communication starts at {first_comm * 1e6:.1f} us, after backward ends at "
+               f"{backward_end * 1e6:.1f} us")
+        expect(_intervals_overlap(yours, 0) > 0,
+               "communication and backward never run at the same time: every all-reduce "
+               "holds backward up until it is done")
+        expect(yours.makespan < plain.makespan,
+               f"the step takes {yours.makespan * 1e6:.1f} us, no faster than all-reducing "
+               f"after backward ({plain.makespan * 1e6:.1f} us)")
+    return shown
+
+
+def _hooks_after(impl: Impl) -> list:
+    x, y = _batch(8, WIDTHS)
+    base = _model(WIDTHS)
+
+    def program(comm: Any) -> tuple[int, int]:
+        model = copy.deepcopy(base)
+        impl(comm, model, nn.functional.mse_loss(model(x), y))
+        before = comm.stats.messages_sent
+        nn.functional.mse_loss(model(x), y).backward()
+        comm.run_async(lambda: None).wait()  # the comm stream is FIFO: earlier jobs are done
+        return before, comm.stats.messages_sent
+
+    return run_spmd(program, uniform(2)).results
+
+
+def _judge_hooks_removed(results: list) -> None:
+    for rank, (before, after) in enumerate(results):
+        expect(after == before, f"rank {rank} sent {after - before} messages during a later "
+                                "backward, after backward_with_overlap had returned")

@@ -1,0 +1,230 @@
+"""Checks of exercise 3.5, the capstone: a DDP wrapper. Its ranks start from different
+replicas and must end where single-device training ends; every call of the package's
+``all_reduce`` and ``broadcast`` is recorded (which rank, how many elements, while
+constructing or during the steps) and held to the contract's buckets; the timeline must show
+all-reduces launched during backward."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.grading.checks import Evidence
+from mpgpu_edu.grading.checks._support import (compute_examples, evidence, examples, expect,
+                                               expect_close, judge_examples, launch_facts,
+                                               rebound, run_spmd, showing, uniform)
+from mpgpu_edu.grading.checks.lesson_03.averaging import (OVERLAP_SAMPLES, OVERLAP_WIDTHS,
+                                                          _intervals_overlap, _overlap_cluster)
+from mpgpu_edu.grading.checks.lesson_03.buckets import _reference_buckets
+from mpgpu_edu.grading.checks.lesson_03.models import _batch, _model, _names
+
+Impl = Callable[..., Any]
+
+
+@contextlib.contextmanager
+def _recording(impl: Impl) -> Iterator[dict[str, list]]:
+    """While inside, every call of the package's ``all_reduce`` and ``broadcast`` (also under
+    the names the learner's module imported) is recorded: ``{"all_reduce": [(rank, numel,
+    phase)], "broadcast": [...]}``, where phase is what ``phase[0]`` held at the call."""
+    import mpgpu_edu.collectives as collectives
+    from mpgpu_edu.collectives import allreduce, basic
+
+    calls: dict[str, list] = {"all_reduce": [], "broadcast": [], "phase": ["construct"]}
+    originals = {"all_reduce": allreduce.all_reduce, "broadcast": basic.broadcast}
+
+    def recorder(kind: str) -> Impl:
+        def record(comm: Any, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            calls[kind].append((comm.rank, tensor.numel(), calls["phase"][0]))
+            return originals[kind](comm, tensor, *args, **kwargs)
+        return record
+
+    owners = [collectives, allreduce, basic, getattr(impl, "__globals__", {})]
+    with rebound(owners, [(fn, recorder(kind)) for kind, fn in originals.items()]):
+        yield calls
+
+
+DDP_LR = 0.1
+
+
+def _ddp_program(impl: Impl, widths: tuple[int, ...], norm: bool, n_samples: int, steps: int,
+                 cap: int, calls: dict) -> Callable[..., Any]:
+    replicas = [_model(widths, seed=0, norm=norm)] + [
+        _model(widths, seed=100 + r, norm=norm) for r in range(1, 6)]  # rank 0's is the start
+    batches = [_batch(n_samples, widths, seed=10 + s) for s in range(steps)]
+
+    def program(comm: Any) -> dict:
+        model = copy.deepcopy(replicas[comm.rank])
+        wrapper = impl(comm, model, cap)
+        start = [p.detach().clone() for p in model.parameters()]
+        comm.barrier()  # every rank has finished constructing: now the steps
+        calls["phase"][0] = "steps"
+        optimizer = torch.optim.SGD(model.parameters(), lr=DDP_LR)
+        for x, y in batches:
+            xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
+            share = len(xs) / len(x)
+            with comm.compute("forward", "forward"):
+                out = wrapper(xs)
+            loss = nn.functional.mse_loss(out, ys) * share * comm.world_size
+            with comm.compute("backward", "backward"):
+                loss.backward()
+            wrapper.finish()
+            optimizer.step()
+            optimizer.zero_grad()
+        return {"start": start, "params": [p.detach().clone() for p in model.parameters()]}
+    return program
+
+
+def _ddp_run(impl: Impl, n: int, widths: tuple[int, ...], cap: int, *, norm: bool = False,
+             n_samples: int = 12, steps: int = 3, cluster: Cluster | None = None,
+             with_trace: bool = False) -> dict:
+    """compute: the learner's DDP trains ``steps`` SGD steps on ``n`` ranks; what each rank
+    holds after construction and at the end, what it all-reduced and broadcast, and when."""
+    with _recording(impl) as calls:
+        result = run_spmd(_ddp_program(impl, widths, norm, n_samples, steps, cap, calls),
+                          cluster or uniform(n))
+    facts = launch_facts(result, with_trace=with_trace)
+    facts["all_reduce"] = [list(c) for c in calls["all_reduce"]]
+    facts["broadcast"] = [list(c) for c in calls["broadcast"]]
+    return facts
+
+
+def _reference_training(widths: tuple[int, ...], norm: bool, n_samples: int,
+                        steps: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    model = _model(widths, seed=0, norm=norm)
+    start = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=DDP_LR)
+    for s in range(steps):
+        x, y = _batch(n_samples, widths, seed=10 + s)
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return start, [p.detach().clone() for p in model.parameters()]
+
+
+def _bucket_numels(widths: tuple[int, ...], norm: bool, cap: int) -> list[int]:
+    sizes = [p.numel() for p in _model(widths, norm=norm).parameters()]
+    return [sum(sizes[i] for i in bucket)
+            for bucket in _reference_buckets([4 * s for s in sizes], cap)]
+
+
+def _judge_ddp_values(data: dict, n: int, widths: tuple[int, ...], cap: int, norm: bool = False,
+                      n_samples: int = 12, steps: int = 3) -> None:
+    start, final = _reference_training(widths, norm, n_samples, steps)
+    names = _names(widths, norm)
+    expect(len(data["results"]) == n, f"expected results from {n} ranks")
+    for rank, held in enumerate(data["results"]):
+        for name, got, want in zip(names, held["start"], start):
+            expect_close(got, want, f"when wrap_ddp returned, rank {rank}'s {name} was not "
+                                    "rank 0's")
+    for rank, held in enumerate(data["results"]):
+        for name, got, want in zip(names, held["params"], final):
+            expect_close(got, want, f"after {steps} SGD steps on {n} ranks, rank {rank}'s {name} "
+                                    "differs from one device's training on the whole batches",
+                         rtol=1e-4, atol=1e-6)
+
+
+def _judge_ddp_structure(data: dict, n: int, widths: tuple[int, ...], cap: int,
+                         norm: bool = False, steps: int = 3) -> None:
+    want = _bucket_numels(widths, norm, cap)
+    total = sum(p.numel() for p in _model(widths, norm=norm).parameters())
+    for rank in range(n):
+        sent = [numel for r, numel, phase in data["all_reduce"] if r == rank and phase == "steps"]
+        per_step = len(sent) // steps if sent else 0
+        expect(len(sent) == steps * len(want) and sent == want * steps,
+               f"rank {rank} all-reduced tensors of {sent[:per_step] if per_step else sent} "
+               f"elements in a step (bucket cap {cap} bytes over {len(want)} buckets); the "
+               f"contract's buckets hold {want} elements, in that order")
+        during = [c for c in data["broadcast"] if c[0] == rank and c[2] == "steps"]
+        expect(not during, f"rank {rank} broadcast {len(during)} times during training: the "
+                           "parameters are broadcast once, when the wrapper is built")
+        built = [c for c in data["all_reduce"] if c[0] == rank and c[2] == "construct"]
+        expect(not built, f"rank {rank} all-reduced while the wrapper was being built")
+        sent = [numel for r, numel, phase in data["broadcast"]
+                if r == rank and phase == "construct"]
+        expect(sent == [total],
+               f"rank {rank} broadcast {len(sent)} tensor(s) while the wrapper was being built "
+               f"(of {sent[:8]}{' ...' if len(sent) > 8 else ''} elements); the contract "
+               f"says one broadcast, at construction, of all {total} parameter elements")
+
+
+DDP_WIDTHS = (6, 8, 5, 3)  # parameters of 48, 8, 40, 5, 15, 3 elements
+DDP_CAP = 180  # bytes: reverse order buckets of 23, 40, 8, 48 elements; forward: 18, 45, 8, 48
+
+
+def _ddp_basic(impl: Impl) -> dict:
+    return _ddp_run(impl, 3, DDP_WIDTHS, DDP_CAP)
+
+
+def _judge_ddp_basic(data: dict) -> None:
+    _judge_ddp_values(data, 3, DDP_WIDTHS, DDP_CAP)
+
+
+def _judge_ddp_buckets(data: dict) -> None:
+    _judge_ddp_values(data, 3, DDP_WIDTHS, DDP_CAP)
+    _judge_ddp_structure(data, 3, DDP_WIDTHS, DDP_CAP)
+
+
+def _ddp_uneven(impl: Impl) -> dict:
+    return _ddp_run(impl, 4, DDP_WIDTHS, DDP_CAP, n_samples=14)
+
+
+def _judge_ddp_uneven(data: dict) -> None:
+    _judge_ddp_values(data, 4, DDP_WIDTHS, DDP_CAP, n_samples=14)
+
+
+DDP_TIMELINE_CAP = 300_000  # about one 256 x 256 layer per bucket
+
+
+def _ddp_timeline(impl: Impl) -> dict:
+    return _ddp_run(impl, 2, OVERLAP_WIDTHS, DDP_TIMELINE_CAP, n_samples=OVERLAP_SAMPLES,
+                    steps=1, cluster=_overlap_cluster(2), with_trace=True)
+
+
+def _judge_ddp_timeline(data: dict) -> Evidence:
+    shown = evidence({"yours": data["trace"]})
+    trace = shown.traces["yours"]
+    with showing(shown):
+        for device in range(2):
+            forward = min(e.start for e in trace.on(device, "compute") if e.kind == "forward")
+            backward_end = max(e.end for e in trace.on(device, "compute")
+                               if e.kind == "backward")
+            comm = [e.start for e in trace.on(device, "comm") if e.start >= forward]
+            expect(bool(comm), f"device {device} did not communicate during the step")
+            expect(min(comm) < backward_end,
+                   f"device {device}: the step's first message starts at "
+                   f"{min(comm) * 1e6:.1f} us, after backward ends at "
+                   f"{backward_end * 1e6:.1f} us: no all-reduce was launched during backward")
+            expect(_intervals_overlap(trace, device, after=forward) > 0,
+                   f"device {device}: communication and backward never run at the same time: "
+                   "each all-reduce holds backward up until it is done")
+    return shown
+
+
+DDP_EXAMPLES = examples(6, seed=7, world_size=(2, 5), hidden=(3, 9), cap=(13, 140))
+
+
+def _ddp_example(world_size: int, hidden: int, cap: int) -> tuple[tuple[int, ...], bool, int]:
+    widths = (5, hidden, hidden + 2, 2)
+    return widths, hidden % 2 == 0, 6 * world_size - 1  # even widths: with a LayerNorm
+
+
+def _ddp_hidden(impl: Impl) -> list[dict]:
+    def body(world_size: int, hidden: int, cap: int) -> dict:
+        widths, norm, n_samples = _ddp_example(world_size, hidden, cap)
+        return _ddp_run(impl, world_size, widths, cap, norm=norm, n_samples=n_samples,
+                        steps=2)
+    return compute_examples(body, DDP_EXAMPLES)
+
+
+def _judge_ddp_hidden(records: list[dict]) -> None:
+    def one(out: dict, world_size: int, hidden: int, cap: int) -> None:
+        widths, norm, n_samples = _ddp_example(world_size, hidden, cap)
+        _judge_ddp_values(out, world_size, widths, cap, norm, n_samples, steps=2)
+        _judge_ddp_structure(out, world_size, widths, cap, norm, steps=2)
+    judge_examples(records, one)

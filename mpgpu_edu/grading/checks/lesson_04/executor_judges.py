@@ -1,0 +1,149 @@
+"""Exercise 4.5's *judge*: a training step of the learner's executor against one device's
+(loss, gradients, parameters after SGD), and what each stage kept alive against the
+schedule's microbatches in flight."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpgpu_edu.grading.checks import CheckFailure
+from mpgpu_edu.grading.checks._support import bytes_of, expect, expect_close, judge_examples
+from mpgpu_edu.grading.checks.lesson_04.executor import SECONDS
+from mpgpu_edu.grading.checks.lesson_04.stages import LR, _data, _named_schedule, _split
+from mpgpu_edu.pipeline import Schedule, peak_activations, steps_of
+from mpgpu_edu.trace import Trace
+
+
+def _reference_step(p: int, m: int, partition: str, batch: int, seed: int, model: str
+                    ) -> dict:
+    """One device: the same stages in a row, gradients accumulated over the same
+    microbatches, loss the mean over microbatches; then one SGD step."""
+    stages, _ = _split(p, partition, seed, model)
+    xs, ys = _data(batch or 2 * m, m, seed, model)
+    loss = 0.0
+    for x, y in zip(xs, ys):
+        part = nn.functional.mse_loss(nn.Sequential(*stages)(x), y) / m
+        part.backward()
+        loss += part.item()
+    grads = [{n: w.grad.clone() for n, w in s.named_parameters()} for s in stages]
+    with torch.no_grad():
+        for w in nn.Sequential(*stages).parameters():
+            w -= LR * w.grad
+    return {"loss": loss, "grads": grads,
+            "params": [{n: w.detach() for n, w in s.named_parameters()} for s in stages]}
+
+
+def _judge_step(facts: dict, p: int, m: int, schedule: str, partition: str = "balanced",
+                batch: int = 0, seed: int = 0, model: str = "mlp") -> None:
+    want = _reference_step(p, m, partition, batch, seed, model)
+    where = f"{schedule}, {p} stages, {m} microbatches"
+    results = facts["results"]
+    loss = results[-1]["loss"]
+    expect(isinstance(loss, (float, int, torch.Tensor)) and not isinstance(loss, bool),
+           f"{where}: the last stage returned {loss!r} as the loss, expected a number")
+    expect_close(torch.as_tensor(float(loss)), torch.tensor(want["loss"]),
+                 f"{where}: the loss returned by the last stage (the mean over microbatches)")
+    for rank in range(p):
+        expect(results[rank]["loss"] is None or rank == p - 1,
+               f"{where}: stage {rank} returned {results[rank]['loss']!r}; only the last "
+               "stage has a loss (the others return None)")
+        for name, grad in want["grads"][rank].items():
+            got = results[rank]["grads"].get(name)
+            expect(got is not None, f"{where}: stage {rank}'s {name} has no gradient after "
+                                    "the step: backward never reached it")
+            expect_close(got, grad, f"{where}: stage {rank}'s {name}.grad against one device "
+                                    "(loss: mean over microbatches)")
+            expect_close(results[rank]["params"][name], want["params"][rank][name],
+                         f"{where}: stage {rank}'s {name} after one SGD step")
+
+
+def _judge_runs(runs: list[tuple[dict, dict]]) -> None:
+    for facts, example in runs:
+        _judge_step(facts, **example)
+
+
+def _kept_alive(events: list, schedule: Schedule, rank: int, where: str) -> int:
+    """Replay one stage's forward/backward events. At the start of each backward the executor
+    may keep alive the microbatches in flight (forward run, backward not begun) and, for a
+    moment, the one whose backward came just before (a local variable may still name it),
+    nothing older. Returns the most microbatches kept alive at once, that lingering one
+    aside."""
+    mbs = [s.microbatch for s in steps_of(schedule, rank) if s.op == "F"]
+    name = (lambda call: mbs[call] if call < len(mbs) else f"#{call}")  # noqa: E731
+    started, backed, previous, peak = set(), set(), None, 0
+    for event in events:
+        if event[0] == "F":
+            started.add(event[1])
+            continue
+        _, call, alive = event
+        in_flight = started - backed
+        stale = sorted(set(alive) - in_flight - {previous})
+        if stale:
+            raise CheckFailure(f"{where}: at the start of B({name(call)}) stage {rank} still "
+                               f"keeps microbatch {name(stale[0])}'s input or output alive, "
+                               f"after B({name(stale[0])}) has run (and another backward "
+                               "since)")
+        peak = max(peak, len(set(alive) - {previous}))
+        backed.add(call)
+        previous = call
+    return peak
+
+
+def _judge_in_flight(runs: list) -> None:
+    for facts, e in runs:
+        schedule = _named_schedule(e["schedule"], e["p"], e["m"])
+        want = peak_activations(schedule)
+        where = f"{e['schedule']}, {e['p']} stages, {e['m']} microbatches"
+        for rank, r in enumerate(facts["results"]):
+            expect(r["forwards"] == e["m"] and r["backwards"] == e["m"],
+                   f"{where}: stage {rank} ran its forward {r['forwards']} times and its "
+                   f"backward {r['backwards']} times; the schedule has {e['m']} of each")
+            peak = _kept_alive(r["events"], schedule, rank, where)
+            expect(peak == want[rank],
+                   f"{where}: stage {rank} kept up to {peak} microbatches' tensors alive at "
+                   f"once; the schedule has {want[rank]} in flight there (all stages: {want})")
+
+
+def _judge_traffic_both(runs: list) -> None:
+    for facts, e in runs:
+        p, m, where = e["p"], e["m"], f"{e['schedule']}, {e['p']} stages, {e['m']} microbatches"
+        _, widths_in = _split(p, "balanced", 0)
+        rows = [len(x) for x in _data(2 * m, m, 0)[0]]
+        for rank, stats in enumerate(facts["stats"]):
+            want = {}
+            if rank < p - 1:
+                want[rank + 1] = sum(bytes_of(r * widths_in[rank + 1]) for r in rows)
+            if rank > 0:
+                want[rank - 1] = sum(bytes_of(r * widths_in[rank]) for r in rows)
+            expect(stats["sent_to"] == want and stats["messages_sent"] == len(want) * m,
+                   f"{where}: stage {rank} sent {stats['sent_to']} (bytes per stage) in "
+                   f"{stats['messages_sent']} messages; expected {want}: per microbatch one "
+                   "activation to the next stage and one gradient to the previous one")
+
+
+def _judge_timed_executor(runs: list) -> None:
+    for facts, e in runs:
+        trace = Trace.from_dict(facts["trace"])
+        for rank in range(e["p"]):
+            for kind, seconds in zip(("forward", "backward"), SECONDS):
+                events = [ev for ev in trace.on(rank, "compute") if ev.kind == kind]
+                expect(len(events) == e["m"] and all(abs(ev.duration - seconds) < 1e-9
+                                                     for ev in events),
+                       f"{e['schedule']}: stage {rank} has {len(events)} {kind} compute "
+                       f"events, expected {e['m']} of {seconds * 1e3:g} ms each "
+                       "(stage_seconds)")
+
+
+def _judge_hidden_executor(records: list[dict]) -> None:
+    def one(out: dict, **example: Any) -> None:
+        _judge_step(out, **example)
+        schedule = _named_schedule(example["schedule"], example["p"], example["m"])
+        peaks = peak_activations(schedule)
+        got = [_kept_alive(r["events"], schedule, rank, "memory")
+               for rank, r in enumerate(out["results"])]
+        expect(got == peaks, f"microbatches kept alive at once per stage {got}, the "
+                             f"schedule's {peaks}")
+    judge_examples(records, one)

@@ -1,0 +1,85 @@
+"""Checks of exercise 4.1: balanced stage boundaries, against the largest stage of the
+package's ``partition_balanced``."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from mpgpu_edu.grading.checks._support import (compute_examples, each, examples, expect,
+                                               judge_examples)
+from mpgpu_edu.pipeline import LayerCost, partition_balanced
+
+Impl = Callable[..., Any]
+
+
+def _stage_costs(costs: list[int], boundaries: list[int]) -> list[int]:
+    edges = [0, *boundaries, len(costs)]
+    return [sum(costs[a:b]) for a, b in zip(edges, edges[1:])]
+
+
+def _optimal_max(costs: list[int], n_stages: int) -> int:
+    layers = [LayerCost(f"l{i}", n_params=c, flops=0) for i, c in enumerate(costs)]
+    return max(stage.n_params for stage in partition_balanced(layers, n_stages).stages)
+
+
+def _partition_one(impl: Impl, costs: list[int], n_stages: int) -> dict:
+    given = list(costs)
+    got = impl(given, n_stages)
+    return {"got": got, "input_after": given}
+
+
+def _judge_partition(out: dict, costs: list[int], n_stages: int) -> None:
+    got, call = out["got"], f"balanced_boundaries({costs}, {n_stages})"
+    expect(out["input_after"] == costs, f"{call} changed its input to {out['input_after']}")
+    expect(isinstance(got, list) and len(got) == n_stages - 1,
+           f"{call} returned {got!r}; expected a list of {n_stages - 1} boundaries")
+    expect(all(type(b) is int for b in got) and all(0 < b < len(costs) for b in got)
+           and all(a < b for a, b in zip(got, got[1:])),
+           f"{call} returned {got}: boundaries increase strictly and lie in "
+           f"1..{len(costs) - 1}, so every stage holds at least one layer")
+    best, mine = _optimal_max(costs, n_stages), max(_stage_costs(costs, got))
+    expect(mine == best, f"{call} returned {got}: stage costs {_stage_costs(costs, got)}, "
+                         f"largest {mine}; the best split has largest stage {best}")
+
+
+def _partition_case(cases: list[tuple[list[int], int]]) -> tuple[Callable, Callable]:
+    return each([{"costs": costs, "n_stages": n} for costs, n in cases], _partition_one,
+                _judge_partition)
+
+
+def _compute_bad(impl: Impl) -> list[dict]:
+    records = []
+    for costs, n_stages in [([1, 2, 3], 4), ([1, 2], 0)]:
+        try:
+            got = impl(list(costs), n_stages)
+        except ValueError:
+            got = "raised ValueError"
+        records.append({"costs": costs, "n_stages": n_stages, "got": got})
+    return records
+
+
+def _judge_bad(records: list[dict]) -> None:
+    for r in records:
+        expect(r["got"] == "raised ValueError",
+               f"balanced_boundaries({r['costs']}, {r['n_stages']}) returned {r['got']!r}; it "
+               "should raise ValueError (each stage needs at least one layer)")
+
+
+def _random_costs(n_layers: int, draw: int) -> list[int]:
+    rng = random.Random(draw)
+    return [rng.randint(0, 20) for _ in range(n_layers)]
+
+
+def _compute_partition_hidden(impl: Impl) -> list[dict]:
+    def body(n_layers: int, n_stages: int, draw: int) -> dict:
+        return _partition_one(impl, _random_costs(n_layers, draw), min(n_stages, n_layers))
+    return compute_examples(body, examples(40, seed=41, n_layers=(1, 9), n_stages=(1, 5),
+                                           draw=(0, 10_000)))
+
+
+def _judge_partition_hidden(records: list[dict]) -> None:
+    def one(out: dict, n_layers: int, n_stages: int, draw: int) -> None:
+        _judge_partition(out, _random_costs(n_layers, draw), min(n_stages, n_layers))
+    judge_examples(records, one)

@@ -1,0 +1,74 @@
+"""Checks of exercise 5.1, the column-parallel linear: the full output on every rank against
+``torch.nn.functional.linear``, 1/N of the FLOPs per rank (the simulator's compute events),
+and no more traffic than an all-gather of the output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, launch_facts,
+                                               run_spmd, uniform)
+
+Impl = Callable[..., Any]
+
+
+def _column_inputs(n: int, batch: int, d_in: int, k: int, bias: int, seed: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, d_in, generator=generator)
+    weight = torch.randn(n * k, d_in, generator=generator)
+    b = torch.randn(n * k, generator=generator) if bias else None
+    return x, weight, b
+
+
+def _column_compute(impl: Impl, n: int, batch: int, d_in: int, k: int, bias: int = 1,
+                    seed: int = 0) -> dict[str, Any]:
+    x, weight, b = _column_inputs(n, batch, d_in, k, bias, seed)
+
+    def program(comm: Any) -> Any:
+        rows = slice(comm.rank * k, (comm.rank + 1) * k)
+        bias_shard = b[rows].clone() if b is not None else None
+        with comm.compute("forward", "column-parallel linear"):
+            return impl(comm, x.clone(), weight[rows].clone(), bias_shard)
+
+    result = run_spmd(program, uniform(n))
+    facts = launch_facts(result)
+    facts["flops"] = [float(sum(e.flops for e in result.trace.on(r, "compute")))
+                      for r in range(n)]
+    return facts
+
+
+def _column_values(facts: dict, n: int, batch: int, d_in: int, k: int, bias: int = 1,
+                   seed: int = 0) -> None:
+    x, weight, b = _column_inputs(n, batch, d_in, k, bias, seed)
+    want = F.linear(x, weight, b)
+    for rank, got in enumerate(facts["results"]):
+        expect_close(got, want, f"N={n}, x {list(x.shape)}, W {list(weight.shape)}"
+                                f"{'' if bias else ', no bias'}: rank {rank}'s output")
+
+
+def _column_flops(facts: dict, n: int, batch: int, d_in: int, k: int, **_: Any) -> None:
+    _column_values(facts, n, batch, d_in, k)
+    share = 2 * batch * d_in * k
+    for rank, flops in enumerate(facts["flops"]):
+        expect(flops <= 1.5 * share,
+               f"rank {rank} spent {flops:.0f} FLOPs; its slice of the layer is {share} "
+               f"(1/{n} of {n * share})")
+
+
+def _column_traffic(facts: dict, n: int, batch: int, d_in: int, k: int, **_: Any) -> None:
+    _column_values(facts, n, batch, d_in, k)
+    want = (n - 1) * bytes_of(batch * k)
+    for rank, stats in enumerate(facts["stats"]):
+        sent = stats["bytes_sent"]
+        expect(sent <= want, f"rank {rank} sent {sent} bytes; all-gathering the output "
+                             f"slices (N-1 of {bytes_of(batch * k)} bytes) takes {want}")
+
+
+_COLUMN_SHAPES = [dict(n=4, batch=3, d_in=6, k=2), dict(n=2, batch=5, d_in=4, k=3),
+                  dict(n=1, batch=2, d_in=3, k=4), dict(n=3, batch=2, d_in=5, k=2, bias=0)]
+_COLUMN_BIG = [dict(n=4, batch=8, d_in=16, k=4)]

@@ -1,0 +1,49 @@
+"""Checks of exercise 5.3: the DP x PP mesh's groups, against ``mpgpu_edu.hybrid.Mesh``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mpgpu_edu.grading.checks import CheckFailure
+from mpgpu_edu.grading.checks._support import examples, expect
+from mpgpu_edu.hybrid import Mesh
+
+Impl = Callable[..., Any]
+
+
+def _groups_compute(impl: Impl, world_size: int, pp_size: int) -> Any:
+    return impl(world_size, pp_size)
+
+
+def _groups_agree(got: Any, world_size: int, pp_size: int) -> None:
+    mesh = Mesh(world_size // pp_size, pp_size)
+    want = [[mesh.replica_ranks(d) for d in range(mesh.dp)],
+            [mesh.stage_ranks(s) for s in range(mesh.pp)]]
+    expect(got == want, f"hybrid_groups({world_size}, {pp_size}) returned {got}, expected "
+                        f"{want} (pipeline groups, data groups)")
+
+
+def _groups_bad_compute(impl: Impl) -> list[Any]:
+    outcomes = []
+    for world_size, pp_size in [(6, 4), (4, 0)]:
+        try:
+            outcomes.append({"args": [world_size, pp_size], "returned": impl(world_size, pp_size)})
+        except ValueError:
+            outcomes.append({"args": [world_size, pp_size], "raised": "ValueError"})
+    return outcomes
+
+
+def _groups_bad_judge(outcomes: list[dict]) -> None:
+    for outcome in outcomes:
+        if outcome.get("raised") != "ValueError":
+            world_size, pp_size = outcome["args"]
+            raise CheckFailure(f"hybrid_groups({world_size}, {pp_size}) returned "
+                               f"{outcome.get('returned')} instead of raising ValueError "
+                               f"(pp_size {pp_size} does not divide world_size {world_size})")
+
+
+def _groups_examples() -> list[dict[str, int]]:
+    return [{"world_size": r * p, "pp_size": p}
+            for r, p in ((e["replicas"], e["pp_size"])
+                         for e in examples(20, 5, replicas=(1, 4), pp_size=(1, 4)))]

@@ -1,0 +1,66 @@
+"""Checks of exercise 6.1, choosing a strategy that fits: ``estimate_memory`` against
+``Cluster.capacity_bytes``, the first strategy that fits in the order single (one device),
+dp, zero1, zero2, zero3."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks._plain import type_name
+from mpgpu_edu.grading.checks._support import each, examples, expect
+from mpgpu_edu.memory import estimate_memory
+
+Impl = Callable[..., Any]
+GPT2_SMALL, LLAMA_7B, LLAMA_13B = 124_439_808, 6_738_415_616, 13_015_864_320
+
+
+def _reference_choice(n_params: int, cluster: Cluster, optimizer: str, precision: str,
+                      activations_bytes: int) -> str:
+    n = cluster.world_size
+    for strategy in (["single"] if n == 1 else ["dp", "zero1", "zero2", "zero3"]):
+        if estimate_memory(n_params, optimizer, precision, strategy, n,
+                           activations_bytes).fits(cluster.capacity_bytes(0)):
+            return strategy
+    return "none"
+
+
+def _choice_example(n_params: int, preset: str, visible: str | None = None,
+                    optimizer: str = "adam", precision: str = "mixed",
+                    activations_bytes: int = 0) -> dict[str, Any]:
+    return {"n_params": n_params, "preset": preset, "visible": visible, "optimizer": optimizer,
+            "precision": precision, "activations_bytes": activations_bytes}
+
+
+def _choose(impl: Impl, n_params: int, preset: str, visible: str | None, optimizer: str,
+            precision: str, activations_bytes: int) -> Any:
+    cluster = Cluster.preset(preset, visible=visible)
+    return impl(n_params, cluster, optimizer, precision, activations_bytes)
+
+
+def _judge_choice(got: Any, n_params: int, preset: str, visible: str | None, optimizer: str,
+                  precision: str, activations_bytes: int) -> None:
+    cluster = Cluster.preset(preset, visible=visible)
+    want = _reference_choice(n_params, cluster, optimizer, precision, activations_bytes)
+    where = preset + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "")
+    expect(isinstance(got, str), f"choose_strategy should return a str, got {type_name(got)}")
+    expect(got == want, f"{n_params:.3g} parameters, {optimizer} {precision}, "
+                        f"{activations_bytes} activation bytes, on {where}: you chose {got!r}, "
+                        f"expected {want!r}")
+
+
+def _choice_case(name: str, points: int, cases: list[dict[str, Any]],
+                 hidden: bool = False) -> Case:
+    return Case(name, points, *each(cases, _choose, _judge_choice), hidden=hidden)
+
+
+def _random_choices() -> list[dict[str, Any]]:
+    presets = ["4xRTX4090-pcie", "8xRTX4090-pcie", "8xA100-nvlink", "4xH100-nvswitch"]
+    drawn = examples(40, seed=6, exponent=(60, 110), preset=(0, 3), devices=(1, 4),
+                     fp32=(0, 1), activations=(0, 8))
+    return [_choice_example(int(10 ** (e["exponent"] / 10)), presets[e["preset"]],
+                            ",".join(str(i) for i in range(e["devices"])),
+                            precision="fp32" if e["fp32"] else "mixed",
+                            activations_bytes=e["activations"] * 2**30) for e in drawn]
