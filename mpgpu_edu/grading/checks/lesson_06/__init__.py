@@ -3,8 +3,9 @@ deadlock, and a straggler found from per-rank logs.
 
 Oracles: ``estimate_memory`` against ``Cluster.capacity_bytes`` for the choice; for the
 exchanges, the simulator (which detects a deadlock and names who waits for whom) and the
-smoothing done on one device; for the straggler, ``lessons.choosing_and_debugging.find_straggler_reference`` on logs
-the grader generates itself (other world sizes, other slow ranks).
+smoothing done on one device; for the straggler,
+``lessons.choosing_and_debugging.find_straggler_reference`` on logs the grader generates itself
+(other world sizes, other slow ranks).
 
 Modules: ``choice`` (6.1), ``exchanges`` (6.2, 6.3), ``straggler`` (6.4).
 """
