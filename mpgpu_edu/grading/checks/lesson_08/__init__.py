@@ -1,0 +1,54 @@
+"""Checks of lesson 08: a rank's flat shard, and the capstone, a sharded (ZeRO-3 / FSDP) layer
+wrapper.
+
+Every case has two halves: *compute* runs the learner's function (on the simulator for the
+wrapper) and returns plain data (shards, gradients, the collectives it called and their
+sizes, makespans, the trace as a dict); *judge* rebuilds the reference from the grader's own
+code and compares. The oracle for the wrapper is single-device training on the same batches;
+its shards are ``mpgpu_edu.dp.fsdp.flat_shard`` of the single-device parameters.
+
+The package's own wrapper (``mpgpu_edu.dp.fsdp``) is out of the capstone's reach: while the
+learner's code runs, every public name of that module raises (``without_reference``), also
+under the names the learner's module imported.
+
+Modules: ``shard`` (8.1), ``setup`` (the capstone's models, data and reference), ``wrapper``
+(its compute halves), ``judges`` (its judge halves)."""
+
+from __future__ import annotations
+
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks.lesson_08.judges import (_judge_accumulation, _judge_adam_prefetch,
+                                                       _judge_basic, _judge_basic_calls,
+                                                       _judge_freed, _judge_hidden,
+                                                       _judge_prefetch)
+from mpgpu_edu.grading.checks.lesson_08.shard import (_judge_own_memory, _judge_shards,
+                                                      _judge_shards_hidden, _shards,
+                                                      _shards_hidden)
+from mpgpu_edu.grading.checks.lesson_08.wrapper import (_accumulation, _adam_prefetch, _basic,
+                                                        _hidden, _prefetch_runs)
+
+CASES: dict[str, list[Case]] = {
+    "8.1": [
+        Case("the docstring's example", 1, _shards([(5, 2)]), _judge_shards),
+        Case("equal shards, zero padding at the end, each a tensor of its own", 1,
+             _shards([(10, 3), (12, 4), (2, 5), (0, 3)]), _judge_own_memory),
+        Case("hidden: other sizes and world sizes", 1, _shards_hidden, _judge_shards_hidden,
+             hidden=True),
+    ],
+    "8.2": [
+        Case("3 ranks: the shards, the mean gradients, then one device's training", 4,
+             _basic, _judge_basic),
+        Case("collectives: two all-gathers and one reduce-scatter (mean) per layer", 3,
+             _basic, _judge_basic_calls),
+        Case("memory: forward leaves no layer's full parameters for backward", 2,
+             _basic, _judge_freed),
+        Case("gradients accumulate: two backward passes before finish(), then one more", 2,
+             _accumulation, _judge_accumulation),
+        Case("4 ranks, Adam, uneven batch shards, prefetch on", 3, _adam_prefetch,
+             _judge_adam_prefetch),
+        Case("timeline: prefetch hides the gathers", 3, _prefetch_runs, _judge_prefetch,
+             timeout_s=60.0),
+        Case("hidden: 2-5 ranks, other widths, SGD and Adam", 3, _hidden, _judge_hidden,
+             hidden=True, timeout_s=60.0),
+    ],
+}

@@ -1,0 +1,150 @@
+"""Exercise 8.2, the sharded wrapper: the judge halves, against single-device training on the
+same batches and the package's shards of its parameters."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mpgpu_edu.grading.checks import CheckFailure, Evidence
+from mpgpu_edu.grading.checks._support import (evidence, expect, expect_close, judge_examples,
+                                               showing)
+from mpgpu_edu.grading.checks.lesson_08.setup import (ACCUMULATE, WIDTHS, _batch, _example,
+                                                      _layer_flats, _model, _reference)
+from mpgpu_edu.grading.checks.lesson_08.shard import _reference_shard
+
+
+def _judge_accumulation(data: dict, n: int = 3, widths: tuple[int, ...] = WIDTHS,
+                        n_samples: int = 12) -> None:
+    model = _model(widths)
+    per_batch = []  # one device's gradient of each batch, per layer
+    for s in range(3):
+        x, y = _batch(n_samples, widths, seed=20 + s)
+        model.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        per_batch.append([torch.cat([p.grad.reshape(-1) for p in layer.parameters()])
+                          for layer in model if any(True for _ in layer.parameters())])
+    done: list[int] = []
+    for rank, held in enumerate(data["results"]):
+        done = []
+        for finish, group in enumerate(ACCUMULATE):
+            done += group
+            passes = " and ".join(f"batch {s}" for s in group)
+            for layer, got in enumerate(held["grads"][finish]):
+                want = _reference_shard(sum(per_batch[s][layer] for s in done), rank, n)
+                expect(got is not None, f"rank {rank}: layer {layer}'s shard has no .grad "
+                                        f"after finish() number {finish + 1}")
+                last = _reference_shard(per_batch[group[-1]][layer], rank, n)
+                expect(not (torch.allclose(got, last, rtol=1e-4, atol=1e-6)
+                            and not torch.allclose(want, last, rtol=1e-4, atol=1e-6)),
+                       f"rank {rank}, layer {layer}: backward of {passes}, then finish() "
+                       f"(number {finish + 1}, no zero_grad since the start): .grad holds "
+                       f"only batch {group[-1]}'s gradient; it should hold the sum of every "
+                       f"backward since .grad was last cleared (batches {done})")
+                expect_close(got, want,
+                             f"rank {rank}, layer {layer}: .grad after backward of {passes} "
+                             f"and finish() number {finish + 1}, without zero_grad (the sum "
+                             f"of batches {done}' mean gradients)", rtol=1e-4, atol=1e-6)
+
+
+def _judge_values(data: dict, n: int, widths: tuple[int, ...], n_samples: int = 12,
+                  steps: int = 3, optimizer: str = "sgd", grads: bool = True) -> None:
+    start, final, ref_grads = _reference(widths, n_samples, steps, optimizer)
+    expect(len(data["results"]) == n, f"expected results from {n} ranks")
+    for rank, held in enumerate(data["results"]):
+        expect(held["is_param"], f"rank {rank}: replica.parameters() must yield nn.Parameters")
+        expect(len(held["start"]) == len(start),
+               f"rank {rank}: replica.parameters() gave {len(held['start'])} shards; the "
+               f"model has {len(start)} layers with parameters, one shard each")
+        expect(held["untouched"], f"rank {rank}: wrap_fsdp changed the module it was given")
+        for layer, (got, flat) in enumerate(zip(held["start"], start)):
+            expect_close(got, _reference_shard(flat, rank, n),
+                         f"rank {rank}'s shard of layer {layer} when wrap_fsdp returned "
+                         f"(shard_of of the layer's flattened parameters)")
+        if grads:
+            for step, per_layer in enumerate(held["grads"]):
+                for layer, (got, flat) in enumerate(zip(per_layer, ref_grads[step])):
+                    expect(got is not None, f"rank {rank}, step {step}: layer {layer}'s shard "
+                                            "has no .grad after finish()")
+                    expect_close(got, _reference_shard(flat, rank, n),
+                                 f"rank {rank}, step {step}: the .grad of layer {layer}'s "
+                                 "shard (the mean over ranks of the gradient's shard)",
+                                 rtol=1e-4, atol=1e-6)
+        for layer, (got, flat) in enumerate(zip(held["final"], final)):
+            expect_close(got, _reference_shard(flat, rank, n),
+                         f"after {steps} {optimizer} steps on {n} ranks, rank {rank}'s shard of "
+                         f"layer {layer} differs from one device's training", rtol=1e-4,
+                         atol=1e-5)
+
+
+def _judge_calls(data: dict, n: int, widths: tuple[int, ...], steps: int = 3) -> None:
+    flats = [f.numel() for f in _layer_flats(_model(widths))]
+    shard = [-(-e // n) for e in flats]
+    gathers = (shard + shard[::-1]) * steps
+    reduces = [s * n for s in shard[::-1]] * steps
+    for rank in range(n):
+        mine = [c for c in data["calls"] if c[0] == rank]
+        got_g = [numel for _, kind, numel, *_ in mine if kind == "all_gather"]
+        got_r = [numel for _, kind, numel, *_ in mine if kind == "reduce_scatter"]
+        expect(got_g == gathers,
+               f"rank {rank} all-gathered {len(got_g)} times in {steps} steps, first tensors "
+               f"of {got_g[:2 * len(shard)]} elements; per step the contract gathers each "
+               f"layer's shard in forward order, then again in backward order: "
+               f"{shard + shard[::-1]} elements")
+        expect(got_r == reduces,
+               f"rank {rank} reduce-scattered tensors of {got_r[:len(shard)]} elements in its "
+               f"first step; per step, one per layer in backward order, of the padded "
+               f"gradient ({[s * n for s in shard[::-1]]} elements)")
+        ops = {op for _, kind, _, op, *_ in mine if kind == "reduce_scatter"}
+        expect(ops == {"mean"}, f"rank {rank} reduce-scattered with op {sorted(ops)}: the "
+                                "gradient is the mean over ranks")
+
+
+def _judge_freed(data: dict) -> None:
+    for rank, held in enumerate(data["results"]):
+        expect(not held["kept"],
+               f"rank {rank}: in forward, autograd kept the full parameters of layer(s) "
+               f"{held['kept']} (of the model's Sequential) for backward, so every gathered "
+               "layer stays in memory until backward reaches it: the contract frees them "
+               "after the layer's forward and gathers them again for its backward")
+
+
+def _judge_basic(data: dict) -> None:
+    _judge_values(data, 3, WIDTHS)
+
+
+def _judge_basic_calls(data: dict) -> None:
+    _judge_calls(data, 3, WIDTHS)
+
+
+def _judge_adam_prefetch(data: dict) -> None:
+    _judge_values(data, 4, WIDTHS, n_samples=14, optimizer="adam", grads=False)
+    _judge_calls(data, 4, WIDTHS)
+
+
+def _judge_prefetch(data: dict) -> Evidence:
+    shown = evidence({"yours, prefetch=False": data["plain"],
+                      "yours, prefetch=True": data["prefetch"]})
+    plain, ahead = data["makespans"]
+    with showing(shown):
+        expect(not data["inline"],
+               f"rank(s) {data['inline']} called all_gather or reduce_scatter in the rank's "
+               "own program, not on its comm stream: the program waits for each collective, "
+               "so no gather can run while a layer computes; the contract runs every "
+               "collective on the comm stream (comm.run_async)")
+        expect(ahead < 0.97 * plain,
+               f"with prefetch the step takes {ahead * 1e6:.0f} us, without {plain * 1e6:.0f} "
+               "us: the next layer's gather does not run while this layer computes")
+    return shown
+
+
+def _judge_hidden(records: list[dict]) -> None:
+    def one(out: dict, world_size: int, hidden: int, prefetch: int) -> None:
+        widths, n_samples, optimizer = _example(world_size, hidden, prefetch)
+        try:
+            _judge_values(out, world_size, widths, n_samples, 2, optimizer,
+                          grads=optimizer == "sgd")
+            _judge_calls(out, world_size, widths, steps=2)
+        except CheckFailure as exc:
+            raise AssertionError(str(exc)) from None
+    judge_examples(records, one)

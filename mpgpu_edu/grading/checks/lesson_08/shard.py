@@ -1,0 +1,89 @@
+"""Exercise 8.1, a rank's shard of a flat vector: both halves. The reference is
+``mpgpu_edu.dp.fsdp.flat_shard``."""
+
+from __future__ import annotations
+
+import torch
+
+from mpgpu_edu.grading.checks import CheckFailure
+from mpgpu_edu.grading.checks._support import (compute_examples, examples, expect, expect_close,
+                                               judge_examples)
+from mpgpu_edu.grading.checks.lesson_08.setup import Impl
+
+
+def _reference_shard(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    from mpgpu_edu.dp.fsdp import flat_shard
+
+    return flat_shard([flat], rank, world_size)
+
+
+def _shards(cases: list[tuple[int, int]], dtype: torch.dtype = torch.float32) -> Impl:
+    def compute(impl: Impl) -> list[dict]:
+        out = []
+        for numel, n in cases:
+            flat = torch.arange(1, numel + 1, dtype=dtype)
+            before = flat.clone()
+            got = [impl(flat, r, n) for r in range(n)]
+            out.append({"numel": numel, "n": n, "shards": got,
+                        "views": [g.untyped_storage().data_ptr()
+                                  == flat.untyped_storage().data_ptr() for g in got],
+                        "storage": [g.untyped_storage().nbytes() for g in got],
+                        "untouched": bool(torch.equal(flat, before))})
+        return out
+    return compute
+
+
+def _judge_one_shards(out: dict, numel: int, n: int) -> None:
+    flat = torch.arange(1, numel + 1, dtype=out["shards"][0].dtype if out["shards"] else
+                        torch.float32)
+    expect(out["untouched"], f"E={numel}, N={n}: shard_of changed its input")
+    for rank, got in enumerate(out["shards"]):
+        want = _reference_shard(flat, rank, n)
+        expect(isinstance(got, torch.Tensor) and got.dim() == 1,
+               f"E={numel}, N={n}, rank {rank}: expected a 1-D tensor")
+        expect(got.numel() == want.numel(),
+               f"E={numel}, N={n}, rank {rank}: a shard of {got.numel()} elements; every "
+               f"shard has ceil(E/N) = {want.numel()} (all-gather needs equal pieces)")
+        expect_close(got, want, f"E={numel}, N={n}, rank {rank}'s shard")
+        expect(got.dtype == flat.dtype, f"E={numel}, N={n}: the shard's dtype is "
+                                        f"{got.dtype}, the vector's {flat.dtype}")
+
+
+def _judge_shards(records: list[dict]) -> None:
+    for out in records:
+        _judge_one_shards(out, out["numel"], out["n"])
+
+
+def _judge_own_memory(records: list[dict]) -> None:
+    """Each shard owns its memory: no view of the vector, nor of a padded copy (whose whole
+    storage a view keeps alive)."""
+    _judge_shards(records)
+    for out in records:
+        numel, n = out["numel"], out["n"]
+        for rank, (got, view, storage) in enumerate(zip(out["shards"], out["views"],
+                                                        out["storage"])):
+            own = got.numel() * got.element_size()
+            expect(not view or own == 0,
+                   f"E={numel}, N={n}, rank {rank}: the shard is a view of the vector, so the "
+                   "whole vector stays in memory")
+            expect(storage == own,
+                   f"E={numel}, N={n}, rank {rank}: the shard's storage holds {storage} bytes "
+                   f"for its {own}: it is a view of a larger tensor (the padded copy?), which "
+                   "stays in memory as long as the shard does")
+
+
+SHARD_EXAMPLES = examples(10, seed=81, numel=(1, 400), n=(2, 9))
+
+
+def _shards_hidden(impl: Impl) -> list[dict]:
+    return compute_examples(lambda numel, n: _shards([(numel, n)], torch.float64)(impl)[0],
+                            SHARD_EXAMPLES)
+
+
+def _judge_shards_hidden(records: list[dict]) -> None:
+    def one(out: dict, numel: int, n: int) -> None:
+        try:
+            _judge_one_shards(out, numel, n)
+        except CheckFailure as exc:
+            raise AssertionError(str(exc)) from None
+    judge_examples(records, one)

@@ -1,0 +1,206 @@
+"""Exercise 8.2, the sharded wrapper: the compute halves. They train the learner's wrapper on the
+simulator with the package's own wrapper out of reach (``without_reference``), record the
+collectives it calls and the weights autograd keeps, and return plain facts."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.grading.checks import CheckFailure
+from mpgpu_edu.grading.checks._support import compute_examples, launch_facts, rebound, run_spmd
+from mpgpu_edu.grading.checks.lesson_08.setup import (ACCUMULATE, HIDDEN, LR, PREFETCH_WIDTHS,
+                                                      WIDTHS, Impl, _batch, _example, _model,
+                                                      _prefetch_cluster, _same)
+
+REFERENCE_MODULE = "mpgpu_edu.dp.fsdp"
+
+
+@contextlib.contextmanager
+def without_reference(impl: Impl, exercise_id: str) -> Iterator[None]:
+    """While inside, every public function and class of ``mpgpu_edu.dp.fsdp`` raises when
+    called, also under the names the learner's module imported (as ``from_scratch`` does
+    for the collectives)."""
+    import importlib
+
+    module = importlib.import_module(REFERENCE_MODULE)
+    swaps = [(value, _blocker(exercise_id, f"{REFERENCE_MODULE}.{name}"))
+             for name, value in vars(module).items()
+             if not name.startswith("_") and (inspect.isfunction(value)
+                                              or inspect.isclass(value))
+             and getattr(value, "__module__", "") == REFERENCE_MODULE]
+    with rebound([module, getattr(impl, "__globals__", {})], swaps):
+        yield
+
+
+def _blocker(exercise_id: str, display: str) -> Impl:
+    def blocked(*args: Any, **kwargs: Any) -> Any:
+        raise CheckFailure(f"exercise {exercise_id} is yours to write, but it called "
+                           f"{display}, the package's own")
+    return blocked
+
+
+@contextlib.contextmanager
+def _recording(impl: Impl) -> Iterator[list]:
+    """While inside, every call of the package's ``all_gather`` and ``reduce_scatter`` (also
+    under the names the learner's module imported) is recorded as (rank, kind, numel, op,
+    whether it ran on the rank's comm stream)."""
+    import mpgpu_edu.collectives as collectives
+    from mpgpu_edu.collectives import allgather
+
+    calls: list = []
+    originals = {"all_gather": allgather.all_gather, "reduce_scatter": allgather.reduce_scatter}
+
+    def recorder(kind: str) -> Impl:
+        def record(comm: Any, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            op = kwargs.get("op", args[0] if args else "sum")
+            calls.append((comm.rank, kind, tensor.numel(), op if kind != "all_gather" else "",
+                          _on_comm_stream(comm)))
+            return originals[kind](comm, tensor, *args, **kwargs)
+        return record
+
+    owners = [collectives, allgather, getattr(impl, "__globals__", {})]
+    with rebound(owners, [(fn, recorder(kind)) for kind, fn in originals.items()]):
+        yield calls
+
+
+def _on_comm_stream(comm: Any) -> bool:
+    """Whether the simulated rank is running a job of its comm stream (``comm.run_async``)
+    rather than its own program."""
+    from mpgpu_edu.comm.ops import HOST
+
+    actor = getattr(comm, "actor", None)
+    return bool(callable(actor) and getattr(actor(), "lane", HOST) != HOST)
+
+
+class _SavedWeights(torch.autograd.graph.saved_tensors_hooks):
+    """While the first forward runs: the layers whose full parameters autograd was asked to
+    keep for backward (a saved tensor equal to a layer's weight, bias or flat vector)."""
+
+    def __init__(self, model: nn.Sequential) -> None:
+        self.kept: set[int] = set()
+        self.layers = [(i, [p.detach() for p in layer.parameters()])
+                       for i, layer in enumerate(model) if any(True for _ in layer.parameters())]
+        super().__init__(self._pack, lambda tensor: tensor)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            for i, params in self.layers:
+                flat = torch.cat([p.reshape(-1) for p in params])
+                if any(_same(tensor, p) or _same(tensor, p.t())  # addmm saves W transposed
+                       for p in params if p.dim() == 2) or (
+                        tensor.dim() == 1 and tensor.numel() >= flat.numel()
+                        and _same(tensor[: flat.numel()], flat)):
+                    self.kept.add(i)
+        return tensor
+
+
+def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
+             optimizer: str, prefetch: bool) -> Callable[..., Any]:
+    base = _model(widths)
+    batches = [_batch(n_samples, widths, seed=10 + s) for s in range(steps)]
+
+    def program(comm: Any) -> dict:
+        module = copy.deepcopy(base)
+        replica = impl(comm, module, prefetch)
+        shards = list(replica.parameters())
+        start = [s.detach().clone() for s in shards]
+        opt = (torch.optim.SGD(shards, lr=LR) if optimizer == "sgd"
+               else torch.optim.Adam(shards, lr=LR))
+        grads = []
+        saved = _SavedWeights(base)
+        for step, (x, y) in enumerate(batches):
+            xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
+            share = len(xs) / len(x)
+            with saved if step == 0 else contextlib.nullcontext():
+                out = replica(xs)
+            loss = nn.functional.mse_loss(out, ys) * share * comm.world_size
+            loss.backward()
+            replica.finish()
+            grads.append([None if s.grad is None else s.grad.detach().clone() for s in shards])
+            opt.step()
+            opt.zero_grad()
+        untouched = all(torch.equal(a, b) for a, b in zip(module.state_dict().values(),
+                                                          base.state_dict().values()))
+        return {"start": start, "final": [s.detach().clone() for s in shards],
+                "grads": grads, "untouched": untouched, "kept": sorted(saved.kept),
+                "is_param": all(isinstance(s, nn.Parameter) for s in shards)}
+    return program
+
+
+def _run(impl: Impl, n: int, widths: tuple[int, ...], *, n_samples: int = 12, steps: int = 3,
+         optimizer: str = "sgd", prefetch: bool = False, cluster: Cluster | None = None,
+         with_trace: bool = False) -> dict:
+    """compute: the learner's wrapper trains ``steps`` steps on ``n`` ranks; every rank's
+    shards at the start and the end, their gradients after each ``finish``, and the
+    collectives it called."""
+    return _launch(impl, _program(impl, widths, n_samples, steps, optimizer, prefetch),
+                   cluster or n, with_trace)
+
+
+def _launch(impl: Impl, program: Callable[..., Any], cluster: Cluster | int,
+            with_trace: bool = False) -> dict:
+    with without_reference(impl, "8.2"), _recording(impl) as calls:
+        result = run_spmd(program, cluster)
+    facts = launch_facts(result, with_trace=with_trace)
+    facts["calls"] = [list(call) for call in calls]
+    return facts
+
+
+def _accumulate_program(impl: Impl, widths: tuple[int, ...], n_samples: int) -> Callable:
+    base = _model(widths)
+    batches = [_batch(n_samples, widths, seed=20 + s) for s in range(3)]
+
+    def program(comm: Any) -> dict:
+        replica = impl(comm, copy.deepcopy(base), False)
+        shards = list(replica.parameters())
+        grads = []
+        for group in ACCUMULATE:
+            for s in group:
+                xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in batches[s])
+                share = len(xs) / n_samples
+                loss = nn.functional.mse_loss(replica(xs), ys) * share * comm.world_size
+                loss.backward()
+            replica.finish()  # no zero_grad: .grad adds up, as torch's does
+            grads.append([None if s.grad is None else s.grad.detach().clone() for s in shards])
+        return {"grads": grads}
+    return program
+
+
+def _accumulation(impl: Impl) -> dict:
+    return _launch(impl, _accumulate_program(impl, WIDTHS, 12), 3)
+
+
+def _basic(impl: Impl) -> dict:
+    return _run(impl, 3, WIDTHS)
+
+
+def _adam_prefetch(impl: Impl) -> dict:
+    return _run(impl, 4, WIDTHS, n_samples=14, optimizer="adam", prefetch=True)
+
+
+def _prefetch_runs(impl: Impl) -> dict:
+    runs = {}
+    for prefetch in (False, True):
+        runs[str(prefetch)] = _run(impl, 4, PREFETCH_WIDTHS, n_samples=256, steps=1,
+                                   prefetch=prefetch, cluster=_prefetch_cluster(),
+                                   with_trace=True)
+    inline = sorted({call[0] for run in runs.values() for call in run["calls"] if not call[4]})
+    return {"plain": runs["False"]["trace"], "prefetch": runs["True"]["trace"],
+            "makespans": [runs["False"]["makespan"], runs["True"]["makespan"]],
+            "inline": inline}
+
+
+def _hidden(impl: Impl) -> list[dict]:
+    def body(world_size: int, hidden: int, prefetch: int) -> dict:
+        widths, n_samples, optimizer = _example(world_size, hidden, prefetch)
+        return _run(impl, world_size, widths, n_samples=n_samples, steps=2,
+                    optimizer=optimizer, prefetch=bool(prefetch))
+    return compute_examples(body, HIDDEN)

@@ -1,0 +1,71 @@
+"""Checks of lesson 09: what a transformer layer keeps for backward, the capstone (activation
+recomputation built on ``torch.autograd.Function``), and interleaved 1F1B's bubble.
+
+Every case has two halves. *compute* calls the learner's function and returns plain data: byte
+counts; for the capstone, the output and gradients of a small model, the shapes of what
+autograd packed for backward during the forward (``saved_tensors_hooks``), which layer outputs
+were still alive after it (weak references), and how often each layer's forward ran.
+*judge* rebuilds the reference in the grader: the byte counts from
+``memory.models.layer_activation_bytes`` (Korthikanti et al. 2022), the gradients from plain
+autograd on the same model and data, the segments from its own split, the bubble from the
+simulated schedule (``pipeline.interleaved_1f1b``).
+
+The package's activation formulas and recomputation (``memory.recompute``) and torch's
+``torch.utils.checkpoint`` are out of reach while the learner's code runs (``REFERENCES``).
+
+Modules: ``activations`` (9.1), ``recompute`` (9.2), ``bubble`` (9.3)."""
+
+from __future__ import annotations
+
+from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks.lesson_09.activations import (_bytes, _bytes_hidden, _bytes_judge,
+                                                            _judge_bytes_hidden, _judge_modes,
+                                                            _modes)
+from mpgpu_edu.grading.checks.lesson_09.bubble import (_bubble_hidden, _bubble_judge, _bubbles,
+                                                       _judge_bubble_hidden, _judge_refusals,
+                                                       _refusals)
+from mpgpu_edu.grading.checks.lesson_09.recompute import (_accumulate, _basic, _judge_accumulate,
+                                                          _judge_calls, _judge_kept,
+                                                          _judge_recompute_hidden, _judge_values,
+                                                          _no_input_grad, _recompute_hidden)
+
+REFERENCES = {
+    "9.1": ["mpgpu_edu.memory.models:layer_activation_bytes",
+            "mpgpu_edu.memory.models:activation_bytes",
+            "mpgpu_edu.memory.models:activation_terms"],
+    "9.2": ["mpgpu_edu.memory.recompute:checkpointed", "torch.utils.checkpoint:checkpoint",
+            "torch.utils.checkpoint:checkpoint_sequential"],
+}
+
+
+CASES: dict[str, list[Case]] = {
+    "9.1": [
+        Case("the docstring's example", 1, _bytes([(1024, 1, 1024, 16, "none")]),
+             _bytes_judge([(1024, 1, 1024, 16, "none")])),
+        Case("none, selective and full on two shapes; bad sizes and modes raise ValueError", 1,
+             _modes, _judge_modes),
+        Case("hidden: other shapes", 1, _bytes_hidden, _judge_bytes_hidden, hidden=True),
+    ],
+    "9.2": [
+        Case("8 layers in 2 segments: the output and every gradient equal the model's", 2,
+             _basic, lambda d: _judge_values(d, 8, 6)),
+        Case("forward keeps only each segment's input", 2, _basic,
+             lambda d: _judge_kept(d, 8, 6, 2)),
+        Case("every layer's forward runs twice: once more in backward", 1, _basic,
+             lambda d: _judge_calls(d, 8)),
+        Case("data that needs no gradient: the first segment's parameters still get theirs", 1,
+             _no_input_grad, lambda d: _judge_values(d, 7, 5, input_grad=False, seed=1)),
+        Case("gradients accumulate over two backward passes; a bad segments raises", 1,
+             _accumulate, _judge_accumulate),
+        Case("hidden: other depths, widths and segments", 1, _recompute_hidden,
+             _judge_recompute_hidden, hidden=True),
+    ],
+    "9.3": [
+        Case("the docstring's example", 1, _bubbles([(4, 8, 2)]), _bubble_judge([(4, 8, 2)])),
+        Case("agrees with the simulated schedule; V=1 is 1F1B", 1,
+             _bubbles([(2, 4, 3), (3, 9, 2), (4, 4, 1)]),
+             _bubble_judge([(2, 4, 3), (3, 9, 2), (4, 4, 1)])),
+        Case("refuses sizes the schedule cannot run", 1, _refusals, _judge_refusals),
+        Case("hidden: other sizes", 1, _bubble_hidden, _judge_bubble_hidden, hidden=True),
+    ],
+}

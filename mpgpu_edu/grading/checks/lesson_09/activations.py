@@ -1,0 +1,101 @@
+"""Exercise 9.1, what a transformer layer keeps for backward: both halves. The reference is
+``memory.models.layer_activation_bytes`` (Korthikanti et al. 2022)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mpgpu_edu.grading.checks import CheckFailure
+from mpgpu_edu.grading.checks._support import compute_examples, examples, expect, judge_examples
+
+Impl = Callable[..., Any]
+
+
+MODES = ("none", "selective", "full")
+
+
+def _want_bytes(seq: int, batch: int, d_model: int, n_heads: int, recompute: str) -> int:
+    from mpgpu_edu.memory.models import DecoderSpec, layer_activation_bytes
+
+    spec = DecoderSpec("check", 1, d_model, n_heads, 4 * d_model, 1)
+    return layer_activation_bytes(spec, batch, seq, "mixed", "eager", recompute)
+
+
+def _bytes(cases: list[tuple[int, int, int, int, str]]) -> Impl:
+    def compute(impl: Impl) -> list[Any]:
+        return [impl(*case) for case in cases]
+    return compute
+
+
+def _bytes_judge(cases: list[tuple[int, int, int, int, str]]) -> Callable[[list], None]:
+    def judge(got: list) -> None:
+        for (s, b, h, a, mode), value in zip(cases, got):
+            want = _want_bytes(s, b, h, a, mode)
+            expect(isinstance(value, (int, float)) and not isinstance(value, bool),
+                   f"seq={s}, batch={b}, d_model={h}, n_heads={a}, {mode!r}: returned "
+                   f"{type(value).__name__}, expected a number of bytes")
+            hint = ""
+            if mode == "none" and value == 34 * s * b * h:
+                hint = " (the attention scores, 5 a s^2 b bytes, are missing)"
+            elif mode == "full" and value == 34 * s * b * h:
+                hint = " (full recomputation keeps only the layer's input)"
+            expect(value == want, f"seq={s}, batch={b}, d_model={h}, n_heads={a}, {mode!r}: "
+                                  f"{value:,} bytes, expected {want:,}{hint}")
+    return judge
+
+
+BYTE_CASES = [(2048, 4, 4096, 32, m) for m in MODES] + [(512, 2, 768, 12, m) for m in MODES]
+
+
+BAD_SIZES = {"recompute='some'": (1024, 1, 1024, 16, "some"), "seq=0": (0, 1, 1024, 16, "none"),
+             "n_heads=0": (1024, 1, 1024, 0, "selective")}
+
+
+def _bytes_refusals(impl: Impl) -> dict[str, str]:
+    out = {}
+    for name, args in BAD_SIZES.items():
+        try:
+            impl(*args)
+            out[name] = "returned"
+        except ValueError:
+            out[name] = "ValueError"
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as what it is
+            out[name] = type(exc).__name__
+    return out
+
+
+def _judge_bytes_refusals(out: dict[str, str]) -> None:
+    for name, what in out.items():
+        expect(what == "ValueError", f"layer_activation_bytes with {name}: "
+               + ("returned a number" if what == "returned" else f"raised {what}")
+               + "; it should raise ValueError")
+
+
+def _modes(impl: Impl) -> dict:
+    return {"bytes": _bytes(BYTE_CASES)(impl), "refused": _bytes_refusals(impl)}
+
+
+def _judge_modes(data: dict) -> None:
+    _bytes_judge(BYTE_CASES)(data["bytes"])
+    _judge_bytes_refusals(data["refused"])
+
+
+BYTE_EXAMPLES = examples(8, seed=91, seq=(1, 4096), batch=(1, 16), d_model=(1, 64),
+                         n_heads=(1, 16), mode=(0, 2))
+
+
+def _bytes_hidden(impl: Impl) -> list[dict]:
+    return compute_examples(lambda seq, batch, d_model, n_heads, mode:
+                            impl(seq, batch, d_model * 64, n_heads, MODES[mode]), BYTE_EXAMPLES)
+
+
+def _judge_bytes_hidden(records: list[dict]) -> None:
+    def one(out: Any, seq: int, batch: int, d_model: int, n_heads: int, mode: int) -> None:
+        try:
+            _bytes_judge([(seq, batch, d_model * 64, n_heads, MODES[mode])])([out])
+        except CheckFailure as exc:
+            raise AssertionError(str(exc)) from None
+    judge_examples(records, one)

@@ -1,0 +1,183 @@
+"""Exercise 9.2, activation recomputation: both halves. *compute* runs the learner's
+``checkpointed`` on a fresh model and returns its output, gradients, what forward packed for
+backward, which layer outputs outlived forward and how often each layer ran; *judge* compares
+with plain autograd on the same model and data, and with its own split into segments."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from mpgpu_edu.grading.checks import CheckFailure
+from mpgpu_edu.grading.checks._support import (compute_examples, examples, expect, expect_close,
+                                               judge_examples)
+from torch import nn
+
+Impl = Callable[..., Any]
+
+
+def _model(depth: int, width: int, seed: int) -> nn.Sequential:
+    """``depth`` layers, Linear and Tanh in turn (ending on a Linear when depth is odd)."""
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(width, width) if i % 2 == 0 else nn.Tanh()
+                               for i in range(depth)]
+    return nn.Sequential(*layers).double()
+
+
+def _data(width: int, seed: int, batches: int = 1) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed + 1000)
+    return [torch.randn(5, width, generator=generator, dtype=torch.float64)
+            for _ in range(batches)]
+
+
+def _run(impl: Impl, depth: int, width: int, segments: int, seed: int = 0,
+         input_grad: bool = True, batches: int = 1) -> dict:
+    """The learner's recomputation on a fresh model: output, gradients (after ``batches``
+    backward passes), what forward packed, which layer outputs survived it, forward calls."""
+    model = _model(depth, width, seed)
+    calls, alive, phase = [0] * depth, [None] * depth, {"forward": True}
+
+    def hook(i: int) -> Callable:
+        def record(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> None:
+            calls[i] += 1
+            if phase["forward"]:
+                alive[i] = weakref.ref(output)
+        return record
+
+    for i, layer in enumerate(model):
+        layer.register_forward_hook(hook(i))
+    f = impl(model, segments)
+    packed: list[list[int]] = []
+    outputs, still = [], []
+    for k, x in enumerate(_data(width, seed, batches)):
+        x.requires_grad_(input_grad)
+        phase["forward"] = True
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: packed.append(list(t.shape)) or t, lambda t: t):
+            y = f(x)
+        phase["forward"] = False
+        gc.collect()
+        if k == 0:
+            still = [ref is not None and ref() is not None for ref in alive]
+        if not (isinstance(y, torch.Tensor) and y.requires_grad):
+            return {"out": y, "tracked": False}   # nothing for backward to run through
+        y.pow(2).sum().backward()
+        outputs.append(y.detach())
+    return {"out": outputs[0], "tracked": True, "x_grad": x.grad if input_grad else None,
+            "grads": [p.grad for p in model.parameters()],
+            "packed": packed if batches == 1 else packed[: len(packed) // batches],
+            "alive": still, "calls": calls}
+
+
+def _reference(depth: int, width: int, seed: int = 0, batches: int = 1) -> dict:
+    model = _model(depth, width, seed)
+    xs = _data(width, seed, batches)
+    for x in xs:
+        x.requires_grad_(True)
+        model(x).pow(2).sum().backward()
+    return {"out": model(xs[0]).detach(), "x_grad": xs[-1].grad,
+            "grads": [p.grad for p in model.parameters()]}
+
+
+def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
+                  batches: int = 1, seed: int = 0) -> None:
+    want = _reference(depth, width, seed, batches)
+    expect_close(data["out"], want["out"], "f(x)", rtol=1e-9, atol=1e-12)
+    expect(data["tracked"], "f(x) does not require a gradient" + (
+        "" if input_grad else " when the data needs none: autograd never calls your "
+        "segments' backward and no parameter gets a gradient (pass the segment's parameters "
+        "to apply as inputs, so that the node needs a backward anyway)"))
+    if input_grad:
+        expect_close(data["x_grad"], want["x_grad"], "the input's gradient", rtol=1e-9,
+                     atol=1e-12)
+    for i, (got, grad) in enumerate(zip(data["grads"], want["grads"])):
+        expect(got is not None, f"parameter {i} (layer {2 * (i // 2)}) has no gradient after "
+                                "backward" + ("" if input_grad else ": with data that needs "
+                                "no gradient, does autograd still call the first segment's "
+                                "backward? (pass the parameters to apply)"))
+        what = f"parameter {i}'s gradient" + (f" after {batches} backward passes (they add "
+                                              "up)" if batches > 1 else "")
+        expect_close(got, grad, what, rtol=1e-9, atol=1e-12)
+
+
+def _judge_kept(data: dict, depth: int, width: int, segments: int) -> None:
+    expect(data["tracked"], "f(x) does not require a gradient: autograd cannot run backward")
+    from mpgpu_edu.memory.recompute import segment_bounds
+
+    bounds = segment_bounds(depth, segments)
+    want = [[5, width]] * segments
+    packed = data["packed"]
+    expect(len(packed) == segments,
+           f"with {segments} segments of {depth} layers, forward kept {len(packed)} tensors "
+           f"for backward; it should keep {segments}: each segment's input "
+           "(ctx.save_for_backward), nothing from inside a segment")
+    expect(packed == want, f"forward kept tensors of shapes {packed}; expected each "
+                           f"segment's input, {want}")
+    ends = {stop - 1 for _, stop in bounds}
+    kept = [i for i, live in enumerate(data["alive"]) if live and i not in ends]
+    expect(not kept, f"after forward, the outputs of layers {kept} were still alive: only "
+                     f"each segment's output may outlive it (segments {bounds})")
+
+
+def _judge_calls(data: dict, depth: int) -> None:
+    expect(data["tracked"], "f(x) does not require a gradient: autograd cannot run backward")
+    calls = data["calls"]
+    expect(all(c == 2 for c in calls),
+           f"forward calls per layer over one forward and backward: {calls}; each layer runs "
+           "twice, once in forward and once when its segment is recomputed in backward")
+
+
+def _basic(impl: Impl) -> dict:
+    return _run(impl, 8, 6, 2)
+
+
+def _no_input_grad(impl: Impl) -> dict:
+    return _run(impl, 7, 5, 3, seed=1, input_grad=False)
+
+
+def _accumulate(impl: Impl) -> dict:
+    out = _run(impl, 6, 4, 3, seed=2, batches=2)
+    refused = {}
+    for segments in (0, 7):
+        try:
+            impl(_model(6, 4, 2), segments)
+            refused[segments] = "returned"
+        except ValueError:
+            refused[segments] = "ValueError"
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as what it is
+            refused[segments] = type(exc).__name__
+    out["refused"] = refused
+    return out
+
+
+def _judge_accumulate(data: dict) -> None:
+    _judge_values(data, 6, 4, batches=2, seed=2)
+    for segments, what in data["refused"].items():
+        expect(what == "ValueError", f"checkpointed(model of 6 layers, {segments}): "
+               + ("returned" if what == "returned" else f"raised {what}")
+               + "; it should raise ValueError (segment_bounds does)")
+
+
+RECOMPUTE_EXAMPLES = examples(5, seed=92, depth=(2, 12), width=(2, 9), segments=(1, 12))
+
+
+def _recompute_hidden(impl: Impl) -> list[dict]:
+    def body(depth: int, width: int, segments: int) -> dict:
+        return _run(impl, depth, width, min(segments, depth), seed=depth * width)
+    return compute_examples(body, RECOMPUTE_EXAMPLES)
+
+
+def _judge_recompute_hidden(records: list[dict]) -> None:
+    def one(out: dict, depth: int, width: int, segments: int) -> None:
+        try:
+            _judge_values(out, depth, width, seed=depth * width)
+            _judge_kept(out, depth, width, min(segments, depth))
+            _judge_calls(out, depth)
+        except CheckFailure as exc:
+            raise AssertionError(str(exc)) from None
+    judge_examples(records, one)
