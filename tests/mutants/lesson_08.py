@@ -63,7 +63,8 @@ def _shard(flat: torch.Tensor, rank: int, n: int) -> torch.Tensor:
 
 def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
           use_prefetch: bool = True, regather: bool = True, all_reduce_grads: bool = False,
-          autograd_keeps: bool = False, accumulate: bool = True, stream: bool = True) -> Any:
+          autograd_keeps: bool = False, accumulate: bool = True, stream: bool = True,
+          hold: bool = False, prefetch_backward: str = "before") -> Any:
     """The solution's wrapper, with one switch per mistake."""
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
@@ -87,7 +88,7 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
         def gather(self, i: int, step: int) -> torch.Tensor:
             self.start(i)
             full = torch.cat(self.pending.pop(i).wait())[: sizes[i]]
-            if prefetch and use_prefetch:
+            if prefetch and use_prefetch and (step > 0 or prefetch_backward == "before"):
                 j = i + step
                 while 0 <= j < len(layers) and not sizes[j]:
                     j += step
@@ -118,8 +119,8 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
         def forward(ctx: Any, x: torch.Tensor, shard: torch.Tensor, owner: Sharded,
                     i: int) -> torch.Tensor:
             full = owner.gather(i, +1)
-            if not regather:
-                owner.kept[i] = full  # kept from forward to backward: no second gather
+            if not regather or hold:
+                owner.kept[i] = full  # kept from forward to backward
             ctx.owner, ctx.i = owner, i
             if autograd_keeps:  # the layer's graph, with its weights saved, kept for backward
                 ctx.full = full.requires_grad_()
@@ -143,6 +144,7 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
                 (x,) = ctx.saved_tensors
                 full = (owner.kept.pop(i) if not regather
                         else owner.gather(i, -1)).requires_grad_()
+                owner.kept.pop(i, None)
                 x = x.detach().requires_grad_(ctx.needs_input_grad[0])
                 with torch.enable_grad():
                     out = functional_call(layers[i], _views(layers[i], full), (x,))
@@ -153,6 +155,11 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
                 owner.reducing.append((i, run(_all_reduce_mean, comm, padded)))
             else:
                 owner.reducing.append((i, run(reduce_scatter, comm, padded, op)))
+            if prefetch and prefetch_backward == "after":  # queued behind the reduce-scatter
+                j = i - 1
+                while 0 <= j and not sizes[j]:
+                    j -= 1
+                owner.start(j)
             return (x.grad if ctx.needs_input_grad[0] else None), None, None, None
 
     return Sharded()
@@ -187,6 +194,25 @@ def fsdp_keeps_gathered(comm: Any, module: nn.Sequential, prefetch: bool = False
     """Keeps each layer's full parameters from forward to backward (ZeRO-2's memory): no
     second all-gather, the whole model gathered at once."""
     return _wrap(comm, module, prefetch, regather=False)
+
+
+def fsdp_holds_gathered(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """Gathers again for backward as the contract says, but also keeps every forward's full
+    vector in a dict until then: the whole model is held at the end of forward."""
+    return _wrap(comm, module, prefetch, hold=True)
+
+
+def fsdp_prefetches_forward_only(comm: Any, module: nn.Sequential,
+                                 prefetch: bool = False) -> Any:
+    """Prefetches the next layer in forward only: backward waits for every gather."""
+    return _wrap(comm, module, prefetch, prefetch_backward="never")
+
+
+def fsdp_prefetches_after_reduce(comm: Any, module: nn.Sequential,
+                                 prefetch: bool = False) -> Any:
+    """In backward, starts the next layer's gather after this layer's reduce-scatter: the comm
+    stream runs them in order, so the gather waits behind the reduce-scatter."""
+    return _wrap(comm, module, prefetch, prefetch_backward="after")
 
 
 def fsdp_autograd_keeps_weights(comm: Any, module: nn.Sequential,
@@ -237,5 +263,6 @@ MUTANTS: dict[str, list[str]] = {
     "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view", "shard_view_of_padded"],
     "8.2": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
             "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights",
-            "fsdp_overwrites_grad", "fsdp_synchronous"],
+            "fsdp_overwrites_grad", "fsdp_synchronous", "fsdp_holds_gathered",
+            "fsdp_prefetches_forward_only", "fsdp_prefetches_after_reduce"],
 }

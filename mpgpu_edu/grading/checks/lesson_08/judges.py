@@ -107,6 +107,12 @@ def _judge_freed(data: dict) -> None:
                f"{held['kept']} (of the model's Sequential) for backward, so every gathered "
                "layer stays in memory until backward reaches it: the contract frees them "
                "after the layer's forward and gathers them again for its backward")
+        expect(not held.get("alive"),
+               f"rank {rank}: after forward, the gathered parameters of layer(s) "
+               f"{held.get('alive')} (of the model's Sequential) were still held (in a dict, a "
+               "list, an attribute?): every gathered layer stays in memory until backward; "
+               "the contract keeps nothing of the full vector once the layer's forward has run, "
+               "and gathers it again for its backward")
 
 
 def _judge_basic(data: dict) -> None:
@@ -122,19 +128,40 @@ def _judge_adam_prefetch(data: dict) -> None:
     _judge_calls(data, 4, WIDTHS)
 
 
+def _phases(trace: dict) -> list[tuple[float, float]]:
+    """Per device: forward (from the start to the loss) and backward (from the loss to the
+    end of the step, ``finish`` and the optimizer included) in seconds."""
+    from mpgpu_edu.trace import Trace
+
+    t = Trace.from_dict(trace)
+    out = []
+    for device in range(t.n_devices):
+        loss = next(e for e in t.on(device, "compute") if e.label == "loss")
+        end = max(e.end for e in t.events if e.device == device)
+        out.append((loss.start, end - loss.end))
+    return out
+
+
 def _judge_prefetch(data: dict) -> Evidence:
     shown = evidence({"yours, prefetch=False": data["plain"],
                       "yours, prefetch=True": data["prefetch"]})
-    plain, ahead = data["makespans"]
     with showing(shown):
         expect(not data["inline"],
                f"rank(s) {data['inline']} called all_gather or reduce_scatter in the rank's "
                "own program, not on its comm stream: the program waits for each collective, "
                "so no gather can run while a layer computes; the contract runs every "
                "collective on the comm stream (comm.run_async)")
-        expect(ahead < 0.97 * plain,
-               f"with prefetch the step takes {ahead * 1e6:.0f} us, without {plain * 1e6:.0f} "
-               "us: the next layer's gather does not run while this layer computes")
+        for rank, ((fwd, bwd), (fwd_ahead, bwd_ahead)) in enumerate(
+                zip(_phases(data["plain"]), _phases(data["prefetch"]))):
+            expect(fwd_ahead < 0.97 * fwd,
+                   f"rank {rank}: forward takes {fwd_ahead * 1e6:.0f} us with prefetch, "
+                   f"{fwd * 1e6:.0f} us without: the next layer's gather does not run while "
+                   "this layer computes")
+            expect(bwd_ahead < 0.9 * bwd,
+                   f"rank {rank}: backward takes {bwd_ahead * 1e6:.0f} us with prefetch, "
+                   f"{bwd * 1e6:.0f} us without: in backward the previous layer's gather must "
+                   "start before this layer's reduce-scatter (the comm stream runs its jobs in "
+                   "order), so that it runs while this layer's backward computes")
     return shown
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import inspect
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,6 +104,37 @@ class _SavedWeights(torch.autograd.graph.saved_tensors_hooks):
         return tensor
 
 
+class _GatheredAlive:
+    """Forward hooks on the model's layers that, while ``on``, keep weak references to the
+    parameters each layer ran with (a gathered vector's views, and the vector they view), so
+    that after forward ``alive()`` names the layers whose gathered parameters someone still
+    holds (a dict of them, a list, an attribute): autograd's saved tensors are not the only
+    way to keep them."""
+
+    def __init__(self, model: nn.Sequential) -> None:
+        self.on, self.refs = False, []
+        self.own = {id(p) for p in model.parameters()}
+        for i, layer in enumerate(model):
+            names = [name for name, _ in layer.named_parameters()]
+            if names:
+                layer.register_forward_hook(self._hook(i, names))
+
+    def _hook(self, i: int, names: list[str]) -> Callable[..., None]:
+        def record(layer: nn.Module, _inputs: Any, _output: Any) -> None:
+            if not self.on:
+                return
+            for name in names:
+                tensor = getattr(layer, name)
+                for t in (tensor, tensor._base):
+                    if isinstance(t, torch.Tensor) and id(t) not in self.own:
+                        self.refs.append((i, weakref.ref(t)))
+        return record
+
+    def alive(self) -> list[int]:
+        gc.collect()
+        return sorted({i for i, ref in self.refs if ref() is not None})
+
+
 def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
              optimizer: str, prefetch: bool) -> Callable[..., Any]:
     base = _model(widths)
@@ -114,14 +147,18 @@ def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
         start = [s.detach().clone() for s in shards]
         opt = (torch.optim.SGD(shards, lr=LR) if optimizer == "sgd"
                else torch.optim.Adam(shards, lr=LR))
-        grads = []
-        saved = _SavedWeights(base)
+        grads, alive = [], []
+        saved, held = _SavedWeights(base), _GatheredAlive(module)
         for step, (x, y) in enumerate(batches):
             xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
             share = len(xs) / len(x)
+            held.on = step == 0
             with saved if step == 0 else contextlib.nullcontext():
                 out = replica(xs)
-            loss = nn.functional.mse_loss(out, ys) * share * comm.world_size
+            if step == 0:
+                held.on, alive = False, held.alive()
+            with comm.compute("compute", "loss"):
+                loss = nn.functional.mse_loss(out, ys) * share * comm.world_size
             loss.backward()
             replica.finish()
             grads.append([None if s.grad is None else s.grad.detach().clone() for s in shards])
@@ -131,6 +168,7 @@ def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
                                                           base.state_dict().values()))
         return {"start": start, "final": [s.detach().clone() for s in shards],
                 "grads": grads, "untouched": untouched, "kept": sorted(saved.kept),
+                "alive": alive,
                 "is_param": all(isinstance(s, nn.Parameter) for s in shards)}
     return program
 
