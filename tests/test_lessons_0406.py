@@ -12,6 +12,7 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives.cost import ring_allreduce_bytes_sent
 from mpgpu_edu.comm import DeadlockError, LaunchTimeoutError, RankError, launch
 from mpgpu_edu.data import loss_fn, make_batches, make_mlp
+from mpgpu_edu.estimate import choosing
 from mpgpu_edu.hybrid import Mesh, train_hybrid
 from mpgpu_edu.lessons import pipeline as pl, tensor_and_hybrid as th, choosing_and_debugging as cd
 from mpgpu_edu.memory import spec_params
@@ -216,7 +217,7 @@ def test_zero_sends_what_an_all_reduce_sends() -> None:
 def test_strategy_rows_follow_the_closed_forms() -> None:
     setting = cd.Setting(model="gpt2-small", cluster="8xA100-nvlink", batch=16, microbatches=4)
     rows = {row.name: row for row in cd.strategy_rows(setting)}
-    assert set(rows) == set(cd.QUALITIES)
+    assert set(rows) == set(choosing.QUALITIES)
     params = spec_params("gpt2-small")
     assert rows["data parallel"].comm_bytes == pytest.approx(
         ring_allreduce_bytes_sent(8, 2 * params))
@@ -224,7 +225,7 @@ def test_strategy_rows_follow_the_closed_forms() -> None:
     assert rows["hybrid DP x PP"].bubble == pytest.approx(3 / 7)
     assert rows["tensor parallel"].memory < rows["data parallel"].memory
     assert rows["pipeline parallel"].comm_bytes < rows["data parallel"].comm_bytes
-    assert cd.step_compute_seconds(setting) > 0
+    assert choosing.step_compute_seconds(setting) > 0
 
 
 def test_comparison_table_and_figure() -> None:

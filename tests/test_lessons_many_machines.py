@@ -117,10 +117,11 @@ def test_the_placements_table_says_whose_bytes_it_shows() -> None:
 
 
 def test_placement_rows_simulate_what_is_not_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mpgpu_edu.estimate.placements as placements
     import mpgpu_edu.lessons._placements_stored as stored
 
     monkeypatch.setattr(stored, "ROWS", {})
     calls = []
-    monkeypatch.setattr(mm, "simulate_placement", lambda *a: calls.append(a) or {"step_s": 1.0})
+    monkeypatch.setattr(placements, "simulate_placement", lambda *a: calls.append(a) or {"step_s": 1.0})
     assert mm.placement_rows(placements=mm.PLACEMENTS[:1])[0]["step_s"] == 1.0
     assert calls == [("llama-7b", "2x8xH100-ib", 2048, mm.PLACEMENTS[0])]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mpgpu_edu.lessons.many_machines import (REPORT_PREFIX, RankReport, TorchrunResult,
-                                             check_reports, read_reports, torchrun_command,
-                                             torchrun_table, two_node_torchrun)
+from mpgpu_edu.lessons.many_machines import torchrun_command, torchrun_table, two_node_torchrun
+from mpgpu_edu.runtime.torchrun import (REPORT_PREFIX, RankReport, TorchrunResult, check_reports,
+                                        read_reports)
 
 
 def workers_alive() -> int:

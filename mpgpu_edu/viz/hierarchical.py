@@ -1,0 +1,108 @@
+"""Lesson 07's all-reduce across nodes: the sends of a flat ring and of the hierarchical
+all-reduce on one time axis (``plot_allreduce_timelines``), and their times as tables
+(``allreduce_table``, ``nccl_table``) of the rows ``mpgpu_edu.lessons.many_machines`` makes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, format_bytes, format_seconds, new_figure,
+                                   style, time_axis)
+
+
+def plot_allreduce_timelines(runs: dict[str, dict], per_node: int = 8,
+                             label: str = "") -> Figure:
+    """The sends of each run, one row per rank on one time axis: blue inside a node (NVLink),
+    vermillion across the network (a NIC), a white edge between consecutive messages. ``runs``
+    as ``allreduce_runs`` returns them; ``label`` (a ``Chosen``'s: whose all-reduce it is)
+    titles the hierarchical run."""
+    inside, across = OKABE_ITO["blue"], OKABE_ITO["vermillion"]
+    longest = max(r["seconds"] for r in runs.values())
+    n = max(r["trace"].n_devices for r in runs.values())
+    fig = new_figure(11, 0.26 * n * len(runs) + 1.6)
+    axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (name, run) in zip(axes, runs.items()):
+        for e in run["trace"].events:
+            if e.kind != "send" or e.peer is None:
+                continue
+            crosses = e.device // per_node != e.peer // per_node
+            # a white edge separates back-to-back messages, so every step can be counted
+            ax.barh(e.device, max(e.end - e.start, longest / 1500), left=e.start, height=0.7,
+                    color=across if crosses else inside, edgecolor="white", linewidth=0.7)
+        for k in range(1, n // per_node):
+            ax.axhline(k * per_node - 0.5, color="black", linewidth=1.0)
+        ax.axvline(run["seconds"], color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(range(n), [f"rank {d} (node {d // per_node} GPU {d % per_node})"
+                                 for d in range(n)], fontsize=FONT_SIZE - 3)
+        ax.set_ylim(n - 0.5, -0.5)
+        time_axis(ax, longest)
+        ax.set_xlim(0, longest * 1.02)
+        steps = _label_phases(ax, run["trace"], per_node, n, longest)
+        style(ax, grid="x")
+        shown = label if label and name != "flat ring" else name
+        ax.set_title(f"{shown}: {format_seconds(run['seconds'])} simulated, closed form "
+                     f"{format_seconds(run['closed_form'])} (additions free){steps}", loc="left",
+                     fontsize=FONT_SIZE)
+    for ax in axes[:-1]:
+        ax.set_xlabel("")
+    axes[0].legend(handles=[Patch(color=inside, label="send inside a node (NVLink)"),
+                            Patch(color=across, label="send across nodes (a NIC)")],
+                   loc="lower right", bbox_to_anchor=(1.0, 1.12), ncol=2, frameon=False,
+                   fontsize=FONT_SIZE - 1)
+    return fig
+
+
+def _label_phases(ax: Any, trace: Any, per_node: int, n: int, longest: float) -> str:
+    """What happens left to right. The hierarchical all-reduce (network only in the middle):
+    its three phases, in a box right of the run. A flat ring (network from start to end):
+    returned as one line for the title, its steps and the ranks whose sends cross."""
+    across = [e for e in trace.events if e.kind == "send" and e.peer is not None
+              and e.device // per_node != e.peer // per_node]
+    if not across:
+        return ""
+    start, end = min(e.start for e in across), max(e.end for e in across)
+    if start <= 0 or end >= trace.makespan:
+        crossing = sorted({e.device for e in across})
+        steps = max(sum(1 for e in across if e.device == d) for d in crossing)
+        return (f"\n{steps} steps, one message per rank each; only ranks "
+                f"{' and '.join(map(str, crossing))} send across the network (vermillion), "
+                "and every step waits for them")
+    ax.text(trace.makespan + longest * 0.03, (n - 1) / 2,
+            "left to right:\n1. reduce-scatter inside each node (blue)\n"
+            "2. all-reduce of one chunk per rail, across the network (vermillion)\n"
+            "3. all-gather inside each node (blue)", ha="left", va="center", fontsize=9,
+            bbox={"facecolor": "white", "edgecolor": "#999999", "pad": 4})
+    return ""
+
+
+def allreduce_table(rows: list[dict]) -> str:
+    """Simulated times; the closed forms with additions free; the same plus the additions
+    (``cost.*_additions_time``: a launch and the memory traffic each), which the simulator
+    charges."""
+    def pair(a: float, b: float) -> str:
+        return f"{format_seconds(a)} / {format_seconds(b)}"
+
+    lines = [f"{'size':>10}  {'flat / hierarchical':>21}  {'speedup':>7}  "
+             f"{'forms, additions free':>21}  {'speedup':>7}  {'forms + additions':>21}"]
+    for r in rows:
+        lines.append(f"{format_bytes(r['bytes']):>10}  {pair(r['flat_s'], r['hier_s']):>21}  "
+                     f"{r['speedup']:>6.2f}x  {pair(r['flat_form_s'], r['hier_form_s']):>21}  "
+                     f"{r['speedup_form']:>6.2f}x  {pair(*_with_additions(r)):>21}")
+    return "\n".join(lines)
+
+
+def nccl_table(rows: list[dict]) -> str:
+    lines = [f"{'size':>10}  {'one flat ring':>13}  {'NCCL, every rail':>16}  "
+             f"{'hierarchical':>12}  {'NCCL / hierarchical':>19}"]
+    lines += [f"{format_bytes(r['bytes']):>10}  {format_seconds(r['flat_s']):>13}  "
+              f"{format_seconds(r['nccl_s']):>16}  {format_seconds(r['hier_s']):>12}  "
+              f"{r['nccl_s'] / r['hier_s']:>19.2f}" for r in rows]
+    return "\n".join(lines)
+
+
+def _with_additions(row: dict) -> tuple[float, float]:
+    return row["flat_form_s"] + row["flat_adds_s"], row["hier_form_s"] + row["hier_adds_s"]
