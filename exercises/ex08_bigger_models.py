@@ -148,7 +148,9 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
       reduce-scatter may still be running when backward returns (``finish`` waits for it).
       With ``prefetch=True``, start the gather of the next layer to run (the next one with
       parameters in forward, the previous one in backward) as soon as this layer's
-      parameters have arrived, so that it runs while this layer computes.
+      parameters have arrived, so that it runs while this layer computes. (The last
+      layer's gather for backward may start when its backward does: only the loss computes
+      between the end of forward and the start of backward.)
     - every rank calls ``replica`` and ``backward`` the same number of times.
 
     Cost per step: 3 collectives of each layer's size, each rank sending 3 (N-1)/N of the

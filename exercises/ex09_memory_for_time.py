@@ -78,6 +78,9 @@ def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor]
       (``torch.autograd.backward``), and hand back the input's gradient. The parameters'
       gradients are added into their ``.grad`` by that inner backward, as any backward
       does: two backward passes before an optimizer step leave the sum.
+    - Think about the data: ``x`` usually needs no gradient. Autograd calls a node's backward
+      only when one of its inputs needs a gradient; what then makes it call the first
+      segment's, so that its parameters get theirs?
     - Every layer's forward runs exactly twice per forward-and-backward: once in forward,
       once in its segment's backward. The layers are stateless (no dropout, no batch norm):
       running one twice gives the same result.
@@ -90,15 +93,13 @@ def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor]
 
 def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
     """The bubble of interleaved 1F1B as a share of the ideal compute time: P stages (devices),
-    M microbatches, V model chunks per device, equal stages and free sends.
+    M microbatches, V model chunks per device, equal stages and free sends. 1F1B's is
+    (P-1)/M (lesson 04); work out what V chunks per device change from section 5's timelines.
+    The schedule runs microbatches in rounds of P: raise ``ValueError`` when M is not a
+    multiple of P, or any argument is below 1.
 
-    Each chunk step does 1/V of a stage's work, so filling and draining the pipeline costs
-    1/V of what it costs in 1F1B, whose overhead is (P-1)/M. The schedule runs microbatches in
-    rounds of P: raise ``ValueError`` when M is not a multiple of P, or any argument is
-    below 1.
-
-    >>> interleaved_bubble_overhead(4, 8, 2)
-    0.1875
+    >>> interleaved_bubble_overhead(2, 4, 3)
+    0.08333333333333333
     """
     # Exercise 9.3 (about 5 lines). mp.hint("9.3") when stuck.
     raise NotImplementedError("Exercise 9.3: interleaved_bubble_overhead (notebooks/09_memory_for_time.ipynb)")

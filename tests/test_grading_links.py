@@ -56,3 +56,22 @@ def test_progress_counts_no_linked_file(course: Path) -> None:
     entry = progress(course).entries["0.1"]
     assert entry["status"] == "a link, not your own file" and entry["points"] == 0
     assert sum(lesson.points for lesson in progress(course).lessons) == 0
+
+
+def test_progress_is_not_fooled_by_stale_entries(course: Path) -> None:
+    """An id the course no longer has is dropped; an entry recorded for another function
+    under an id that now names a new exercise counts nothing (its source no longer matches);
+    the text form is the table, not a dump of the entries."""
+    from mpgpu_edu.grading.progress import update_state
+
+    (course / "exercises").mkdir()
+    shutil.copyfile(course / "solutions" / "ex08_bigger_models.py",
+                    course / "exercises" / "ex08_bigger_models.py")
+    update_state(course, "exercises", "8.9", {"status": "passed", "points": 20})
+    update_state(course, "exercises", "8.2", {"status": "passed", "points": 4,
+                                              "source_sha256": "0" * 64})
+    shown = progress(course)
+    assert "8.9" not in shown.entries
+    assert shown.entries["8.2"]["status"] == "changed since its check"
+    assert sum(lesson.points for lesson in shown.lessons) == 0
+    assert repr(shown) == str(shown) and "total" in repr(shown)

@@ -141,6 +141,9 @@ class Progress(Scored):
         lines.append(f"{'':6s}  {'total':28s}  {'':6s}  {self.points:>3d}/{self.max_points}")
         return "\n".join(lines)
 
+    def __repr__(self) -> str:  # the table, also where only text is shown
+        return str(self)
+
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><td>{p.lesson:02d}</td><td style='text-align:left'>"
                        f"{html.escape(p.title)}</td><td>{p.done}/{p.total}</td>"
@@ -153,7 +156,7 @@ class Progress(Scored):
 def progress(root: Path | str | None = None) -> Progress:
     """The learner's progress from the latest checks (``mpgpu_edu.check`` records them)."""
     folder = Path(root) if root is not None else find_root()
-    entries = load(folder)
+    entries = {i: e for i, e in load(folder).items() if i in EXERCISES}  # not a removed id
     for exercise_id, entry in entries.items():  # edited since its check: no longer counts
         exercise = EXERCISES.get(exercise_id)
         if exercise is None or not isinstance(entry, dict) or not entry.get("source_sha256"):

@@ -119,19 +119,14 @@ def _saved_bytes(run: Callable[[], torch.Tensor], skip: set[int]) -> int:
 
 
 def _step_seconds(f: Callable[[torch.Tensor], torch.Tensor], model: nn.Module,
-                  x: torch.Tensor, repeats: int) -> float:
-    """The fastest of ``repeats`` forward + backward passes after one to warm up: the least
-    disturbed by whatever else the machine runs."""
-    times = []
-    for _ in range(repeats + 1):
-        model.zero_grad()
-        start = time.perf_counter()
-        f(x).pow(2).mean().backward()
-        times.append(time.perf_counter() - start)
-    return min(times[1:])
+                  x: torch.Tensor) -> float:
+    model.zero_grad()
+    start = time.perf_counter()
+    f(x).pow(2).mean().backward()
+    return time.perf_counter() - start
 
 
-def measure_recompute(wrap: Wrap, blocks: int = 16, width: int = 256, batch: int = 256,
+def measure_recompute(wrap: Wrap, blocks: int = 16, width: int = 512, batch: int = 256,
                       segments: Sequence[int] = (1, 2, 4, 8, 16),
                       repeats: int = 5) -> list[dict[str, Any]]:
     """A real MLP of ``blocks`` Linear + Tanh pairs on this machine, without recomputation
@@ -139,7 +134,8 @@ def measure_recompute(wrap: Wrap, blocks: int = 16, width: int = 256, batch: int
     Per row: the bytes kept for backward after forward (``kept``, measured with
     ``saved_tensors_hooks``); the ``peak`` while the largest segment is recomputed in
     backward (``kept`` plus what that segment's layers keep beyond its input, each layer's
-    share measured once); and the fastest forward + backward time (``seconds``)."""
+    share measured once); and the fastest of ``repeats`` forward + backward passes
+    (``seconds``), on one thread, every setting in turn each round."""
     model = _mlp(blocks, width)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     x = torch.randn(batch, width)
@@ -149,14 +145,24 @@ def measure_recompute(wrap: Wrap, blocks: int = 16, width: int = 256, batch: int
         inner.append(_saved_bytes(lambda layer=layer, h=h: layer(h),
                                   params | {h.untyped_storage().data_ptr()}))
     plain = _saved_bytes(lambda: model(x), params)
-    rows = [{"segments": 0, "kept": plain, "peak": plain,
-             "seconds": _step_seconds(model, model, x, repeats)}]
-    for k in segments:
-        f = wrap(model, k)
-        kept = _saved_bytes(lambda f=f: f(x), params)
-        largest = max(sum(inner[a:b]) for a, b in segment_bounds(len(model), k))
-        rows.append({"segments": k, "kept": kept, "peak": kept + largest,
-                     "seconds": _step_seconds(f, model, x, repeats)})
+    runs = {0: model} | {k: wrap(model, k) for k in segments}
+    kept = {0: plain} | {k: _saved_bytes(lambda f=f: f(x), params)
+                         for k, f in runs.items() if k}
+    seconds: dict[int, list[float]] = {k: [] for k in runs}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: a busy machine slows every setting alike
+    try:
+        for _ in range(repeats + 1):  # round-robin, the first round a warm-up
+            for k, f in runs.items():
+                seconds[k].append(_step_seconds(f, model, x))
+    finally:
+        torch.set_num_threads(threads)
+    rows = []
+    for k in runs:
+        largest = (max(sum(inner[a:b]) for a, b in segment_bounds(len(model), k)) if k
+                   else 0)
+        rows.append({"segments": k, "kept": kept[k], "peak": kept[k] + largest,
+                     "seconds": min(seconds[k][1:])})
     return rows
 
 

@@ -111,9 +111,10 @@ def _judge_kept(data: dict, depth: int, width: int, segments: int) -> None:
     want = [[5, width]] * segments
     packed = data["packed"]
     expect(len(packed) == segments,
-           f"with {segments} segments of {depth} layers, forward kept {len(packed)} tensors "
-           f"for backward; it should keep {segments}: each segment's input "
-           "(ctx.save_for_backward), nothing from inside a segment")
+           f"with {segments} segment{'s' if segments > 1 else ''} of {depth} layers, forward "
+           f"kept {len(packed)} tensors for backward; it should keep {segments}: each "
+           "segment's input, saved with ctx.save_for_backward (not as an attribute of ctx), "
+           "and nothing from inside a segment")
     expect(packed == want, f"forward kept tensors of shapes {packed}; expected each "
                            f"segment's input, {want}")
     ends = {stop - 1 for _, stop in bounds}
