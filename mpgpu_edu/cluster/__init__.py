@@ -29,7 +29,7 @@ from mpgpu_edu.cluster.topology import LinkInfo, Route, Topology
 from mpgpu_edu.cluster.visible import check_visible, device_ids_to_physical, parse_visible
 from mpgpu_edu.hardware import DTYPES, GPUS, LINKS, GPUSpec
 
-__all__ = ["CATEGORIES", "Cluster", "LinkInfo", "MemoryLedger", "Route",
+__all__ = ["CATEGORIES", "Cluster", "LinkInfo", "MemoryLedger", "Route", "first_devices",
            "SimulatedOutOfMemoryError", "Topology", "check_visible", "device_ids_to_physical",
            "format_bytes", "parse_visible"]
 
@@ -226,6 +226,15 @@ class Cluster:
     def __repr__(self) -> str:
         return (f"Cluster({self.name!r}, gpu={self.gpu.name!r}, "
                 f"visible={self.visible}, world_size={self.world_size})")
+
+
+def first_devices(cluster: Cluster | str, world_size: int | None) -> Cluster:
+    """``cluster`` (or the preset so named) seeing its first ``world_size`` devices only
+    (``CUDA_VISIBLE_DEVICES=0,1,...``); all of them when ``world_size`` is None."""
+    cluster = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
+    if world_size is None:
+        return cluster
+    return cluster.with_visible(",".join(str(i) for i in range(world_size)))
 
 
 def _gpu(name: str) -> GPUSpec:

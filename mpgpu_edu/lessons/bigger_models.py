@@ -25,14 +25,9 @@ from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.comm.base import RESERVED_TAG
 from mpgpu_edu.data import loss_fn, make_batches, make_mlp, shard
 from mpgpu_edu.dp import fsdp
-from mpgpu_edu.estimate.step import StepSetup, simulate_step
-from mpgpu_edu.explore.live import Explorer, dropdown, percent, slider
-from mpgpu_edu.pipeline import interleaved_1f1b, one_f_one_b
-from mpgpu_edu.pipeline.timing import schedule_timeline, timed_bubble_overhead, timeline_trace
 from mpgpu_edu.reference import make_optimizer, train_single
 from mpgpu_edu.trace import Event, Trace
-from mpgpu_edu.viz.palette import SERIES_COLORS, SERIES_MARKERS, new_figure, style
-from mpgpu_edu.viz.timeline import plot_timelines_side_by_side
+from mpgpu_edu.viz.palette import new_figure, style
 
 Wrap = Callable[[Communicator, nn.Sequential, bool], Any]
 

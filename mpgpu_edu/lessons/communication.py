@@ -24,7 +24,7 @@ from typing import Any, Union
 
 import torch
 
-from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.cluster import Cluster, first_devices
 from mpgpu_edu.cluster.topology import Route
 from mpgpu_edu.collectives import (ALGORITHMS, all_gather, all_reduce, broadcast, gather,
                                    reduce, reduce_scatter, scatter)
@@ -160,15 +160,6 @@ def all_reduce_meta(comm: Communicator, algo: AllReduce, numel: int) -> None:
     """One all-reduce of ``numel`` fp32 meta elements with ``algo`` (a function
     ``fn(comm, tensor)`` or a package name): the program every demo below runs."""
     algorithm(algo)(comm, torch.empty(numel, dtype=torch.float32, device="meta"))
-
-
-def first_devices(cluster: Cluster | str, world_size: int | None) -> Cluster:
-    """``cluster`` (or the preset so named) seeing its first ``world_size`` devices only
-    (``CUDA_VISIBLE_DEVICES=0,1,...``); all of them when ``world_size`` is None."""
-    cluster = Cluster.preset(cluster) if isinstance(cluster, str) else cluster
-    if world_size is None:
-        return cluster
-    return cluster.with_visible(",".join(str(i) for i in range(world_size)))
 
 
 def run_all_reduce(algo: AllReduce, cluster: Cluster | str | int, nbytes: int,

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.cluster import Cluster, first_devices
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.data import (DEMO_BATCH, DEMO_LR, DEMO_SIZES, Workload, heavy, light,
@@ -46,8 +46,8 @@ from mpgpu_edu.dp.ddp import (StepFn, broadcast_parameters, ddp_step_overlapped,
                               flatten_grads, forward_backward, make_buckets, optimizer_step,
                               train_ddp, unflatten_grads)
 from mpgpu_edu.dp.scaling import PRESETS, WORLD_SIZES, scaling_study
-from mpgpu_edu.lessons.communication import first_devices
-from mpgpu_edu.lessons.parameter_server import one_torch_thread, plot_loss_curves
+from mpgpu_edu.comm.torch_threads import one_torch_thread
+from mpgpu_edu.viz.server import plot_loss_curves
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.reference import (batch_for_step, compare_to_reference, make_optimizer,
                                  named_params, train_single)
