@@ -22,7 +22,8 @@ With a DDP wrapper (exercise 3.5's ``wrap_ddp``, or what ``mp.yours`` chose in i
 - ``step_only``: a timeline from the step's first forward on (the start-up broadcast cut);
 - ``run_wrapped_demo``: the wrapper against one device on the demo model;
 - ``run_scaling_study(..., wrap=...)``: the scaling study with the wrapper's steps;
-- ``wrap_ddp`` / ``DDPWrapper``: the package's wrapper, the reference of exercise 3.5.
+- ``wrap_ddp`` / ``DDPWrapper``: the package's wrapper, the reference of exercise 3.5
+  (``mpgpu_edu.dp.wrapper``).
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ from mpgpu_edu.data import (DEMO_BATCH, DEMO_LR, DEMO_SIZES, Workload, heavy, li
 from mpgpu_edu.dp import DEMO_BUCKET_BYTES
 from mpgpu_edu.dp import run_demo as dp_run_demo
 from mpgpu_edu.dp.dataparallel import dataparallel_step
-from mpgpu_edu.dp.ddp import (StepFn, broadcast_parameters, ddp_step_overlapped,
-                              flatten_grads, forward_backward, make_buckets, optimizer_step,
-                              train_ddp, unflatten_grads)
+from mpgpu_edu.dp.ddp import (StepFn, ddp_step_overlapped, forward_backward, optimizer_step,
+                              train_ddp)
 from mpgpu_edu.dp.scaling import PRESETS, WORLD_SIZES, scaling_study
+from mpgpu_edu.dp.wrapper import DDPWrapper, wrap_ddp
 from mpgpu_edu.comm.torch_threads import one_torch_thread
 from mpgpu_edu.viz.server import plot_loss_curves
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
@@ -54,10 +55,10 @@ from mpgpu_edu.reference import (batch_for_step, compare_to_reference, make_opti
 from mpgpu_edu.trace import Event, Trace
 from mpgpu_edu.viz import plot_timelines_side_by_side
 
-__all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "plot_steps", "whose", "recipe_step", "run_demo",
-           "run_recipe", "run_scaling_study", "run_step", "run_training", "run_wrapped_demo",
-           "run_wrapped_step", "step_on_meta", "step_only", "train_wrapped", "wrap_ddp",
-           "wrapped_step_on_meta", "DDPWrapper"]
+__all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "plot_steps", "whose",
+           "recipe_step", "run_demo", "run_recipe", "run_scaling_study", "run_step",
+           "run_training", "run_wrapped_demo", "run_wrapped_step", "step_on_meta", "step_only",
+           "train_wrapped", "wrap_ddp", "wrapped_step_on_meta", "DDPWrapper"]
 
 Wrap = Callable[[Communicator, nn.Module, int], Any]  # exercise 3.5's wrap_ddp
 
@@ -294,50 +295,3 @@ def step_only(trace: Trace) -> Trace:
                     e.label, e.nbytes, e.flops, e.peer)
               for e in trace.events if e.end > start]
     return Trace(trace.n_devices, events, [], trace.source, dict(trace.meta))
-
-
-# ---- the package's DDP wrapper: the reference of exercise 3.5 ------------------------------
-
-class DDPWrapper:
-    """DDP as a wrapper around a replica, from ``dp.ddp``'s pieces: rank 0's parameters
-    broadcast once (``broadcast_parameters``), buckets in reverse parameter order
-    (``make_buckets``), and a hook per parameter that starts its bucket's all-reduce (mean)
-    on the comm stream the moment the bucket's last gradient is in. ``finish()`` waits for
-    every bucket and copies the means back into ``.grad``; call it after each backward.
-    Cost: as ``dp.ddp_step_overlapped``, plus the broadcast once."""
-
-    def __init__(self, comm: Communicator, module: nn.Module, bucket_cap_bytes: int) -> None:
-        self.comm, self.module = comm, module
-        broadcast_parameters(comm, module)
-        self.buckets = make_buckets(list(module.parameters()), bucket_cap_bytes)
-        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self.missing = [len(bucket) for bucket in self.buckets]
-        self.started: list[tuple[int, torch.Tensor, Any]] = []
-        self.hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                      for p in module.parameters()]
-
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.module(*inputs)
-
-    def _on_grad_ready(self, param: torch.Tensor) -> None:
-        i = self.bucket_of[id(param)]
-        self.missing[i] -= 1
-        if self.missing[i] == 0:
-            flat = flatten_grads(self.buckets[i])
-            self.started.append((i, flat, self.comm.run_async(all_reduce, self.comm, flat,
-                                                              "mean")))
-
-    def finish(self) -> None:
-        if len(self.started) != len(self.buckets):
-            raise RuntimeError(f"only {len(self.started)} of {len(self.buckets)} buckets got "
-                               "all their gradients: does every parameter take part?")
-        for i, flat, work in self.started:
-            work.wait()
-            unflatten_grads(flat, self.buckets[i])
-        self.started.clear()
-        self.missing = [len(bucket) for bucket in self.buckets]
-
-
-def wrap_ddp(comm: Communicator, module: nn.Module, bucket_cap_bytes: int) -> DDPWrapper:
-    """The reference of exercise 3.5: ``DDPWrapper(comm, module, bucket_cap_bytes)``."""
-    return DDPWrapper(comm, module, bucket_cap_bytes)

@@ -149,7 +149,7 @@ def compare_ddp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
                 timeout: float = 120.0) -> SideBySide:
     """Train ``make_mlp(sizes)`` for ``steps`` steps of ``batch`` samples on ``ranks`` gloo
     processes with ``wrap`` (exercise 3.5's ``wrap_ddp``, or ``mp.yours``'s choice; None:
-    the package's DDP wrapper, ``lessons.data_parallel.wrap_ddp``, made of ``dp.ddp``'s buckets and
+    the package's DDP wrapper, ``dp.wrapper.wrap_ddp``, made of ``dp.ddp``'s buckets and
     hooks) and with ``torch.nn.parallel.DistributedDataParallel``, and on one device.
     ``batch`` must split evenly over the ranks. Returns the losses and step times of all
     three (``SideBySide``: print it, ``.plot()`` it)."""
@@ -157,7 +157,7 @@ def compare_ddp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
                                                  optimizer, lr)
     label = "the package's DDP wrapper" if wrap is None else label_of(wrap)
     if wrap is None:
-        from mpgpu_edu.lessons.data_parallel import wrap_ddp as wrap
+        from mpgpu_edu.dp.wrapper import wrap_ddp as wrap
     run = launch(ddp_side_by_side, ranks, plain(wrap), model_fn, batches, optimizer, lr,
                  bucket_bytes, backend="gloo", timeout=timeout)
     return from_ranks(
