@@ -124,7 +124,7 @@ def demo_cluster(preset: str) -> Cluster:
 def interconnect(cluster: Cluster) -> str:
     """How the cluster's devices are linked, in one phrase: its links at their effective
     bandwidth, and what a copy from device 0 to device 1 shares with other copies."""
-    from mpgpu_edu.viz.devicemap import link_name
+    from mpgpu_edu.viz.devicebox import link_name
 
     links = sorted({(info.spec_name, info.beta_Bps) for info in cluster.topology.links()})
     text = "links: " + ", ".join(f"{link_name(name)} {beta / 1e9:g} GB/s" for name, beta in links)

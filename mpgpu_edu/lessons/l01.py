@@ -40,7 +40,7 @@ from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.data import Workload
 from mpgpu_edu.hardware import LINKS
 from mpgpu_edu.trace import Trace
-from mpgpu_edu.viz.devicemap import link_name
+from mpgpu_edu.viz.devicebox import link_name
 from mpgpu_edu.viz.palette import (FONT_SIZE, KIND_COLORS, OKABE_ITO, WARNING_COLOR, bytes_axis,
                                    format_bytes, format_seconds, new_figure, style,
                                    time_axis)

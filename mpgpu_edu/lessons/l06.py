@@ -212,7 +212,7 @@ def strategy_rows(setting: Setting) -> list[Row]:
 
 def describe_setting(setting: Setting) -> str:
     """The job in one paragraph: what every row of the table assumes."""
-    from mpgpu_edu.viz.devicemap import link_name
+    from mpgpu_edu.viz.devicebox import link_name
 
     cluster = Cluster.preset(setting.cluster)
     n, dp = cluster.world_size, setting.hybrid_dp
