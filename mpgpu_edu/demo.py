@@ -43,7 +43,8 @@ from mpgpu_edu.dp.scaling import scaling_study
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.pipeline.executor import pipeline_train_step
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
-from mpgpu_edu.pipeline.schedules import Schedule, gpipe, one_f_one_b
+from mpgpu_edu.pipeline.schedules import gpipe, one_f_one_b
+from mpgpu_edu.pipeline.steps import Schedule
 from mpgpu_edu.ps.sync import ps_step
 from mpgpu_edu.trace import Trace
 

@@ -52,7 +52,8 @@ from mpgpu_edu.estimate.costs import (ADAM_BYTES_PER_PARAM, BF16, layer_cost, mo
                                       output_ops, seconds_of)
 from mpgpu_edu.memory import activation_terms, estimate_memory, get_preset
 from mpgpu_edu.memory.models import layer_params, param_breakdown, spec_params
-from mpgpu_edu.pipeline.schedules import one_f_one_b, steps_of
+from mpgpu_edu.pipeline.measures import steps_of
+from mpgpu_edu.pipeline.schedules import one_f_one_b
 
 STRATEGIES = ("dp", "zero1", "zero3", "pipeline", "tensor")
 BUCKET_BYTES = 25 * 2**20

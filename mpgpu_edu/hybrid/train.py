@@ -32,7 +32,7 @@ from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, tra
 from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, pipeline_forward_backward
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
 from mpgpu_edu.pipeline.runner import Batches, OptimizerFactory, make_stage_optimizer
-from mpgpu_edu.pipeline.schedules import Schedule
+from mpgpu_edu.pipeline.steps import Schedule
 
 
 def all_reduce_gradients(comm: Communicator, module: nn.Module) -> None:

@@ -39,7 +39,8 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, Work, nbytes_of
-from mpgpu_edu.pipeline.schedules import Schedule, Step, consumer_of, producer_of, steps_of
+from mpgpu_edu.pipeline.measures import steps_of
+from mpgpu_edu.pipeline.steps import Schedule, Step, consumer_of, producer_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 StageSeconds = tuple[float, float]

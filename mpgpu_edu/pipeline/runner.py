@@ -28,7 +28,8 @@ from mpgpu_edu.data import make_batches, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, pipeline_train_step
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
-from mpgpu_edu.pipeline.schedules import Schedule, gpipe, naive, one_f_one_b
+from mpgpu_edu.pipeline.schedules import gpipe, naive, one_f_one_b
+from mpgpu_edu.pipeline.steps import Schedule
 from mpgpu_edu.reference import OPTIMIZERS, make_optimizer, train_single
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
