@@ -41,9 +41,8 @@ from torch import nn
 from mpgpu_edu.comm.base import Communicator
 from mpgpu_edu.comm.flops import FlopCount
 from mpgpu_edu.data import Batch, loss_fn
-from mpgpu_edu.dp.dataparallel import flat_params, load_flat_params
-from mpgpu_edu.dp.ddp import flatten_grads
 from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.replica.flat import flat_params, flatten_grads, grads_from_flat, load_flat_params
 from mpgpu_edu.trace import Event, Trace
 
 
@@ -227,10 +226,7 @@ def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[
 
 def apply_gradient(model: nn.Module, optimizer: torch.optim.Optimizer,
                    grad: torch.Tensor) -> None:
-    offset = 0
-    for p in model.parameters():
-        p.grad = grad[offset: offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+    grads_from_flat(list(model.parameters()), grad)
     optimizer.step()
 
 
