@@ -1,6 +1,6 @@
 """What both backends say and check about one message, before anything is posted: its
-arguments (``check_peer``, ``check_sources``) and its description in words (``describe``),
-used in deadlock and timeout reports."""
+arguments (``check_peer``, ``check_sources``) and its description in words (``describe``,
+``kind_of``), used in deadlock, mismatch and timeout reports."""
 
 from __future__ import annotations
 
@@ -38,3 +38,9 @@ def describe(op: str, tensor: torch.Tensor, peer: int, tag: int,
     tag_text = f"barrier round {tag - RESERVED_TAG}" if tag >= RESERVED_TAG else f"tag {tag}"
     return (f"{what}, {tag_text}, {nbytes_of(tensor)} bytes ({dtype} {list(tensor.shape)})"
             + (", on its comm stream" if on_stream else ""))
+
+
+def kind_of(t: torch.Tensor) -> str:
+    """``"meta float32 [4] (16 bytes)"``: what a message carries, in words."""
+    dtype = str(t.dtype).replace("torch.", "")
+    return f"{'meta ' if t.is_meta else ''}{dtype} {list(t.shape)} ({nbytes_of(t)} bytes)"

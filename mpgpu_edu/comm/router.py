@@ -20,7 +20,7 @@ from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.base import CommStats, nbytes_of
 from mpgpu_edu.comm.errors import Aborted, DeadlockError, MessageMismatchError, Pending
 from mpgpu_edu.comm.flops import FlopCount
-from mpgpu_edu.comm.message import describe
+from mpgpu_edu.comm.message import describe, kind_of
 from mpgpu_edu.comm.replay import time_so_far
 
 
@@ -233,8 +233,3 @@ class Router:
         except MessageMismatchError:
             return  # the router failed the launch: every rank stops
         request.result = src
-
-
-def kind_of(t: torch.Tensor) -> str:
-    dtype = str(t.dtype).replace("torch.", "")
-    return f"{'meta ' if t.is_meta else ''}{dtype} {list(t.shape)} ({nbytes_of(t)} bytes)"

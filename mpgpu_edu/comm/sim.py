@@ -27,8 +27,8 @@ from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.base import CommStats, Communicator, MemoryRecorder, Work
 from mpgpu_edu.comm.errors import Aborted
 from mpgpu_edu.comm.flops import FlopCount
-from mpgpu_edu.comm.message import check_peer, check_sources
-from mpgpu_edu.comm.router import Actor, AnyRequest, Posted, Router, kind_of
+from mpgpu_edu.comm.message import check_peer, check_sources, kind_of
+from mpgpu_edu.comm.router import Actor, AnyRequest, Posted, Router
 
 class _PostWork(Work):
     def __init__(self, comm: SimCommunicator, posted: Posted) -> None:
