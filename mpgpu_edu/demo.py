@@ -43,7 +43,8 @@ from mpgpu_edu.dp.scaling import scaling_study
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.pipeline.executor import pipeline_train_step
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
-from mpgpu_edu.pipeline.schedules import Schedule, gpipe, one_f_one_b
+from mpgpu_edu.pipeline.schedules import gpipe, one_f_one_b
+from mpgpu_edu.pipeline.steps import Schedule
 from mpgpu_edu.ps.sync import ps_step
 from mpgpu_edu.trace import Trace
 
@@ -124,7 +125,7 @@ def demo_cluster(preset: str) -> Cluster:
 def interconnect(cluster: Cluster) -> str:
     """How the cluster's devices are linked, in one phrase: its links at their effective
     bandwidth, and what a copy from device 0 to device 1 shares with other copies."""
-    from mpgpu_edu.viz.devicemap import link_name
+    from mpgpu_edu.viz.devicebox import link_name
 
     links = sorted({(info.spec_name, info.beta_Bps) for info in cluster.topology.links()})
     text = "links: " + ", ".join(f"{link_name(name)} {beta / 1e9:g} GB/s" for name, beta in links)

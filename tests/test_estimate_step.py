@@ -12,7 +12,7 @@ from mpgpu_edu.cli import main
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.estimate import StepSetup, simulate_step
 from mpgpu_edu.estimate.costs import BF16, layer_cost, layer_ops, model_flops, output_ops
-from mpgpu_edu.estimate.step import memory_per_device, plan_step
+from mpgpu_edu.estimate.plan import memory_per_device, plan_step
 from mpgpu_edu.memory import estimate_memory, get_preset
 from mpgpu_edu.memory.models import layer_params, spec_params
 

@@ -16,8 +16,8 @@ from mpgpu_edu.comm import RankError, launch
 from mpgpu_edu.data import make_batches, make_mlp
 from mpgpu_edu.pipeline import (ScheduleError, Step, from_order, gpipe, naive, one_f_one_b,
                                 partition_by_sizes, split_module, steps_of)
-from mpgpu_edu.pipeline.executor import (message_tag, pipeline_train_step, run_schedule,
-                                         split_batch, stage_inputs_like)
+from mpgpu_edu.pipeline.executor import message_tag, pipeline_train_step, run_schedule
+from mpgpu_edu.pipeline.microbatches import split_batch, stage_inputs_like
 from mpgpu_edu.pipeline.runner import (make_schedule, max_abs_diff, optimizer_factory, run_demo,
                                        train_pipeline)
 from mpgpu_edu.reference import train_single

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpgpu_edu.pipeline.schedules import ScheduleError, from_grid, gpipe, naive, one_f_one_b
+from mpgpu_edu.pipeline import ScheduleError, from_grid, gpipe, naive, one_f_one_b
 from mpgpu_edu.pipeline.timing import schedule_timeline, timed_bubble_fraction, timeline_trace
 
 BUILDERS = [gpipe, one_f_one_b]

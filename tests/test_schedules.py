@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mpgpu_edu.pipeline.schedules import (
+from mpgpu_edu.pipeline import (
     Schedule,
     ScheduleError,
     Step,

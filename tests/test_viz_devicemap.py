@@ -15,10 +15,11 @@ from mpgpu_edu.hybrid.mesh import Mesh  # noqa: E402
 from mpgpu_edu.pipeline.partition import LayerCost, partition_by_sizes  # noqa: E402
 from mpgpu_edu.trace import MemoryEvent, Trace  # noqa: E402
 from mpgpu_edu.viz import palette  # noqa: E402
+from mpgpu_edu.viz.devicebox import link_name, short_gpu_name  # noqa: E402
 from mpgpu_edu.viz.devicemap import (  # noqa: E402
-    format_count, link_name, mesh_coords, plot_device_map, plot_mesh, plot_visible_devices,
-    short_gpu_name,
+    format_count, plot_device_map, plot_visible_devices,
 )
+from mpgpu_edu.viz.mesh import mesh_coords, plot_mesh  # noqa: E402
 
 GIB = 2**30
 

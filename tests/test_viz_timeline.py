@@ -13,9 +13,9 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from mpgpu_edu.trace import CATEGORIES, KINDS, Event, Trace  # noqa: E402
 from mpgpu_edu.viz import palette  # noqa: E402
+from mpgpu_edu.viz.lanes import BAR_HEIGHT, MAX_LANES, assign_lanes, count_badge  # noqa: E402
 from mpgpu_edu.viz.timeline import (  # noqa: E402
-    BAR_HEIGHT, MAX_LANES, assign_lanes, count_badge, idle_gaps, plot_timeline,
-    plot_timelines_side_by_side,
+    idle_gaps, plot_timeline, plot_timelines_side_by_side,
 )
 
 MS = 1e-3

@@ -31,7 +31,7 @@ MAX_TOKENS_PER_STEP = 2**24  # per device and micro-batch x micro-batches: keeps
 
 
 def add_step_parser(what: argparse._SubParsersAction) -> None:
-    from mpgpu_edu.estimate.step import STRATEGIES
+    from mpgpu_edu.estimate import STRATEGIES
     from mpgpu_edu.memory.models import ATTENTIONS, PRESETS, RECOMPUTES
 
     p = what.add_parser("step", help="one training step of a model preset: time, MFU, memory",
@@ -81,7 +81,7 @@ def run_step(args: argparse.Namespace) -> int:
 
 def check_step_args(args: argparse.Namespace) -> dict:
     """Validate before simulating; returns ``StepSetup``'s arguments."""
-    from mpgpu_edu.estimate.step import STRATEGIES
+    from mpgpu_edu.estimate import STRATEGIES
     from mpgpu_edu.memory.models import ATTENTIONS, PRESETS, RECOMPUTES
 
     for value, known, flag in ((args.model, PRESETS, "--model"),

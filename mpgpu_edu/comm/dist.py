@@ -29,12 +29,13 @@ import torch.distributed as dist
 from mpgpu_edu.cluster.ledger import MemoryLedger
 from mpgpu_edu.comm.base import CommStats, Communicator, Work, nbytes_of
 from mpgpu_edu.comm.dist_work import (MAIN, STREAM, DistMemory, DistWork, JobWork, Lanes,
-                                      OpBoard, Stream, check_args, describe, device_capacity,
+                                      OpBoard, Stream, check_args, device_capacity,
                                       init_lanes, wait_first)
 from mpgpu_edu.comm.dist_errors import (MessageTimeoutError, NotPicklableError, PeerLostError,
                                        WorkerDiedError)
 from mpgpu_edu.comm.envelope import check_envelope, checking_from_env, empty_envelope, envelope
 from mpgpu_edu.comm.errors import Pending
+from mpgpu_edu.comm.message import check_sources, describe
 from mpgpu_edu.trace import Event
 
 __all__ = ["MAIN", "STREAM", "DistCommunicator", "Lanes", "MessageTimeoutError",
@@ -138,7 +139,7 @@ class DistCommunicator(Communicator):
     def _blocking(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
         self._check(op, tensor, peer, tag)
         start, group = self.now(), self._group()
-        with self.blocked(describe(op, tensor, peer, tag, self.lane), op, peer, tag):
+        with self.blocked(describe(op, tensor, peer, tag, self.lane == STREAM), op, peer, tag):
             if op == "send":
                 data = tensor.contiguous()
                 head = envelope(data) if self.checked else None
@@ -191,9 +192,7 @@ class DistCommunicator(Communicator):
         message on ``tag`` from *any* rank matches, so one from a rank outside ``sources``
         is an error here."""
         sources = list(sources)
-        if not sources or len(set(sources)) != len(sources):
-            raise ValueError(f"rank {self.rank}: recv_any needs a list of distinct source "
-                             f"ranks, got {sources}")
+        check_sources(self.rank, sources)
         for src in sources:
             self._check("recv", tensor, src, tag)
         start = self.now()

@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from mpgpu_edu.cluster.ledger import MemoryLedger
-from mpgpu_edu.comm.base import RESERVED_TAG, MemoryRecorder, Work, nbytes_of
+from mpgpu_edu.comm.base import MemoryRecorder, Work
 from mpgpu_edu.comm.envelope import check_envelope
+from mpgpu_edu.comm.message import check_peer, describe
 from mpgpu_edu.trace import MemoryEvent
 
 MAIN, STREAM = 0, 1  # lanes: the rank's program, and its communication stream
@@ -61,15 +62,6 @@ class OpBoard:
         return self.slots[lane]
 
 
-def describe(op: str, tensor: torch.Tensor, peer: int, tag: int, lane: int = MAIN) -> str:
-    """``"recv from rank 0, tag 0, 16 bytes (float32 [4])"``: a pending message, in words."""
-    what = f"send to rank {peer}" if op == "send" else f"recv from rank {peer}"
-    dtype = str(tensor.dtype).replace("torch.", "")
-    tag_text = f"barrier round {tag - RESERVED_TAG}" if tag >= RESERVED_TAG else f"tag {tag}"
-    return (f"{what}, {tag_text}, {nbytes_of(tensor)} bytes ({dtype} {list(tensor.shape)})"
-            + (", on its comm stream" if lane == STREAM else ""))
-
-
 class DistWork(Work):
     """An ``isend``/``irecv`` in flight; its event spans from the post to the end of ``wait``.
     ``works`` are torch's works in order (the envelope's first, when messages are checked);
@@ -107,7 +99,7 @@ class DistWork(Work):
         if self.done:
             return
         comm = self.comm
-        what = describe(self.op, self.tensor, self.peer, self.tag, self.lane)
+        what = describe(self.op, self.tensor, self.peer, self.tag, self.lane == STREAM)
         with comm.blocked("waiting for its " + what, self.op, self.peer, self.tag):
             if self.waiter is None:
                 for index, work in enumerate(self.works):
@@ -133,14 +125,7 @@ class DistWork(Work):
 def check_args(rank: int, world_size: int, device: torch.device, op: str,
            tensor: torch.Tensor, peer: int, tag: int) -> None:
     """The arguments of a send or receive, checked before anything is posted."""
-    if not 0 <= peer < world_size:
-        raise ValueError(f"rank {rank}: peer {peer} does not exist (world size "
-                         f"{world_size}, ranks 0..{world_size - 1})")
-    if peer == rank:
-        raise ValueError(f"rank {rank} tries to {op} to/from itself: a rank already "
-                         "has its own data, skip the message")
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{op} needs a torch.Tensor, got {type(tensor).__name__}")
+    check_peer(rank, world_size, op, tensor, peer)
     if tensor.is_meta:
         raise ValueError(f"{op} of a meta tensor: meta tensors hold no data, so they only "
                          "travel on the simulator (backend='sim')")
@@ -163,7 +148,7 @@ def wait_first(comm: Any, works: Sequence[Work]) -> int:
     for work in works:
         work.wait_in_background()
     with comm.blocked("waiting for the first of " + "; ".join(
-            describe(w.op, w.tensor, w.peer, w.tag, w.lane) for w in works)):
+            describe(w.op, w.tensor, w.peer, w.tag, w.lane == STREAM) for w in works)):
         while True:
             for index, work in enumerate(works):
                 if work.done or work.completed.is_set():

@@ -14,7 +14,8 @@ from mpgpu_edu.comm.errors import (Aborted, DeadlockError, LaunchTimeoutError,
                                    MessageMismatchError, RankError, UnmatchedMessageError)
 from mpgpu_edu.comm.replay import replay
 from mpgpu_edu.comm.result import LaunchResult, resolve_cluster
-from mpgpu_edu.comm.sim import Router, SimCommunicator, _StreamFailure
+from mpgpu_edu.comm.router import Router
+from mpgpu_edu.comm.sim import SimCommunicator, _StreamFailure
 
 DEFAULT_TIMEOUT_S = 60.0
 

@@ -18,6 +18,7 @@ Cost model:
     between two CPU sockets, a GPU's NVSwitch port, a NIC): every transfer crossing one gets
     a fair share of its bandwidth at every moment (max-min fair, "processor sharing"), so a
     newcomer slows the others down and a finished transfer speeds them up.
+  (``comm.network`` holds the transfers in flight and their fair shares.)
   A transfer moves its bytes at ``min(beta, its fair shares)`` and completes ``alpha`` after
   its last byte: alone on its route, ``end = start + alpha + bytes / beta``. On a route
   whose alpha is work rather than a wire's delay (``Route.alpha_holds`` names the resources
@@ -32,146 +33,12 @@ Cost model:
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mpgpu_edu.comm import ops
+from mpgpu_edu.comm.network import Network, Transfer
 from mpgpu_edu.trace import Event, MemoryEvent, Trace
-
-
-@dataclass(eq=False)
-class _Transfer:
-    send: ops.Post | None = None
-    recv: ops.Post | None = None
-    posted: list[float] = field(default_factory=list)
-    end: float | None = None
-    route: Any = None
-    start: float = 0.0
-    rate: float = 0.0
-    since: float = 0.0  # when ``rate`` was last set; ``left`` bytes remained then
-    left: float = 0.0
-    resources: tuple[str, ...] = ()  # what it holds now (its alpha's, then its route's)
-    shares: tuple[tuple[str, float], ...] = ()
-    in_alpha: bool = False
-
-    @property
-    def finish(self) -> float:
-        """When the last byte leaves, at the current rate."""
-        return self.since + self.left / self.rate if self.left else self.since
-
-
-class _Network:
-    """The transfers in flight: port queues (first come, first served) and shared caps (fair
-    share). ``now`` only moves forward; the replay advances it before each lane runs."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.queues: dict[str, list[_Transfer]] = {}
-        self.active: list[_Transfer] = []
-
-    def next_time(self) -> float:
-        """When the next transfer in flight sends its last byte (inf when none is)."""
-        return min((t.finish for t in self.active), default=float("inf"))
-
-    def add(self, t: _Transfer, route: Any, now: float) -> None:
-        """``t`` became ready at ``now`` (no earlier than the network's clock)."""
-        self._move_to(now)
-        t.route = route
-        if route.alpha_holds:
-            t.in_alpha, t.resources, t.shares = True, tuple(route.alpha_holds), ()
-        else:
-            t.resources, t.shares = tuple(route.resources), tuple(route.shares)
-        self._enqueue(t)
-        self._share()
-
-    def _enqueue(self, t: _Transfer) -> None:
-        for port in t.resources:
-            self.queues.setdefault(port, []).append(t)
-        if self._at_heads(t):
-            self._start(t)
-
-    def complete_due(self) -> list[_Transfer]:
-        """Advance to ``next_time()``; return the transfers whose last byte left then, and start
-        the ones that were queued behind them."""
-        self._move_to(self.next_time())
-        done = [t for t in self.active if t.finish <= self.now]
-        self.active = [t for t in self.active if t.finish > self.now]
-        freed = [(t, t.resources) for t in done]
-        finished = [t for t in done if not t.in_alpha]
-        for t in done:
-            for port in t.resources:
-                self.queues[port].pop(0)  # a transfer in flight heads each of its queues
-        for t in done:
-            if t.in_alpha:  # its alpha is paid: now it queues for its route's bytes
-                t.in_alpha, t.resources, t.shares = False, t.route.resources, t.route.shares
-                self._enqueue(t)
-        for _, ports in freed:
-            for port in ports:
-                waiting = self.queues[port]
-                if waiting and waiting[0] not in self.active and self._at_heads(waiting[0]):
-                    self._start(waiting[0])
-        self._share()
-        return finished
-
-    def _at_heads(self, t: _Transfer) -> bool:
-        return all(self.queues[port][0] is t for port in t.resources)
-
-    def _start(self, t: _Transfer) -> None:
-        if t.in_alpha or not t.route.alpha_holds:
-            t.start = self.now  # a transfer starts when it first holds anything
-        t.since = self.now
-        route = t.route
-        held = route.alpha_s * route.beta_Bps  # alpha as bytes at the route's rate
-        if t.in_alpha:
-            t.left = (1.0 - route.alpha_shared) * held
-        else:
-            t.left = float(t.send.nbytes) + (route.alpha_shared * held if route.alpha_holds
-                                             else 0.0)
-        t.rate = 0.0
-        self.active.append(t)
-
-    def _move_to(self, time: float) -> None:
-        self.now = max(self.now, time)  # bytes left are settled only when a rate changes
-
-    def _share(self) -> None:
-        """Max-min fair rates: raise every unfixed transfer's rate together until it meets its
-        own route's ``beta`` or fills a shared cap; fix those, repeat."""
-        rates = _fair_rates(self.active)
-        for t, rate in zip(self.active, rates):
-            if rate != t.rate:
-                if t.rate:
-                    t.left = max(0.0, t.left - (self.now - t.since) * t.rate)
-                t.since, t.rate = self.now, rate
-
-
-def _fair_rates(flows: list[_Transfer]) -> list[float]:
-    """Max-min fair (progressive filling) rates of ``flows`` over their shared caps: raise
-    every open flow's rate together to the next level at which one meets its route's ``beta``
-    or a cap it crosses is full (cap / its open users); fix those flows there; repeat."""
-    rates = [0.0] * len(flows)
-    caps = [tuple(name for name, _ in t.shares) for t in flows]
-    betas = [t.route.beta_Bps for t in flows]
-    room: dict[str, float] = {}
-    users: dict[str, int] = {}
-    for t, names in zip(flows, caps):
-        for name, cap in t.shares:
-            room[name] = cap
-            users[name] = users.get(name, 0) + 1
-    open_ = [i for i in range(len(flows))]
-    while open_:
-        shares = {name: room[name] / count for name, count in users.items() if count}
-        level = min(min(betas[i] for i in open_), min(shares.values(), default=float("inf")))
-        full = {name for name, share in shares.items() if share <= level}
-        fixed = [i for i in open_ if betas[i] <= level or any(n in full for n in caps[i])]
-        for i in fixed:
-            rates[i] = level
-            for name in caps[i]:
-                room[name] = max(0.0, room[name] - level)  # rounding never goes below 0
-                users[name] -= 1
-        done = set(fixed)
-        open_ = [i for i in open_ if i not in done]
-    return [float(r) for r in rates]
-
 
 @dataclass
 class _Lane:
@@ -189,10 +56,10 @@ class _Replay:
         self.lanes = {key: _Lane(key[0], key[1], list(o)) for key, o in op_lists.items()}
         self.heap = [(0.0, r, lane) for (r, lane) in self.lanes]
         heapq.heapify(self.heap)
-        self.transfers: dict[tuple, _Transfer] = {}
+        self.transfers: dict[tuple, Transfer] = {}
         self.handle_of: dict[int, tuple] = {}
         self.posted_at: dict[int, float] = {}
-        self.network = _Network()
+        self.network = Network()
         self.compute_free = [0.0] * n_devices
         self.submitted: dict[tuple[int, int], float] = {}
         self.finished: dict[tuple[int, int], float] = {}
@@ -292,7 +159,7 @@ class _Replay:
         return self.transfers[self.handle_of[handle]].end
 
     def _post(self, lane: _Lane, op: ops.Post) -> None:
-        t = self.transfers.setdefault(op.channel, _Transfer())
+        t = self.transfers.setdefault(op.channel, Transfer())
         self.handle_of[op.handle] = op.channel
         self.posted_at[op.handle] = lane.clock
         if op.op == "send":
@@ -303,10 +170,10 @@ class _Replay:
         if t.send is not None and t.recv is not None:
             self._schedule(t, max(t.posted))
 
-    def _schedule(self, t: _Transfer, ready: float) -> None:
+    def _schedule(self, t: Transfer, ready: float) -> None:
         self.network.add(t, self.cluster.route(t.send.src, t.send.dst), ready)
 
-    def _complete(self, t: _Transfer) -> None:
+    def _complete(self, t: Transfer) -> None:
         """``t`` sent its last byte at the network's clock; it completes ``alpha`` later."""
         src, dst, nbytes = t.send.src, t.send.dst, t.send.nbytes
         alpha = 0.0 if t.route.alpha_holds else t.route.alpha_s  # paid before, when it holds

@@ -31,20 +31,9 @@ from mpgpu_edu.data import Batch, loss_fn, shard
 from mpgpu_edu.memory.measure import (saved_activations, track_gradients, track_optimizer_state,
                                       track_parameters)
 from mpgpu_edu.reference import batch_for_step, make_optimizer, named_params
+from mpgpu_edu.replica.flat import flat_params, flatten_grads, load_flat_params, unflatten_grads
 
 MAIN = 0  # the device that runs the process: nn.DataParallel's output_device
-
-
-def flat_params(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def load_flat_params(model: nn.Module, flat: torch.Tensor) -> None:
-    with torch.no_grad():
-        offset = 0
-        for p in model.parameters():
-            p.copy_(flat[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
 
 
 def replicate(comm: Communicator, model: nn.Module) -> None:
@@ -117,21 +106,14 @@ def dataparallel_step(comm: Communicator, model: nn.Module,
         with comm.compute("backward"):
             out.backward(grad_out)
     acts.free()
-    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    flat = flatten_grads(model.parameters())
     reduce(comm, flat, root=MAIN, op="sum")
     if comm.rank == MAIN:
-        load_flat_grads(model, flat)
+        unflatten_grads(flat, model.parameters())
         with comm.compute("optimizer"):
             optimizer.step()
     model.zero_grad(set_to_none=False)
     return loss
-
-
-def load_flat_grads(model: nn.Module, flat: torch.Tensor) -> None:
-    offset = 0
-    for p in model.parameters():
-        p.grad.copy_(flat[offset: offset + p.numel()].view_as(p))
-        offset += p.numel()
 
 
 def train_dataparallel(comm: Communicator, model_fn: Callable[[], nn.Module],

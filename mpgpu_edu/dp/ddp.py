@@ -34,35 +34,16 @@ from torch import nn
 from mpgpu_edu.collectives import all_reduce, broadcast
 from mpgpu_edu.collectives.ring_fast import RingAllReduce
 from mpgpu_edu.comm.base import Communicator, Work, nbytes_of
-from mpgpu_edu.data import Batch, loss_fn, shard
-from mpgpu_edu.memory.measure import (saved_activations, track_gradients, track_optimizer_state,
-                                      track_parameters)
-from mpgpu_edu.reference import batch_for_step, make_optimizer, named_params
+from mpgpu_edu.data import Batch, shard
+from mpgpu_edu.memory.measure import track_gradients, track_parameters
+from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.replica.flat import flat_params, flatten_grads, load_flat_params, unflatten_grads
+from mpgpu_edu.replica.loop import forward_backward, optimizer_step, run_steps
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb=25
 FIRST_BUCKET_BYTES = 2**20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 StepFn = Callable[..., torch.Tensor]
-
-
-def forward_backward(comm: Communicator, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """Forward and backward of ``scale * loss`` on ``(x, y)``, timed and with its saved
-    activations recorded; returns the (unscaled, detached) loss."""
-    with saved_activations(comm, "activations") as acts:
-        with comm.compute("forward"):
-            loss = loss_fn(model(x), y)
-        with comm.compute("backward"):
-            (loss * scale).backward()
-    acts.free()
-    return loss.detach()
-
-
-def optimizer_step(comm: Communicator, optimizer: torch.optim.Optimizer) -> None:
-    """Apply the averaged gradients, then zero them (kept allocated, as DDP's buckets are)."""
-    with comm.compute("optimizer"):
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
 
 
 def local_forward_backward(comm: Communicator, model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -108,17 +89,14 @@ def make_buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list
     return buckets
 
 
-def flatten_grads(bucket: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The bucket's gradients, copied into one flat buffer."""
-    return torch.cat([p.grad.reshape(-1) for p in bucket])
-
-
-def unflatten_grads(flat: torch.Tensor, bucket: Sequence[torch.Tensor]) -> None:
-    """Copy the flat buffer back into the bucket's gradients."""
-    offset = 0
-    for p in bucket:
-        p.grad.copy_(flat[offset: offset + p.numel()].view_as(p.grad))
-        offset += p.numel()
+def all_reduce_buckets(comm: Communicator, model: nn.Module, bucket_bytes: int) -> None:
+    """After backward: the gradients in buckets (``make_buckets``), each copied into one flat
+    buffer, all-reduced (mean) and copied back."""
+    for bucket in make_buckets(list(model.parameters()), bucket_bytes):
+        flat = flatten_grads(bucket)
+        with comm.memory.hold("comm_buffers", nbytes_of(flat), "bucket"):
+            all_reduce(comm, flat, "mean")
+            unflatten_grads(flat, bucket)
 
 
 def ddp_step_bucketed(comm: Communicator, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -128,11 +106,7 @@ def ddp_step_bucketed(comm: Communicator, model: nn.Module, optimizer: torch.opt
     Cost: per bucket 2(N - 1) alpha + 2 (N - 1)/N S_bucket / beta: the latency is paid once
     per bucket instead of once per parameter; still after backward, never during it."""
     loss = local_forward_backward(comm, model, batch)
-    for bucket in make_buckets(list(model.parameters()), bucket_bytes):
-        flat = flatten_grads(bucket)
-        with comm.memory.hold("comm_buffers", nbytes_of(flat), "bucket"):
-            all_reduce(comm, flat, "mean")
-            unflatten_grads(flat, bucket)
+    all_reduce_buckets(comm, model, bucket_bytes)
     optimizer_step(comm, optimizer)
     return loss
 
@@ -278,24 +252,16 @@ def ddp_step_accumulated(comm: Communicator, model: nn.Module,
         (xj, yj), micro_share = shard((x, y), j, micro_steps, who="micro-batches")
         part = share * micro_share  # this micro-batch's share of the whole batch
         loss = loss + forward_backward(comm, model, xj, yj, part * comm.world_size) * part
-    for bucket in make_buckets(list(model.parameters()), bucket_bytes):
-        flat = flatten_grads(bucket)
-        with comm.memory.hold("comm_buffers", nbytes_of(flat), "bucket"):
-            all_reduce(comm, flat, "mean")
-            unflatten_grads(flat, bucket)
+    all_reduce_buckets(comm, model, bucket_bytes)
     optimizer_step(comm, optimizer)
     return loss
 
 
 def broadcast_parameters(comm: Communicator, model: nn.Module) -> None:
     """Make every replica start from rank 0's parameters (what DDP's constructor does)."""
-    with torch.no_grad():
-        flat = torch.cat([p.reshape(-1) for p in model.parameters()])
-        broadcast(comm, flat, root=0)
-        offset = 0
-        for p in model.parameters():
-            p.copy_(flat[offset: offset + p.numel()].view_as(p))
-            offset += p.numel()
+    flat = flat_params(model)
+    broadcast(comm, flat, root=0)
+    load_flat_params(model, flat)
 
 
 def train_ddp(comm: Communicator, step_fn: StepFn, model_fn: Callable[[], nn.Module],
@@ -313,13 +279,6 @@ def train_ddp(comm: Communicator, step_fn: StepFn, model_fn: Callable[[], nn.Mod
     opt = make_optimizer(optimizer, model.parameters(), lr)
     track_parameters(comm, model)
     track_gradients(comm, model)
-    state = None
-    losses = []
-    for step in range(steps):
-        x, y = batch_for_step(batches, step)
-        losses.append(step_fn(comm, model, opt, (x.to(comm.device), y.to(comm.device))))
-        if state is None:
-            state = track_optimizer_state(comm, opt)
-    total = torch.stack(losses) if losses else torch.zeros(0)
-    all_reduce(comm, total, "sum")
-    return {"params": named_params(model), "losses": total.tolist()}
+    losses = run_steps(comm, batches, steps,
+                       lambda batch: step_fn(comm, model, opt, batch), opt)
+    return {"params": named_params(model), "losses": losses}

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.nn.utils import parameters_to_vector
 
 from mpgpu_edu.collectives import all_gather, reduce_scatter
 from mpgpu_edu.comm.base import Communicator, Work, nbytes_of
@@ -62,7 +63,7 @@ class ShardedLayer:
 def flat_shard(params: list[torch.Tensor], rank: int, world_size: int) -> torch.Tensor:
     """Rank ``rank``'s shard of the parameters flattened into one vector, padded with zeros
     to a multiple of ``world_size`` (every shard the same length, as all-gather needs)."""
-    flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(0)
+    flat = parameters_to_vector(p.detach() for p in params) if params else torch.zeros(0)
     padded = torch.zeros(-(-flat.numel() // world_size) * world_size, dtype=flat.dtype)
     padded[: flat.numel()] = flat
     return torch.tensor_split(padded, world_size)[rank].clone()

@@ -11,7 +11,8 @@ from torch import nn
 
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator
-from mpgpu_edu.dp.ddp import broadcast_parameters, flatten_grads, make_buckets, unflatten_grads
+from mpgpu_edu.dp.ddp import broadcast_parameters, make_buckets
+from mpgpu_edu.replica.flat import flatten_grads, unflatten_grads
 
 
 class DDPWrapper:

@@ -18,7 +18,7 @@ from mpgpu_edu.explore.live import Explorer, dropdown, slider
 from mpgpu_edu.hardware import GPUS
 from mpgpu_edu.memory.estimate import OPTIMIZERS, PRECISIONS, STRATEGIES, estimate_memory, explain
 from mpgpu_edu.memory.models import PRESETS, spec_params
-from mpgpu_edu.viz.devicemap import short_gpu_name
+from mpgpu_edu.viz.devicebox import short_gpu_name
 from mpgpu_edu.viz.memory import plot_memory_bars
 from mpgpu_edu.viz.palette import format_bytes
 

@@ -17,7 +17,9 @@ from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.explore.live import Explorer, dropdown, percent, slider
-from mpgpu_edu.pipeline.schedules import Schedule, gpipe, naive, one_f_one_b, peak_activations
+from mpgpu_edu.pipeline.measures import peak_activations
+from mpgpu_edu.pipeline.schedules import gpipe, naive, one_f_one_b
+from mpgpu_edu.pipeline.steps import Schedule
 from mpgpu_edu.pipeline.timing import TimedStep, schedule_timeline, timeline_trace
 from mpgpu_edu.trace import MemoryEvent, Trace
 from mpgpu_edu.viz.memory import plot_memory_over_time

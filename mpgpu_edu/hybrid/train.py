@@ -28,11 +28,11 @@ from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator
 from mpgpu_edu.data import loss_fn as mse_loss
 from mpgpu_edu.hybrid.mesh import Mesh, MeshGroups, make_groups
-from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, pipeline_forward_backward
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
-from mpgpu_edu.pipeline.runner import Batches, OptimizerFactory, make_stage_optimizer
-from mpgpu_edu.pipeline.schedules import Schedule
+from mpgpu_edu.pipeline.runner import Batches, OptimizerFactory, stage_state, train_stage
+from mpgpu_edu.pipeline.steps import Schedule
+from mpgpu_edu.replica.flat import flatten_grads, unflatten_grads
 
 
 def all_reduce_gradients(comm: Communicator, module: nn.Module) -> None:
@@ -44,10 +44,9 @@ def all_reduce_gradients(comm: Communicator, module: nn.Module) -> None:
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = flatten_grads(params)
     all_reduce(comm, flat)
-    for p, chunk in zip(params, torch.split(flat, [p.numel() for p in params])):
-        p.grad.copy_(chunk.view_as(p))
+    unflatten_grads(flat, params)
 
 
 def hybrid_train_step(groups: MeshGroups, model_stages: Sequence[nn.Module],
@@ -89,17 +88,9 @@ def train_hybrid(comm: Communicator, mesh: Mesh, model: nn.Sequential, batches: 
     groups = make_groups(comm, mesh)
     stages = split_module(copy.deepcopy(model), placement or partition_balanced(model, mesh.pp))
     mine = stages[groups.pp_index].to(comm.device)
-    optimizer = make_stage_optimizer(mine, make_opt)
-    track_parameters(comm, mine)
-    track_gradients(comm, mine)
-    losses = []
-    for inputs, targets in batches:
-        inputs, targets = inputs.to(comm.device), targets.to(comm.device)
-        losses.append(hybrid_train_step(groups, stages, schedule, inputs, targets, optimizer,
-                                        loss_fn, stage_seconds=stage_seconds))
-        if len(losses) == 1 and optimizer is not None:  # state appears in the first step
-            track_optimizer_state(comm, optimizer)
+    losses = train_stage(comm, mine, make_opt, batches, lambda inputs, targets, optimizer:
+                         hybrid_train_step(groups, stages, schedule, inputs, targets, optimizer,
+                                           loss_fn, stage_seconds=stage_seconds))
     is_last = groups.pp_index == mesh.pp - 1
     return {"dp_index": groups.dp_index, "pp_index": groups.pp_index,
-            "losses": losses if is_last else None,
-            "state": {k: v.detach().cpu() for k, v in mine.state_dict().items()}}
+            "losses": losses if is_last else None, "state": stage_state(mine)}

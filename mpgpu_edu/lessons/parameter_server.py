@@ -33,8 +33,8 @@ from mpgpu_edu.cluster import Cluster, first_devices
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.comm.torch_threads import one_torch_thread
 from mpgpu_edu.data import Workload, shard
-from mpgpu_edu.dp.dataparallel import flat_params
-from mpgpu_edu.dp.ddp import flatten_grads, forward_backward
+from mpgpu_edu.replica.flat import flat_params, flatten_grads
+from mpgpu_edu.replica.loop import forward_backward
 from mpgpu_edu.ps.staleness import (demo_numel, mean_curve, run_async,  # noqa: F401 - for
                                     run_async_seeds, run_ssp, run_sync,  # the notebook
                                     smoothed, sync_with_stragglers, update_times)

@@ -2,8 +2,9 @@
 microbatches through them on a schedule.
 
 - ``partition``: which layers go on which stage (by hand, or balanced by parameters or FLOPs).
-- ``schedules``: naive, GPipe, 1F1B and interleaved 1F1B as values: grids of forward/backward
-  steps per tick.
+- ``steps``: a ``Step``, a ``Schedule`` (a grid of steps per tick) and their dependencies.
+- ``schedules``: the builders: naive, GPipe, 1F1B, interleaved 1F1B, from an order or a grid.
+- ``measures``: bubbles, peak activations, ``validate``.
 - ``timing``: the same schedules with real seconds per stage and per send.
 """
 
@@ -17,29 +18,33 @@ from mpgpu_edu.pipeline.partition import (
     partition_by_sizes,
     split_module,
 )
-from mpgpu_edu.pipeline.schedules import (
-    Schedule,
-    ScheduleError,
-    Step,
+from mpgpu_edu.pipeline.measures import (
     bubble_fraction,
     bubble_overhead,
-    consumer_of,
-    dependencies,
-    earliest_starts,
+    makespan_ticks,
+    peak_activations,
+    steps_of,
+    validate,
+)
+from mpgpu_edu.pipeline.schedules import (
     from_grid,
     from_order,
     gpipe,
     interleaved_1f1b,
-    makespan_ticks,
     naive,
     one_f_one_b,
-    peak_activations,
+)
+from mpgpu_edu.pipeline.steps import (
+    Schedule,
+    ScheduleError,
+    Step,
+    consumer_of,
+    dependencies,
+    earliest_starts,
     producer_of,
     recv_from,
     render,
     send_to,
-    steps_of,
-    validate,
 )
 from mpgpu_edu.pipeline.timing import (
     TimedStep,

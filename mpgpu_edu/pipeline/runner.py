@@ -28,7 +28,8 @@ from mpgpu_edu.data import make_batches, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, pipeline_train_step
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
-from mpgpu_edu.pipeline.schedules import Schedule, gpipe, naive, one_f_one_b
+from mpgpu_edu.pipeline.schedules import gpipe, naive, one_f_one_b
+from mpgpu_edu.pipeline.steps import Schedule
 from mpgpu_edu.reference import OPTIMIZERS, make_optimizer, train_single
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
@@ -68,6 +69,31 @@ def make_stage_optimizer(stage: nn.Module, make_opt: OptimizerFactory | None = N
     return (make_opt or optimizer_factory("sgd"))(stage.parameters())
 
 
+def train_stage(comm: Communicator, mine: nn.Module, make_opt: OptimizerFactory | None,
+                batches: Batches, step: Callable[[torch.Tensor, torch.Tensor,
+                                                  torch.optim.Optimizer | None], Any]
+                ) -> list[Any]:
+    """This rank's part of training: the optimizer of its stage ``mine``, its parameters and
+    gradients recorded in ``comm.memory``, then ``step(inputs, targets, optimizer)`` for each
+    batch (on ``comm.device``); the optimizer's state is recorded after the first step, when
+    it appears. Returns what each step returned (its loss, or None)."""
+    optimizer = make_stage_optimizer(mine, make_opt)
+    track_parameters(comm, mine)
+    track_gradients(comm, mine)
+    losses = []
+    for inputs, targets in batches:
+        inputs, targets = inputs.to(comm.device), targets.to(comm.device)
+        losses.append(step(inputs, targets, optimizer))
+        if len(losses) == 1 and optimizer is not None:  # state appears in the first step
+            track_optimizer_state(comm, optimizer)
+    return losses
+
+
+def stage_state(mine: nn.Module) -> dict[str, torch.Tensor]:
+    """The stage's ``state_dict`` on the CPU, with the model's own keys (``"2.weight"``)."""
+    return {k: v.detach().cpu() for k, v in mine.state_dict().items()}
+
+
 def train_pipeline(comm: Communicator, model: nn.Sequential, batches: Batches,
                    schedule: Schedule, placement: Placement | None = None,
                    make_opt: OptimizerFactory | None = None, loss_fn: LossFn = mse_loss,
@@ -82,19 +108,12 @@ def train_pipeline(comm: Communicator, model: nn.Sequential, batches: Batches,
     mine = nn.Sequential(OrderedDict(
         child for stage in stages[comm.rank::schedule.n_stages]
         for child in stage.named_children())).to(comm.device)
-    optimizer = make_stage_optimizer(mine, make_opt)
-    track_parameters(comm, mine)
-    track_gradients(comm, mine)
-    losses = []
-    for inputs, targets in batches:
-        inputs, targets = inputs.to(comm.device), targets.to(comm.device)
-        losses.append(pipeline_train_step(comm, stages, schedule, inputs, targets, optimizer,
-                                          loss_fn, stage_seconds=stage_seconds))
-        if len(losses) == 1 and optimizer is not None:  # state appears in the first step
-            track_optimizer_state(comm, optimizer)
+    losses = train_stage(comm, mine, make_opt, batches, lambda inputs, targets, optimizer:
+                         pipeline_train_step(comm, stages, schedule, inputs, targets, optimizer,
+                                             loss_fn, stage_seconds=stage_seconds))
     is_last = comm.rank == schedule.n_stages - 1
     return {"stage": comm.rank, "losses": losses if is_last else None,
-            "state": {k: v.detach().cpu() for k, v in mine.state_dict().items()}}
+            "state": stage_state(mine)}
 
 
 def max_abs_diff(state: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:

@@ -29,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mpgpu_edu.pipeline.schedules import Schedule, Step, earliest_starts, steps_of, validate
+from mpgpu_edu.pipeline.measures import steps_of, validate
+from mpgpu_edu.pipeline.steps import Schedule, Step, earliest_starts
 from mpgpu_edu.trace import Event, Trace
 
 Seconds = float | Sequence[float]

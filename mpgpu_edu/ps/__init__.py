@@ -3,7 +3,8 @@
 - ``sync``     one server (the last rank); every step waits for every worker
 - ``sharded``  K servers (the last K ranks), each owning 1/K of the parameters
 - ``async_``   no waiting, or bounded staleness (SSP: a fast worker waits, nothing is dropped):
-               an event simulation with real updates, and the SPMD ``ssp_program``
+               an event simulation with real updates
+- ``ssp``      the same bounded-staleness protocol as an SPMD program (``ssp_program``)
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import functools
 from typing import Any
 
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from mpgpu_edu.data import DEMO_BATCH, DEMO_LR, DEMO_SIZES, make_batches, make_mlp
-from mpgpu_edu.ps.async_ import AsyncResult, async_ps, ssp_program, sync_ps_step_seconds
+from mpgpu_edu.ps.async_ import AsyncResult, async_ps, sync_ps_step_seconds
 from mpgpu_edu.ps.sharded import ps_step_sharded, servers_of, train_ps_sharded
+from mpgpu_edu.ps.ssp import ssp_program
 from mpgpu_edu.ps.sync import check_ps_world, ps_step, server_step, train_ps, worker_step
 from mpgpu_edu.reference import compare_to_reference, train_single
 
@@ -75,7 +78,7 @@ def train_demo(comm: Any, steps: int = 5, optimizer: str = "sgd", n_servers: int
     params = result.get("params")
     if params is None:  # a server of the sharded PS: its shard against the same slice
         servers = servers_of(comm.world_size, n_servers)
-        flat = torch.cat([p.reshape(-1) for p in reference[0].values()])
+        flat = parameters_to_vector(reference[0].values())
         ref_shard = torch.tensor_split(flat, n_servers)[servers.index(comm.rank)]
         params, reference = {"shard": result["shard"]}, ({"shard": ref_shard}, reference[1])
     report = compare_to_reference("ps", backend, comm.world_size, optimizer, params,

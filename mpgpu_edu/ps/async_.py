@@ -1,5 +1,5 @@
 """Asynchronous parameter server with bounded staleness (SSP), as a deterministic event
-simulation; and the same protocol as an SPMD program on ``comm.recv_any`` (``ssp_program``).
+simulation (the same protocol as an SPMD program on ``comm.recv_any``: ``ps.ssp``).
 
 In a synchronous step every worker waits for the slowest. Asynchronously, nobody waits: each
 worker pulls the parameters, computes a gradient, pushes it, and the server applies it the
@@ -38,12 +38,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from mpgpu_edu.comm.base import Communicator
 from mpgpu_edu.comm.flops import FlopCount
 from mpgpu_edu.data import Batch, loss_fn
-from mpgpu_edu.dp.dataparallel import flat_params, load_flat_params
-from mpgpu_edu.dp.ddp import flatten_grads
 from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.replica.flat import flat_params, flatten_grads, grads_from_flat, load_flat_params
 from mpgpu_edu.trace import Event, Trace
 
 
@@ -227,10 +225,7 @@ def async_ps(cluster: Any, model_fn: Callable[[], nn.Module], batches: Sequence[
 
 def apply_gradient(model: nn.Module, optimizer: torch.optim.Optimizer,
                    grad: torch.Tensor) -> None:
-    offset = 0
-    for p in model.parameters():
-        p.grad = grad[offset: offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+    grads_from_flat(list(model.parameters()), grad)
     optimizer.step()
 
 
@@ -251,53 +246,3 @@ def sync_ps_step_seconds(cluster: Any, worker_seconds: Sequence[float], nbytes: 
     applied = max(arrived) + server_seconds
     return max(links.transfer(server, w, nbytes, applied, "parameters")
                for w in range(len(worker_seconds)))
-
-
-# ---- the same protocol as an SPMD program: the server takes whichever gradient comes first ----
-
-def ssp_program(comm: Communicator, worker_seconds: Sequence[float], numel: int, steps: int,
-                staleness_bound: int, lr: float = 0.1,
-                server_seconds: float | None = None) -> dict:
-    """SSP as SPMD: the last rank serves, worker ``w`` computes ``steps`` gradients (of the
-    quadratic ``0.5 |params - w|^2``, in ``worker_seconds[w]`` each), sends each and waits
-    for the parameters. The server applies every gradient the moment it arrives
-    (``comm.recv_any``) and sends the parameters back at once, unless that worker is more
-    than ``staleness_bound`` gradients ahead of the slowest: then it holds them back until
-    the slowest catches up. Nothing is dropped. Each update takes ``server_seconds`` on the
-    server (as in ``async_ps``); ``None`` lets the simulator time the update itself (its
-    bytes over memory bandwidth, plus a kernel launch).
-
-    Returns, on the server, ``{"workers", "staleness", "held", "held_by", "params"}`` (who
-    sent each applied gradient, its staleness, how many times a worker was held, and that
-    count per worker); ``{}`` on workers."""
-    server = comm.world_size - 1
-    params = torch.zeros(numel)
-    if comm.rank != server:
-        for step in range(steps):
-            with comm.compute("backward", f"gradient {step}", seconds=worker_seconds[comm.rank]):
-                grad = params - float(comm.rank)
-            comm.send(grad, server)
-            comm.recv(params, server)
-        return {}
-    workers = list(range(server))
-    clock, pulled, held = [0] * server, [0] * server, set()
-    log: dict = {"workers": [], "staleness": [], "held": 0, "held_by": [0] * server}
-    buffer = torch.empty(numel)
-    for version in range(steps * server):
-        src = comm.recv_any(buffer, [w for w in workers if clock[w] < steps and w not in held])
-        with comm.compute("optimizer", f"apply {version}", seconds=server_seconds):
-            params.sub_(buffer, alpha=lr)
-        clock[src] += 1
-        log["workers"].append(src)
-        log["staleness"].append(version - pulled[src])
-        held.add(src)
-        for w in sorted(held):  # src, and any held worker the slowest now lets go
-            if clock[w] - min(clock) <= staleness_bound:
-                held.discard(w)
-                pulled[w] = version + 1
-                comm.send(params, w)
-            elif w == src:
-                log["held"] += 1
-                log["held_by"][w] += 1
-    log["params"] = params
-    return log

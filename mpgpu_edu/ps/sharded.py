@@ -20,15 +20,13 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm.base import Communicator, nbytes_of
 from mpgpu_edu.data import Batch, shard
-from mpgpu_edu.dp.dataparallel import flat_params, load_flat_params
-from mpgpu_edu.dp.ddp import flatten_grads, forward_backward
-from mpgpu_edu.memory.measure import (Tracked, track_gradients, track_optimizer_state,
-                                      track_parameters)
+from mpgpu_edu.memory.measure import Tracked, track_gradients, track_parameters
 from mpgpu_edu.ps.sync import check_ps_world
-from mpgpu_edu.reference import batch_for_step, make_optimizer, named_params
+from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.replica.flat import flat_params, flatten_grads, load_flat_params
+from mpgpu_edu.replica.loop import forward_backward, run_steps
 
 
 def servers_of(world_size: int, n_servers: int) -> list[int]:
@@ -107,16 +105,8 @@ def train_ps_sharded(comm: Communicator, model_fn: Callable[[], nn.Module],
         state = model
         track_parameters(comm, model)
         track_gradients(comm, model)
-    tracked: Tracked | None = None
-    losses = []
-    for step in range(steps):
-        x, y = batch_for_step(batches, step)
-        batch = (x.to(comm.device), y.to(comm.device))
-        losses.append(ps_step_sharded(comm, state, opt, batch, n_servers))
-        if opt is not None and tracked is None:
-            tracked = track_optimizer_state(comm, opt)
-    total = torch.stack(losses) if losses else torch.zeros(0)
-    all_reduce(comm, total, "sum")
+    losses = run_steps(comm, batches, steps,
+                       lambda batch: ps_step_sharded(comm, state, opt, batch, n_servers), opt)
     if comm.rank in servers:
-        return {"shard": state.detach().clone(), "losses": total.tolist()}
-    return {"params": named_params(state), "losses": total.tolist()}
+        return {"shard": state.detach().clone(), "losses": losses}
+    return {"params": named_params(state), "losses": losses}

@@ -27,14 +27,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm.base import Communicator
 from mpgpu_edu.data import Batch, shard
-from mpgpu_edu.dp.dataparallel import flat_params, load_flat_params
-from mpgpu_edu.dp.ddp import flatten_grads, forward_backward
-from mpgpu_edu.memory.measure import (Tracked, track_gradients, track_optimizer_state,
-                                      track_parameters)
-from mpgpu_edu.reference import batch_for_step, make_optimizer, named_params
+from mpgpu_edu.memory.measure import track_gradients, track_parameters
+from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.replica.flat import flat_params, flatten_grads, grads_from_flat, load_flat_params
+from mpgpu_edu.replica.loop import forward_backward, run_steps
 
 
 def check_ps_world(world_size: int, n_servers: int = 1) -> None:
@@ -67,11 +65,7 @@ def server_step(comm: Communicator, model: nn.Module,
     for work in works:
         work.wait()
     with comm.compute("optimizer", "sum and step"):
-        total = torch.stack(buffers).sum(dim=0)
-        offset = 0
-        for p in params:
-            p.grad = total[offset: offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+        grads_from_flat(params, torch.stack(buffers).sum(dim=0))
         optimizer.step()
     fresh = flat_params(model)
     sends = [comm.isend(fresh, w) for w in workers]
@@ -114,13 +108,5 @@ def train_ps(comm: Communicator, model_fn: Callable[[], nn.Module], batches: Seq
     opt = make_optimizer(optimizer, model.parameters(), lr) if comm.rank == server else None
     track_parameters(comm, model)
     track_gradients(comm, model)
-    state: Tracked | None = None
-    losses = []
-    for step in range(steps):
-        x, y = batch_for_step(batches, step)
-        losses.append(ps_step(comm, model, opt, (x.to(comm.device), y.to(comm.device))))
-        if opt is not None and state is None:
-            state = track_optimizer_state(comm, opt)
-    total = torch.stack(losses) if losses else torch.zeros(0)
-    all_reduce(comm, total, "sum")
-    return {"params": named_params(model), "losses": total.tolist()}
+    losses = run_steps(comm, batches, steps, lambda batch: ps_step(comm, model, opt, batch), opt)
+    return {"params": named_params(model), "losses": losses}

@@ -1,7 +1,8 @@
 """Tensor (intra-layer) parallelism: one layer's weight split across ranks.
 
-- ``layers``: Megatron's f and g as autograd functions on our collectives, and the layers
-  built from them: ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP`` (column
+- ``mappings``: Megatron's f and g as autograd functions on our collectives, and how a
+  dimension is split over ranks.
+- ``layers``: the layers built from them: ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP`` (column
   then row), ``naive_parallel_mlp`` and the seed's ``ColumnParallelConv2d`` (64 channels as
   4 ranks x 16).
 - ``megatron``: ``megatron_mlp``, the same block as one function of the ranks' shards
@@ -15,9 +16,11 @@ from mpgpu_edu.tensor.layers import (
     ColumnParallelLinear,
     ParallelMLP,
     RowParallelLinear,
+    naive_parallel_mlp,
+)
+from mpgpu_edu.tensor.mappings import (
     copy_to_parallel,
     gather_from_parallel,
-    naive_parallel_mlp,
     reduce_from_parallel,
     scatter_to_parallel,
     shard,

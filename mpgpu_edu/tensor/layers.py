@@ -33,119 +33,14 @@ threads that share one generator).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mpgpu_edu.collectives import all_gather, all_reduce
 from mpgpu_edu.comm import Communicator
-
-
-def shard_sizes(n: int, world_size: int) -> list[int]:
-    """Features per rank when ``n`` are split over ``world_size`` ranks (tensor_split's)."""
-    return [n // world_size + (1 if r < n % world_size else 0) for r in range(world_size)]
-
-
-def shard(tensor: torch.Tensor, comm: Communicator, dim: int) -> torch.Tensor:
-    """This rank's slice of ``tensor`` along ``dim`` (a copy)."""
-    return torch.tensor_split(tensor, comm.world_size, dim)[comm.rank].clone()
-
-
-# ---- the communication, as autograd functions ----------------------------------------------
-
-class _CopyToParallel(torch.autograd.Function):
-    """Megatron's f: identity forward; all-reduce (sum) of the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Communicator) -> torch.Tensor:  # noqa: ANN001
-        ctx.comm = comm
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN001
-        grad = grad.contiguous().clone()
-        all_reduce(ctx.comm, grad)
-        return grad, None
-
-
-class _ReduceFromParallel(torch.autograd.Function):
-    """Megatron's g: all-reduce (sum) forward; identity backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Communicator) -> torch.Tensor:  # noqa: ANN001
-        out = x.contiguous().clone()
-        all_reduce(comm, out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # noqa: ANN001
-        return grad, None
-
-
-class _GatherFromParallel(torch.autograd.Function):
-    """All-gather slices along ``dim`` forward; keep this rank's slice of the gradient
-    backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Communicator, dim: int,  # noqa: ANN001
-                sizes: list[int]) -> torch.Tensor:
-        ctx.comm, ctx.dim, ctx.sizes = comm, dim, sizes
-        longest = max(sizes)
-        if x.shape[dim] < longest:  # all_gather moves equal shapes: pad, then trim
-            pad = list(x.shape)
-            pad[dim] = longest - x.shape[dim]
-            x = torch.cat([x, x.new_zeros(pad)], dim)
-        pieces = all_gather(comm, x.contiguous())
-        return torch.cat([p.narrow(dim, 0, n) for p, n in zip(pieces, sizes)], dim)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
-        start = sum(ctx.sizes[:ctx.comm.rank])
-        mine = grad.narrow(ctx.dim, start, ctx.sizes[ctx.comm.rank]).contiguous()
-        return mine, None, None, None
-
-
-class _ScatterToParallel(torch.autograd.Function):
-    """Keep this rank's slice along ``dim`` forward; all-gather the gradient backward."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Communicator, dim: int) -> torch.Tensor:  # noqa
-        ctx.comm, ctx.dim = comm, dim
-        ctx.sizes = shard_sizes(x.shape[dim], comm.world_size)
-        return shard(x, comm, dim)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # noqa: ANN001
-        return _GatherFromParallel.apply(grad, ctx.comm, ctx.dim, ctx.sizes), None, None
-
-
-def copy_to_parallel(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
-    """Megatron's f: ``x`` unchanged; backward, the gradients of all ranks summed.
-    Cost: backward, one all-reduce of ``x``'s size."""
-    return _CopyToParallel.apply(x, comm)
-
-
-def reduce_from_parallel(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
-    """Megatron's g: the sum of ``x`` over all ranks; backward, the gradient unchanged.
-    Cost: forward, one all-reduce of ``x``'s size."""
-    return _ReduceFromParallel.apply(x, comm)
-
-
-def gather_from_parallel(x: torch.Tensor, comm: Communicator, dim: int = -1,
-                         sizes: Sequence[int] | None = None) -> torch.Tensor:
-    """Every rank's slice of ``x``, concatenated along ``dim`` in rank order. ``sizes`` are the
-    slices' lengths (default: all equal to this rank's). Backward: this rank's slice of the
-    gradient. Cost: forward, one all-gather (each rank receives N - 1 slices)."""
-    sizes = list(sizes) if sizes is not None else [x.shape[dim]] * comm.world_size
-    return _GatherFromParallel.apply(x, comm, dim % x.dim(), sizes)
-
-
-def scatter_to_parallel(x: torch.Tensor, comm: Communicator, dim: int = -1) -> torch.Tensor:
-    """This rank's slice of ``x`` along ``dim`` (tensor_split's); backward, the gradient's
-    slices gathered. Cost: backward, one all-gather."""
-    return _ScatterToParallel.apply(x, comm, dim % x.dim())
+from mpgpu_edu.tensor.mappings import (copy_to_parallel, gather_from_parallel,
+                                       reduce_from_parallel, scatter_to_parallel, shard,
+                                       shard_sizes)
 
 
 # ---- the layers ---------------------------------------------------------------------------------
@@ -173,10 +68,7 @@ class ColumnParallelLinear(nn.Module):
     def from_linear(cls, comm: Communicator, linear: nn.Linear,
                     gather_output: bool = False) -> ColumnParallelLinear:
         """This rank's shard of ``linear``: the same layer, split."""
-        layer = cls(comm, linear.in_features, linear.out_features, linear.bias is not None,
-                    gather_output)
-        _load_shards(layer, linear, comm, dim=0, split_bias=True)
-        return layer
+        return _split_linear(cls, comm, linear, gather_output, dim=0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(copy_to_parallel(x, self.comm), self.weight, self.bias)  # (..., out / N)
@@ -208,10 +100,7 @@ class RowParallelLinear(nn.Module):
     def from_linear(cls, comm: Communicator, linear: nn.Linear,
                     input_is_parallel: bool = True) -> RowParallelLinear:
         """This rank's shard of ``linear``: the same layer, split."""
-        layer = cls(comm, linear.in_features, linear.out_features, linear.bias is not None,
-                    input_is_parallel)
-        _load_shards(layer, linear, comm, dim=1, split_bias=False)
-        return layer
+        return _split_linear(cls, comm, linear, input_is_parallel, dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
@@ -293,6 +182,15 @@ class ColumnParallelConv2d(nn.Module):
         x = copy_to_parallel(x, self.comm)  # (B, C_in, H, W)
         y = F.conv2d(x, self.weight, self.bias, self.stride, self.padding)  # (B, C_out/N, ..)
         return gather_from_parallel(y, self.comm, 1, self.sizes)  # (B, C_out, H', W')
+
+
+def _split_linear(cls: type, comm: Communicator, linear: nn.Linear, option: bool,
+                  dim: int) -> nn.Module:
+    """``cls`` (column parallel: ``dim`` 0, row parallel: 1) holding this rank's slices of
+    ``linear``; the bias is split with the rows, whole with the columns."""
+    layer = cls(comm, linear.in_features, linear.out_features, linear.bias is not None, option)
+    _load_shards(layer, linear, comm, dim=dim, split_bias=dim == 0)
+    return layer
 
 
 def _load_shards(layer: nn.Module, full: nn.Module, comm: Communicator, dim: int,

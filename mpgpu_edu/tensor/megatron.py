@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 
 from mpgpu_edu.comm import Communicator
-from mpgpu_edu.tensor.layers import copy_to_parallel, reduce_from_parallel
+from mpgpu_edu.tensor.mappings import copy_to_parallel, reduce_from_parallel
 
 
 def megatron_mlp(comm: Communicator, x: torch.Tensor, w1_shard: torch.Tensor,

@@ -28,7 +28,8 @@ __all__ = [
 ]
 
 # Device maps: where each piece lives, what wires the devices, what CUDA_VISIBLE_DEVICES shows.
-from mpgpu_edu.viz.devicemap import plot_device_map, plot_mesh, plot_visible_devices  # noqa: E402
+from mpgpu_edu.viz.devicemap import plot_device_map, plot_visible_devices  # noqa: E402
+from mpgpu_edu.viz.mesh import plot_mesh  # noqa: E402
 
 __all__ += ["plot_device_map", "plot_mesh", "plot_visible_devices"]
 

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
 from mpgpu_edu.cluster import Cluster, parse_visible
-from mpgpu_edu.viz.devicemap import link_name, short_gpu_name
+from mpgpu_edu.viz.devicebox import link_name, short_gpu_name
 from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO, WARNING_COLOR, new_figure
 
 GPU_FACE, GPU_EDGE = "#EAF4FB", "#555555"
