@@ -209,7 +209,7 @@ STRING_NUMERIC = {"bytes": "size", "params": "size", "activations": "size",
 NOT_NUMERIC = {"algo", "algos", "attention", "backend", "cluster", "csv", "exercises", "gpu",
                "html", "impl", "model", "optimizer", "out", "precision", "recompute", "schedule",
                "solutions", "strategy", "submissions", "timeline", "variant", "visible",
-               "backups"}
+               "backups", "json_file"}
 # Where 0 is a legitimate value (no option takes a negative one: every count, size, time and
 # id is >= 0): free compute shows the communication alone; a 0-byte ping-pong measures alpha
 # alone, as a 0-byte all-reduce shows the latency term alone; no activations is the default of

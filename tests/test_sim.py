@@ -401,3 +401,27 @@ def test_waiting_twice_on_a_work_returns_at_once() -> None:
         return first, again
 
     assert launch(program, 2).results == [(0, 0), (10, 10)]
+
+
+def test_wait_returns_after_the_jobs_trailing_work() -> None:
+    """A comm-stream job whose last act is arithmetic (a reduce-scatter's final adds): its
+    work is part of the job, so ``wait`` returns after it, not at its last message."""
+    def program(comm):
+        x, y = torch.ones(4_000_000), torch.zeros(1)
+
+        def job():
+            if comm.rank == 0:
+                comm.send(y, 1)
+            else:
+                comm.recv(y, 0)
+            return (x * 2 + 1).sum()  # counted as elementwise work on the comm stream
+
+        comm.run_async(job).wait()
+        with comm.compute("compute", "after"):
+            (x + 1).sum()
+
+    trace = launch(program, Cluster.preset("8xA100-nvlink", visible="0,1")).trace
+    for device in range(2):
+        adds = [e for e in trace.on(device, "comm") if e.kind == "compute"]
+        after = next(e for e in trace.on(device, "compute") if e.label == "after")
+        assert adds and after.start >= max(e.end for e in adds) - 1e-12

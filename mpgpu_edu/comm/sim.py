@@ -274,7 +274,8 @@ class SimCommunicator(Communicator):
                     job, fn, args = stream.jobs.popleft()
                 actor.ops.append(ops.JobStart(job))
                 result = fn(*args)
-                actor.ops.append(ops.JobEnd(job))
+                self.flush_region(actor)  # the job's trailing work (a reduction's last adds)
+                actor.ops.append(ops.JobEnd(job))  # is part of it: wait() returns after it
                 with self.router.cond:
                     stream.results[job] = result
                     self.router.cond.notify_all()
