@@ -4,7 +4,7 @@
     python benchmarks/allreduce_vs_torch.py --world-size 2,4 --runs 3 \
         --algos ring,ring_reused,ring_fast_unsegmented,ring_fast --results benchmarks/RESULTS.md
 
-A thin wrapper around ``mpgpu_edu.bench.bench_allreduce`` (the same as ``mpgpu-edu bench
+A thin wrapper around ``mpgpu_edu.measure.bench.bench_allreduce`` (the same as ``mpgpu-edu bench
 allreduce``): for every world size, ``--runs K`` whole benches one after another, each
 printed as a table. Within a run, ours and torch's alternate (order rotated every repeat)
 and each run reports, per size, the median over repeats of ours / torch's in the same
@@ -28,9 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from mpgpu_edu.bench import (DEFAULT_REPEATS, QUICK_REPEATS, QUICK_SIZES,  # noqa: E402
+from mpgpu_edu.measure.bench import (DEFAULT_REPEATS, QUICK_REPEATS, QUICK_SIZES,  # noqa: E402
                              bench_allreduce, size_label, table)
-from mpgpu_edu.recording import MAX_LOAD_PER_CORE, load_before, replace_section  # noqa: E402
+from mpgpu_edu.measure.recording import (MAX_LOAD_PER_CORE, load_before,  # noqa: E402
+                                         replace_section)
 from mpgpu_edu.cli.bench import DEFAULT_SIZES, parse_algos, parse_sizes  # noqa: E402
 
 MARKER = "<!-- allreduce_vs_torch runs -->"

@@ -3,10 +3,10 @@
     python benchmarks/calibrate_vs_measured.py --quick        # runs end to end? (seconds)
     python benchmarks/calibrate_vs_measured.py --runs 3 --results benchmarks/RESULTS.md
 
-Each run is one whole ``calibrate`` (``mpgpu_edu.calibrate``): ping-pong, exchanges and adds
-fit a CPU profile, and in the same job our rings and torch.distributed's all-reduce are timed;
-the profile is then loaded as a simulated cluster and both rings are simulated on it. Per
-size, the error (simulated - measured) / measured of each run, and over runs the median of
+Each run is one whole ``calibrate`` (``mpgpu_edu.measure.calibrate``): ping-pong, exchanges and
+adds fit a CPU profile, and in the same job our rings and torch.distributed's all-reduce are
+timed; the profile is then loaded as a simulated cluster and both rings are simulated on it.
+Per size, the error (simulated - measured) / measured of each run, and over runs the median of
 the runs' errors (min-max). ``ring`` is the readable ``all_reduce_ring``; ``fast`` is
 ``RingAllReduce``, the one DDP uses.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from mpgpu_edu.bench import size_label  # noqa: E402
-from mpgpu_edu.recording import MAX_LOAD_PER_CORE, load_before, record  # noqa: E402
+from mpgpu_edu.measure.bench import size_label  # noqa: E402
+from mpgpu_edu.measure.recording import MAX_LOAD_PER_CORE, load_before, record  # noqa: E402
 
 MARKER = "<!-- calibrate_vs_measured -->"
 QUICK_SIZES = [2**12, 2**22]
@@ -36,8 +36,8 @@ QUICK_SIZES = [2**12, 2**22]
 
 def run_once(world_size: int, repeats: int, sizes: list[int] | None) -> dict:
     """One calibration and its comparison (``compare``'s dict, with the profile's load)."""
-    from mpgpu_edu.calibrate import ALLREDUCE_SIZES, DEFAULT_SIZES, calibrate, compare
-    from mpgpu_edu.calibrated import load_calibrated, save_profile
+    from mpgpu_edu.measure.calibrate import ALLREDUCE_SIZES, DEFAULT_SIZES, calibrate, compare
+    from mpgpu_edu.measure.calibrated import load_calibrated, save_profile
 
     ping = DEFAULT_SIZES if sizes is None else [0, *sizes]
     profile = calibrate(world_size, ping, repeats, "gloo", sizes or ALLREDUCE_SIZES)

@@ -32,9 +32,10 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from mpgpu_edu.recording import MAX_LOAD_PER_CORE, load_before, replace_section  # noqa: E402
+from mpgpu_edu.measure.recording import (MAX_LOAD_PER_CORE, load_before,  # noqa: E402
+                                         replace_section)
 from mpgpu_edu.comm import launch  # noqa: E402
-from mpgpu_edu.data import loss_fn, make_batch, make_mlp, shard  # noqa: E402
+from mpgpu_edu.replica.data import loss_fn, make_batch, make_mlp, shard  # noqa: E402
 from mpgpu_edu.dp.ddp import DEFAULT_BUCKET_BYTES, ddp_step_overlapped  # noqa: E402
 
 MARKER = "<!-- ddp_vs_torch -->"

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
-from mpgpu_edu.recording import MAX_LOAD_PER_CORE, load_before, record  # noqa: E402
+from mpgpu_edu.measure.recording import MAX_LOAD_PER_CORE, load_before, record  # noqa: E402
 
 MARKER = "<!-- first_check -->"
 KERNEL = """

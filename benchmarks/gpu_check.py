@@ -40,24 +40,24 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from mpgpu_edu.recording import replace_section  # noqa: E402
+from mpgpu_edu.measure.recording import replace_section  # noqa: E402
 from mpgpu_edu.cluster import Cluster  # noqa: E402
 from mpgpu_edu.comm import launch  # noqa: E402
-from mpgpu_edu.data import loss_fn, make_batch, make_mlp  # noqa: E402
-from mpgpu_edu.hardware import GPUS  # noqa: E402
+from mpgpu_edu.replica.data import loss_fn, make_batch, make_mlp  # noqa: E402
+from mpgpu_edu.cluster.hardware import GPUS  # noqa: E402
 from mpgpu_edu.memory import estimate_memory  # noqa: E402
 from mpgpu_edu.memory.measure import (saved_activations, track_gradients,  # noqa: E402
                                       track_optimizer_state, track_parameters)
 
 MARKER = "<!-- gpu_check -->"
-# (substring of torch.cuda.get_device_name, profile in mpgpu_edu.hardware, cluster preset).
+# (substring of torch.cuda.get_device_name, profile in mpgpu_edu.cluster.hardware, cluster preset).
 # An H200 is an H100's chip (the same dense peaks) with more and faster memory.
 PROFILE_BY_NAME = (("H200", "H100-SXM-80GB", "8xH100-nvswitch"),
                    ("H100", "H100-SXM-80GB", "8xH100-nvswitch"),
                    ("A100", "A100-80GB", "8xA100-nvlink"),
                    ("4090", "RTX4090-24GB", "8xRTX4090-pcie"))
 DEFAULT_PROFILE = ("H100-SXM-80GB", "8xH100-nvswitch")
-# Memory bandwidth (bytes/s) from the spec sheets; mpgpu_edu.hardware has no such field.
+# Memory bandwidth (bytes/s) from the spec sheets; mpgpu_edu.cluster.hardware has no such field.
 BANDWIDTH_BY_NAME = (("H200", 4.8e12, "NVIDIA H200 datasheet: 4.8 TB/s HBM3e"),
                      ("H100", 3.35e12, "NVIDIA H100 datasheet, SXM: 3.35 TB/s HBM3"),
                      ("A100", 2.039e12, "NVIDIA A100 datasheet, 80GB SXM: 2,039 GB/s"),
@@ -207,7 +207,7 @@ def multi_gpu(backend: str, world_size: int, preset: str, numel: int, repeats: i
     ``preset`` (its first ``world_size`` devices). A part that fails reports its error."""
     import gpu_check  # workers import this script by module name, not as __main__
 
-    from mpgpu_edu.runners import run_strategy
+    from mpgpu_edu.cli.runners import run_strategy
 
     cluster = Cluster.preset(preset, visible=",".join(map(str, range(world_size))))
     out: dict[str, Any] = {"backend": backend, "world_size": world_size, "preset": preset}

@@ -21,7 +21,7 @@ _EXPORTS = {
     "Cluster": "mpgpu_edu.cluster:Cluster",
     "launch": "mpgpu_edu.comm:launch",
     "LaunchResult": "mpgpu_edu.comm:LaunchResult",
-    "Trace": "mpgpu_edu.trace:Trace",
+    "Trace": "mpgpu_edu.cluster.trace:Trace",
     "DeadlockError": "mpgpu_edu.comm:DeadlockError",
     "RankError": "mpgpu_edu.comm:RankError",
     "show_timeline": "mpgpu_edu.viz.timeline:plot_timeline",

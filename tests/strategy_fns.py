@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from mpgpu_edu.comm.base import Communicator
-from mpgpu_edu.data import make_mlp
+from mpgpu_edu.replica.data import make_mlp
 from mpgpu_edu.dp.ddp import ddp_step, ddp_step_bucketed, ddp_step_overlapped, train_ddp
 
 SIZES = (8, 16, 16, 2)

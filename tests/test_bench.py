@@ -1,5 +1,5 @@
-"""``mpgpu_edu.bench`` and ``mpgpu-edu bench allreduce``: the statistics, the refinements of
-the ring, the report, and one-line errors."""
+"""``mpgpu_edu.measure.bench`` and ``mpgpu-edu bench allreduce``: the statistics, the
+refinements of the ring, the report, and one-line errors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mpgpu_edu import bench, recording
+from mpgpu_edu.measure import bench
+from mpgpu_edu.measure import recording
 from mpgpu_edu.cli import main
 from mpgpu_edu.collectives import cost
 from mpgpu_edu.comm import launch

@@ -1,5 +1,5 @@
-"""``mpgpu_edu.calibrate`` and ``mpgpu-edu calibrate``: the fit, the profile as a cluster, and
-a small end-to-end run on gloo."""
+"""``mpgpu_edu.measure.calibrate`` and ``mpgpu-edu calibrate``: the fit, the profile as a
+cluster, and a small end-to-end run on gloo."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from mpgpu_edu import calibrate as cal
+from mpgpu_edu.measure import calibrate as cal
 from mpgpu_edu.cli import main
 from mpgpu_edu.collectives import cost
 

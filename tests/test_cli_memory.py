@@ -8,7 +8,7 @@ import pytest
 
 from mpgpu_edu.cli import UsageError, main
 from mpgpu_edu.cli.memory import parse_count
-from mpgpu_edu.hardware import GPUS
+from mpgpu_edu.cluster.hardware import GPUS
 from mpgpu_edu.memory import activation_bytes, spec_params
 
 LLAMA_7B = 6_738_415_616

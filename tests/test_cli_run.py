@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mpgpu_edu import runners
+from mpgpu_edu.cli import runners
 from mpgpu_edu.cli import main
 
 REQUIRED = {"strategy", "backend", "world_size", "steps", "losses", "reference_losses",

@@ -8,7 +8,7 @@ import pytest
 
 from mpgpu_edu.cli import main
 from mpgpu_edu.collectives import cost
-from mpgpu_edu.hardware import LINKS
+from mpgpu_edu.cluster.hardware import LINKS
 
 
 def test_json_report_on_two_nodes(capsys: pytest.CaptureFixture[str]) -> None:

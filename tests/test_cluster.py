@@ -6,7 +6,7 @@ import pytest
 
 from mpgpu_edu.cluster import Cluster, MemoryLedger, Route
 from mpgpu_edu.cluster import topology as topo
-from mpgpu_edu.hardware import GPUS, LINKS
+from mpgpu_edu.cluster.hardware import GPUS, LINKS
 
 PRESETS = ["4xRTX4090-pcie", "4xRTX4090-pcie-switch", "8xRTX4090-pcie", "4xA100-nvlink",
            "8xA100-nvlink", "4xH100-nvswitch", "8xH100-nvswitch", "2x8xA100-ib", "2x8xH100-ib",

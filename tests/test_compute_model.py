@@ -17,8 +17,8 @@ from mpgpu_edu.collectives import reduce_scatter
 from mpgpu_edu.collectives import cost
 from mpgpu_edu.comm import launch
 from mpgpu_edu.comm.flops import FlopCount
-from mpgpu_edu.data import make_batches, make_mlp
-from mpgpu_edu.hardware import GPUS
+from mpgpu_edu.replica.data import make_batches, make_mlp
+from mpgpu_edu.cluster.hardware import GPUS
 from mpgpu_edu.ps import train_ps
 
 PRESET = "4xA100-nvlink"

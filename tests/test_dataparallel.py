@@ -9,9 +9,9 @@ import torch
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import launch
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.dp.dataparallel import train_dataparallel
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.reference import train_single
 
 model_fn = functools.partial(make_mlp, [8, 16, 16, 2])
 BATCHES = make_batches(3, 10)

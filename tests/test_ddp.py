@@ -10,11 +10,11 @@ import torch
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import RankError, launch
-from mpgpu_edu.data import heavy, light, make_batches, make_mlp
+from mpgpu_edu.replica.data import heavy, light, make_batches, make_mlp
 from mpgpu_edu.dp.ddp import (ddp_step, ddp_step_accumulated, ddp_step_bucketed,
                               ddp_step_overlapped, make_buckets, train_ddp)
 from mpgpu_edu.dp.scaling import ddp_step_time, scaling_study, speedup_and_efficiency
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.reference import train_single
 from strategy_fns import BUCKET_BYTES, STEP_FNS, model_fn, train_every_ddp_variant
 
 BATCHES = make_batches(3, 10)  # 10 samples: uneven shards over 3 and 4 ranks

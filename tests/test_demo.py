@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from mpgpu_edu import demo  # noqa: E402
+from mpgpu_edu.explore import tour as demo  # noqa: E402
 from mpgpu_edu.cli import demo as demo_cli  # noqa: E402
 from mpgpu_edu.cli import main  # noqa: E402
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mpgpu_edu import doctor
+from mpgpu_edu.measure import doctor
 from mpgpu_edu.cli import doctor as doctor_cli
 
 NAMES = ["python", "torch", "cuda", "CUDA_VISIBLE_DEVICES", "gloo", "nccl", "loopback port",

@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import RankError, launch
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.pipeline import (ScheduleError, Step, from_order, gpipe, naive, one_f_one_b,
                                 partition_by_sizes, split_module, steps_of)
 from mpgpu_edu.pipeline.executor import message_tag, pipeline_train_step, run_schedule
 from mpgpu_edu.pipeline.microbatches import split_batch, stage_inputs_like
 from mpgpu_edu.pipeline.runner import (make_schedule, max_abs_diff, optimizer_factory, run_demo,
                                        train_pipeline)
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.reference import train_single
 
 SIZES = (8, 32, 32, 32, 32, 2)  # 9 layers: Linear, ReLU, ..., Linear
 FREE_SENDS = 1e30  # bytes/s: a message costs ~0 s

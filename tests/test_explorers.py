@@ -14,7 +14,7 @@ from mpgpu_edu.explore import (  # noqa: E402
     Explorer, dp_explorer, dp_view, memory_calculator, memory_view, pipeline_explorer,
     pipeline_view, ring_stepper, ring_view, visible_devices_sandbox, visible_view,
 )
-from mpgpu_edu.hardware import LINKS  # noqa: E402
+from mpgpu_edu.cluster.hardware import LINKS  # noqa: E402
 from mpgpu_edu.memory.estimate import estimate_memory  # noqa: E402
 from mpgpu_edu.memory.models import spec_params  # noqa: E402
 

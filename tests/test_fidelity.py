@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mpgpu_edu import fidelity
+from mpgpu_edu.measure import fidelity
 from mpgpu_edu.cluster import Cluster
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"
@@ -69,4 +69,4 @@ def test_doc_table_is_current() -> None:
     table = fidelity.render_table()
     assert table in DOC.read_text(), (
         "docs/fidelity.md's table differs from the rows: paste the output of "
-        "`python -m mpgpu_edu.fidelity` into it")
+        "`python -m mpgpu_edu.measure.fidelity` into it")

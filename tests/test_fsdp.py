@@ -8,9 +8,9 @@ import torch
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import launch
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.dp.fsdp import flat_shard, train_fsdp, wrap_fsdp
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.reference import train_single
 
 SIZES = (8, 32, 32, 3)  # 5 layers: Linear, ReLU, Linear, ReLU, Linear (32*8+32 = 288, ...)
 BATCHES = make_batches(3, 10, SIZES[0], SIZES[-1], seed=3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpgpu_edu.hardware import DTYPES, GIB, GPUS, LINKS, GPUSpec, LinkSpec
+from mpgpu_edu.cluster.hardware import DTYPES, GIB, GPUS, LINKS, GPUSpec, LinkSpec
 
 
 @pytest.mark.parametrize("key", ["RTX4090-24GB", "A100-80GB", "H100-SXM-80GB"])

@@ -12,7 +12,7 @@ from mpgpu_edu.collectives import all_reduce, cost
 from mpgpu_edu.collectives.hierarchical import (all_reduce_hierarchical, node_groups,
                                                 rail_groups)
 from mpgpu_edu.comm import launch
-from mpgpu_edu.hardware import LINKS, LinkSpec
+from mpgpu_edu.cluster.hardware import LINKS, LinkSpec
 
 A_NVL, B_NVL, A_NIC, B_NIC = 3e-6, 300e9, 5e-6, 40e9
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from mpgpu_edu.comm import RankError, launch
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.hybrid import Mesh, make_groups, train_hybrid
 from mpgpu_edu.hybrid.runner import mesh_for, run_demo
 from mpgpu_edu.pipeline import gpipe, one_f_one_b, partition_by_sizes
 from mpgpu_edu.pipeline.runner import optimizer_factory
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.reference import train_single
 
 SIZES = (8, 32, 32, 32, 2)  # 7 layers
 

@@ -11,7 +11,7 @@ GIB = 2**30
 
 
 def test_categories_match_the_trace_layer() -> None:
-    from mpgpu_edu.trace import CATEGORIES as TRACE_CATEGORIES
+    from mpgpu_edu.cluster.trace import CATEGORIES as TRACE_CATEGORIES
 
     assert CATEGORIES == TRACE_CATEGORIES
 

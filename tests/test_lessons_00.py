@@ -110,8 +110,8 @@ def test_data_parallel_plan_uses_the_functions_it_is_given() -> None:
 def test_prose_numbers_of_the_notebook_stay_true() -> None:
     """Lesson 00 says: GPT-2 large fits a 24 GiB card with 1 or 2 sequences of 1024 tokens
     per step but not 4; the heavy workload idles about a tenth of the run."""
-    from mpgpu_edu import data
-    from mpgpu_edu.hardware import GPUS
+    from mpgpu_edu.replica import data
+    from mpgpu_edu.cluster.hardware import GPUS
     from mpgpu_edu.memory import activation_bytes, estimate_memory, spec_params
 
     card = GPUS["RTX4090-24GB"]

@@ -14,8 +14,8 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce_naive, all_reduce_ring, cost
 from mpgpu_edu.comm import launch
 from mpgpu_edu.course import prediction
-from mpgpu_edu.data import Workload
-from mpgpu_edu.hardware import LINKS
+from mpgpu_edu.replica.data import Workload
+from mpgpu_edu.cluster.hardware import LINKS
 from mpgpu_edu.lessons import communication as cm
 from mpgpu_edu.viz.ring import ring_state, ring_steps, ring_steps_of
 

@@ -12,10 +12,10 @@ from matplotlib.figure import Figure
 from mpgpu_edu import dp, ps
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import RankError, launch
-from mpgpu_edu.data import Workload
+from mpgpu_edu.replica.data import Workload
 from mpgpu_edu.lessons import parameter_server as psl, data_parallel as dpl
 from mpgpu_edu.memory import estimate_memory
-from mpgpu_edu.trace import Event, Trace
+from mpgpu_edu.cluster.trace import Event, Trace
 from mpgpu_edu.viz.server import widen_messages
 
 SMALL = Workload("small", (64, 128, 64), 64)  # big enough for bytes to dominate alpha
@@ -222,7 +222,7 @@ def test_lesson_02_staleness_sweep_ranks_as_the_notebook_says() -> None:
 
 
 def test_every_rank_a_server_keeps_its_port_busy_less_than_the_ring() -> None:
-    from mpgpu_edu.data import light
+    from mpgpu_edu.replica.data import light
     from mpgpu_edu.lessons import communication as cm
 
     workload = light()

@@ -11,7 +11,7 @@ from torch import nn
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives.cost import ring_allreduce_bytes_sent
 from mpgpu_edu.comm import DeadlockError, LaunchTimeoutError, RankError, launch
-from mpgpu_edu.data import loss_fn, make_batches, make_mlp
+from mpgpu_edu.replica.data import loss_fn, make_batches, make_mlp
 from mpgpu_edu.estimate import choosing
 from mpgpu_edu.hybrid import Mesh, train_hybrid
 from mpgpu_edu.lessons import pipeline as pl, tensor_and_hybrid as th, choosing_and_debugging as cd

@@ -9,7 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from mpgpu_edu.comm import launch
-from mpgpu_edu.data import make_mlp
+from mpgpu_edu.replica.data import make_mlp
 from mpgpu_edu.explore.live import Explorer
 from mpgpu_edu.lessons import bigger_models as bm
 

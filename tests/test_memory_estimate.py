@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
-from mpgpu_edu.hardware import GPUS
+from mpgpu_edu.cluster.hardware import GPUS
 from mpgpu_edu.memory import (
     PRESETS,
     STRATEGIES,
@@ -22,7 +22,7 @@ from mpgpu_edu.memory import (
     param_breakdown,
     spec_params,
 )
-from mpgpu_edu.trace import CATEGORIES
+from mpgpu_edu.cluster.trace import CATEGORIES
 
 P = 1200        # parameters: divisible by 4, so every shard is exact
 N = 4           # devices

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mpgpu_edu.comm import launch
-from mpgpu_edu.data import loss_fn, make_batch, make_mlp
+from mpgpu_edu.replica.data import loss_fn, make_batch, make_mlp
 from mpgpu_edu.memory.measure import (saved_activations, track_gradients, track_optimizer_state,
                                       track_parameters)
 

@@ -18,7 +18,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from mpgpu_edu import doctor
+from mpgpu_edu.measure import doctor
 
 ROOT = Path(__file__).resolve().parents[1]
 

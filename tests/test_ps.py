@@ -10,9 +10,9 @@ import torch
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import RankError, launch
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.ps import async_ps, sync_ps_step_seconds, train_ps, train_ps_sharded
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.reference import train_single
 
 model_fn = functools.partial(make_mlp, [8, 16, 16, 2])
 BATCHES = make_batches(3, 10)  # uneven shards over 3 and 4 workers

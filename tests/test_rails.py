@@ -10,7 +10,7 @@ from mpgpu_edu.cluster import topology as topo
 from mpgpu_edu.collectives import all_reduce, cost
 from mpgpu_edu.collectives.multichannel import all_reduce_multichannel, rail_rings
 from mpgpu_edu.comm import launch
-from mpgpu_edu.hardware import LINKS
+from mpgpu_edu.cluster.hardware import LINKS
 
 # Published: 8x H100 ring busbw ~370 GB/s (NVIDIA/nccl-tests#212) and NDR at 46-48 GB/s per
 # NIC (NVIDIA/nccl-tests#290): two such nodes with eight rails reach the ~370 GB/s class.

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from mpgpu_edu.collectives import all_reduce_ring
 from mpgpu_edu.collectives.ring_fast import RingAllReduce, all_reduce_ring_fast, segment_sizes
 from mpgpu_edu.comm import launch
-from mpgpu_edu.data import make_batches
+from mpgpu_edu.replica.data import make_batches
 from mpgpu_edu.dp import ddp, train_ddp
 from strategy_fns import model_fn
 
@@ -225,7 +225,7 @@ def test_torch_bucket_rule_closes_past_the_cap_with_a_small_first_bucket() -> No
 
 
 def test_training_with_gradient_views_matches_one_device() -> None:
-    from mpgpu_edu.reference import train_single
+    from mpgpu_edu.replica.reference import train_single
 
     batches = make_batches(3, 10)
     ref_params, ref_losses = train_single(model_fn, batches, "adam", lr=0.05)

@@ -19,8 +19,8 @@ from torch import nn
 
 from mpgpu_edu.collectives import all_gather, reduce_scatter
 from mpgpu_edu.comm import Communicator
-from mpgpu_edu.data import make_batches, make_mlp
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.data import make_batches, make_mlp
+from mpgpu_edu.replica.reference import train_single
 from mpgpu_edu.sidebyside import SideBySide, compare_ddp, compare_fsdp, compare_pipelining
 
 pytestmark = [pytest.mark.gloo, pytest.mark.slow]

@@ -10,7 +10,7 @@ import torch
 from mpgpu_edu.cluster import Cluster, Route, SimulatedOutOfMemoryError, Topology
 from mpgpu_edu.comm import (DeadlockError, LaunchTimeoutError, MessageMismatchError, RankError,
                             UnmatchedMessageError, launch)
-from mpgpu_edu.hardware import GPUS
+from mpgpu_edu.cluster.hardware import GPUS
 
 ALPHA, BETA = 1e-5, 1e9
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm import launch
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.tensor import (ColumnParallelConv2d, ColumnParallelLinear, ParallelMLP,
                               RowParallelLinear, copy_to_parallel, gather_from_parallel,
                               megatron_mlp, reduce_from_parallel, scatter_to_parallel,

@@ -9,7 +9,7 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.cluster import topology as topo
 from mpgpu_edu.collectives import all_reduce, cost
 from mpgpu_edu.comm import launch
-from mpgpu_edu.hardware import LINKS
+from mpgpu_edu.cluster.hardware import LINKS
 
 UPLINK, MEMORY, UPI = LINKS["pcie4-x16"], LINKS["host-ddr4-8ch"], LINKS["upi-xeon"]
 MIB = 2**20

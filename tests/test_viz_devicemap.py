@@ -13,7 +13,7 @@ from matplotlib.colors import to_rgba  # noqa: E402
 from mpgpu_edu.cluster import Cluster  # noqa: E402
 from mpgpu_edu.hybrid.mesh import Mesh  # noqa: E402
 from mpgpu_edu.pipeline.partition import LayerCost, partition_by_sizes  # noqa: E402
-from mpgpu_edu.trace import MemoryEvent, Trace  # noqa: E402
+from mpgpu_edu.cluster.trace import MemoryEvent, Trace  # noqa: E402
 from mpgpu_edu.viz import palette  # noqa: E402
 from mpgpu_edu.viz.devicebox import link_name, short_gpu_name  # noqa: E402
 from mpgpu_edu.viz.devicemap import (  # noqa: E402

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 
-from mpgpu_edu.trace import Event, MemoryEvent, Trace  # noqa: E402
+from mpgpu_edu.cluster.trace import Event, MemoryEvent, Trace  # noqa: E402
 from mpgpu_edu.viz import palette  # noqa: E402
 from mpgpu_edu.viz.memory import (  # noqa: E402
     capacity_text, plot_memory_bars, plot_memory_compare, plot_memory_over_time,

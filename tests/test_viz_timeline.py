@@ -11,7 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from mpgpu_edu.trace import CATEGORIES, KINDS, Event, Trace  # noqa: E402
+from mpgpu_edu.cluster.trace import CATEGORIES, KINDS, Event, Trace  # noqa: E402
 from mpgpu_edu.viz import palette  # noqa: E402
 from mpgpu_edu.viz.lanes import BAR_HEIGHT, MAX_LANES, assign_lanes, count_badge  # noqa: E402
 from mpgpu_edu.viz.timeline import (  # noqa: E402

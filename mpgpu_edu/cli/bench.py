@@ -10,7 +10,7 @@ all-reduces (``mpgpu_edu.collectives``) and ``torch.distributed.all_reduce`` on 
 interleaved, and prints one row per size: the median times, ours / built-in (below 1: ours
 is faster) of the medians, within each repeat (``paired``, the median) and in CPU time,
 and nccl-tests' bus bandwidth, then the 1-minute load average before and after. How it is
-timed: ``mpgpu_edu.bench``. ``--json`` prints ``sizes`` (bytes), ``<algo>_s`` and
+timed: ``mpgpu_edu.measure.bench``. ``--json`` prints ``sizes`` (bytes), ``<algo>_s`` and
 ``builtin_s`` (seconds), ``ratio_<algo>``, ``<algo>_cpu_s``, ``cpu_ratio_<algo>``,
 ``busbw_<algo>`` (bytes/s), ``world_size``, ``backend`` and ``loadavg`` (the machine's 1, 5,
 15 minute load averages: wall-clock timings on a busy machine are noisy).
@@ -25,7 +25,7 @@ from mpgpu_edu.cli import UsageError, add_command_group, number, parse_size
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_SIZES = "1KiB,4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB"
-# mpgpu_edu.bench.ALGOS and QUICK_SIZES, without importing torch
+# mpgpu_edu.measure.bench.ALGOS and QUICK_SIZES, without importing torch
 ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented")
 QUICK_SIZES = "4,4100"
 # Stated limits: every rank is a process and allocates its tensors for real.
@@ -68,7 +68,7 @@ def add_launch_arguments(p: argparse.ArgumentParser, world_size_help: str) -> No
 
 def run(args: argparse.Namespace) -> int:
     sizes, algos = check_args(args)  # before torch is imported: bad input fails at once
-    from mpgpu_edu.bench import bench_allreduce, table
+    from mpgpu_edu.measure.bench import bench_allreduce, table
 
     repeats = min(args.repeats, 2) if args.quick else args.repeats
     report = bench_allreduce(args.world_size, sizes, repeats, args.backend, algos,

@@ -4,15 +4,16 @@
     mpgpu-edu calibrate --world-size 2 --out my_laptop.json --json
 
 Ranks 0 and 1 bounce messages from 0 B to 64 MiB (ping-pong); a least-squares fit on relative
-error gives ``t(n) = alpha + n / beta`` (``mpgpu_edu.calibrate``). They also exchange messages
-(both send at once), which shows why a gloo profile is a shared host: the two directions take
-turns. The profile is written as JSON (default ``.mpgpu/calibration.json`` in the repository)
-and loads as a simulated cluster with ``mpgpu_edu.calibrated.load_calibrated(path)``. Then ring
-all-reduce is simulated on that cluster and measured on the worker processes, per size: the
-table shows how far the model is from reality, and from torch.distributed's all-reduce. Every
-rank also times ``add_`` at a few sizes: the fit gives this machine's memory bandwidth and
-per-op overhead, with which the simulated ring pays for its reduction adds.
-``--json`` prints the profile and the comparison as one object.
+error gives ``t(n) = alpha + n / beta`` (``mpgpu_edu.measure.calibrate``). They also exchange
+messages (both send at once), which shows why a gloo profile is a shared host: the two
+directions take turns. The profile is written as JSON (default ``.mpgpu/calibration.json`` in
+the repository) and loads as a simulated cluster with
+``mpgpu_edu.measure.calibrated.load_calibrated(path)``. Then ring all-reduce is simulated on
+that cluster and measured on the worker processes, per size: the table shows how far the model
+is from reality, and from torch.distributed's all-reduce. Every rank also times ``add_`` at a
+few sizes: the fit gives this machine's memory bandwidth and per-op overhead, with which the
+simulated ring pays for its reduction adds. ``--json`` prints the profile and the comparison as
+one object.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ping_sizes, allreduce_sizes = check_args(args)
-    from mpgpu_edu.calibrate import calibrate, compare
-    from mpgpu_edu.calibrated import default_profile_path, load_calibrated, save_profile
+    from mpgpu_edu.measure.calibrate import calibrate, compare
+    from mpgpu_edu.measure.calibrated import default_profile_path, load_calibrated, save_profile
 
     profile = calibrate(args.world_size, ping_sizes, args.repeats, args.backend,
                         allreduce_sizes)
@@ -119,6 +120,6 @@ def _memory_line(report: dict) -> str:
 
 
 def _size(nbytes: int) -> str:
-    from mpgpu_edu.bench import size_label
+    from mpgpu_edu.measure.bench import size_label
 
     return size_label(nbytes)

@@ -1,4 +1,4 @@
-"""``mpgpu-edu demo``: the headless tour, as files (see ``mpgpu_edu.demo``).
+"""``mpgpu-edu demo``: the headless tour, as files (see ``mpgpu_edu.explore.tour``).
 
     mpgpu-edu demo                                  # into ./mpgpu-edu-demo, on 4xRTX4090-pcie
     mpgpu-edu demo --out /tmp/tour --cluster 8xA100-nvlink
@@ -20,7 +20,7 @@ from pathlib import Path
 from mpgpu_edu.cli import UsageError
 
 DEFAULT_OUT = "mpgpu-edu-demo"
-DEFAULT_CLUSTER = "4xRTX4090-pcie"  # kept equal to mpgpu_edu.demo.DEFAULT_CLUSTER (tested)
+DEFAULT_CLUSTER = "4xRTX4090-pcie"  # kept equal to mpgpu_edu.explore.tour.DEFAULT_CLUSTER (tested)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _writable(out)
 
-    from mpgpu_edu.demo import run_tour, table
+    from mpgpu_edu.explore.tour import run_tour, table
 
     def progress(line: str) -> None:
         print(f"demo: {line}", file=sys.stderr, flush=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mpgpu_edu import doctor
+from mpgpu_edu.measure import doctor
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -90,7 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--logits", action="store_true",
                    help="with --batch/--seq: add the embedding and the output layer "
                    "(fp32 logits for the loss, 4*s*b*vocab bytes)")
-    p.add_argument("--gpu", help="a GPU profile from mpgpu_edu.hardware, e.g. RTX4090-24GB")
+    p.add_argument("--gpu", help="a GPU profile from mpgpu_edu.cluster.hardware, e.g. "
+                                 "RTX4090-24GB")
     p.add_argument("--gpu-memory", help="device memory to check against, e.g. 24GiB or 80GiB")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -152,7 +153,7 @@ def _gpu_memory(args: argparse.Namespace) -> tuple[str | None, int | None]:
     if args.gpu is None:
         return None, None
     try:
-        from mpgpu_edu.hardware import GPUS
+        from mpgpu_edu.cluster.hardware import GPUS
     except ImportError:
         raise UsageError("no GPU profiles available; use --gpu-memory SIZE") from None
     if args.gpu not in GPUS:

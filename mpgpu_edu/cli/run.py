@@ -17,12 +17,12 @@ import argparse
 import json
 
 from mpgpu_edu.cli import UsageError, number
-from mpgpu_edu.runners import RUNNERS, run_strategy
+from mpgpu_edu.cli.runners import RUNNERS, run_strategy
 
 BACKENDS = ("sim", "gloo", "nccl")
 OPTIMIZERS = ("sgd", "adam")
 DEFAULT_TIMEOUT_S = 60.0  # mpgpu_edu.comm.launch's default
-DEMO_BATCH = 24  # the largest default batch of the demos (mpgpu_edu.data.DEMO_BATCH)
+DEMO_BATCH = 24  # the largest default batch of the demos (mpgpu_edu.replica.data.DEMO_BATCH)
 # Stated limits: every batch is made up front, in memory, and every rank is a thread or a process.
 MAX_RANKS, MAX_STEPS, MAX_BATCH, MAX_SAMPLES, MAX_TIMEOUT_S = 64, 100_000, 4096, 2**24, 86_400.0
 

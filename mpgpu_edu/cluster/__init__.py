@@ -27,7 +27,7 @@ from mpgpu_edu.cluster.ledger import (CATEGORIES, MemoryLedger, SimulatedOutOfMe
                                       format_bytes)
 from mpgpu_edu.cluster.topology import LinkInfo, Route, Topology
 from mpgpu_edu.cluster.visible import check_visible, device_ids_to_physical, parse_visible
-from mpgpu_edu.hardware import DTYPES, GPUS, LINKS, GPUSpec
+from mpgpu_edu.cluster.hardware import DTYPES, GPUS, LINKS, GPUSpec
 
 __all__ = ["CATEGORIES", "Cluster", "LinkInfo", "MemoryLedger", "Route", "first_devices",
            "SimulatedOutOfMemoryError", "Topology", "check_visible", "device_ids_to_physical",

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mpgpu_edu.hardware import LinkSpec
+from mpgpu_edu.cluster.hardware import LinkSpec
 
 
 @dataclass(frozen=True)

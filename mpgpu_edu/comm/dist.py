@@ -36,7 +36,7 @@ from mpgpu_edu.comm.dist_errors import (MessageTimeoutError, NotPicklableError, 
 from mpgpu_edu.comm.envelope import check_envelope, checking_from_env, empty_envelope, envelope
 from mpgpu_edu.comm.errors import Pending
 from mpgpu_edu.comm.message import check_sources, describe
-from mpgpu_edu.trace import Event
+from mpgpu_edu.cluster.trace import Event
 
 __all__ = ["MAIN", "STREAM", "DistCommunicator", "Lanes", "MessageTimeoutError",
            "NotPicklableError", "OpBoard", "PeerLostError", "WorkerDiedError", "describe",

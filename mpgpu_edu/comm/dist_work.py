@@ -20,7 +20,7 @@ from mpgpu_edu.cluster.ledger import MemoryLedger
 from mpgpu_edu.comm.base import MemoryRecorder, Work
 from mpgpu_edu.comm.envelope import check_envelope
 from mpgpu_edu.comm.message import check_peer, describe
-from mpgpu_edu.trace import MemoryEvent
+from mpgpu_edu.cluster.trace import MemoryEvent
 
 MAIN, STREAM = 0, 1  # lanes: the rank's program, and its communication stream
 POLL_S = 1e-4  # wait_any polls its works this often

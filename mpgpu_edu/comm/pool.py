@@ -247,7 +247,7 @@ def shutdown_pools() -> None:
 def run_job(fn: Any, cluster: Any, args: tuple, kwargs: dict, backend: str,
             timeout: float) -> LaunchResult:
     """``launch``'s body on gloo/nccl: pickle, run on the pool, gather a ``LaunchResult``."""
-    from mpgpu_edu.trace import Trace
+    from mpgpu_edu.cluster.trace import Trace
 
     world_size = resolve_cluster(cluster).world_size
     if world_size < 1:

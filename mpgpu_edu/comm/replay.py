@@ -38,7 +38,7 @@ from typing import Any
 
 from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.network import Network, Transfer
-from mpgpu_edu.trace import Event, MemoryEvent, Trace
+from mpgpu_edu.cluster.trace import Event, MemoryEvent, Trace
 
 @dataclass
 class _Lane:

@@ -9,7 +9,7 @@ from typing import Any
 from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.base import CommStats
 from mpgpu_edu.comm.replay import replay
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 
 
 @dataclass

@@ -11,11 +11,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from mpgpu_edu.data import DEMO_BATCH, DEMO_LR, DEMO_SIZES, make_batches, make_mlp
+from mpgpu_edu.replica.data import DEMO_BATCH, DEMO_LR, DEMO_SIZES, make_batches, make_mlp
 from mpgpu_edu.dp.dataparallel import dataparallel_step, train_dataparallel
 from mpgpu_edu.dp.ddp import (DEFAULT_BUCKET_BYTES, ddp_step, ddp_step_accumulated,
                               ddp_step_bucketed, ddp_step_overlapped, make_buckets, train_ddp)
-from mpgpu_edu.reference import compare_to_reference, train_single
+from mpgpu_edu.replica.reference import compare_to_reference, train_single
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "VARIANTS", "dataparallel_step", "ddp_step",
            "ddp_step_accumulated", "ddp_step_bucketed", "ddp_step_overlapped", "make_buckets",
@@ -47,7 +47,7 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
     simulator, the ``trace``."""
     from mpgpu_edu.comm import launch
     from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
-    from mpgpu_edu.data import check_split
+    from mpgpu_edu.replica.data import check_split
 
     check_split(batch_size, world_size)
     step_fn = _step_fn(variant, bucket_bytes, micro_steps)
@@ -73,7 +73,7 @@ def train_demo(comm: Any, steps: int = 5, optimizer: str = "sgd",
     """SPMD, for ``torchrun -m mpgpu_edu.run mpgpu_edu.dp:train_demo``: every rank trains the
     demo MLP with DDP and compares with single-device training (which it runs itself).
     Returns the report of ``compare_to_reference``."""
-    from mpgpu_edu.data import check_split
+    from mpgpu_edu.replica.data import check_split
 
     check_split(DEMO_BATCH, comm.world_size)
     model_fn = functools.partial(make_mlp, DEMO_SIZES)

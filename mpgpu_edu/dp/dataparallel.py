@@ -27,10 +27,10 @@ from torch import nn
 
 from mpgpu_edu.collectives import broadcast, reduce
 from mpgpu_edu.comm.base import Communicator
-from mpgpu_edu.data import Batch, loss_fn, shard
+from mpgpu_edu.replica.data import Batch, loss_fn, shard
 from mpgpu_edu.memory.measure import (saved_activations, track_gradients, track_optimizer_state,
                                       track_parameters)
-from mpgpu_edu.reference import batch_for_step, make_optimizer, named_params
+from mpgpu_edu.replica.reference import batch_for_step, make_optimizer, named_params
 from mpgpu_edu.replica.flat import flat_params, flatten_grads, load_flat_params, unflatten_grads
 
 MAIN = 0  # the device that runs the process: nn.DataParallel's output_device

@@ -19,7 +19,7 @@ same update and stays identical. That is all of DDP; the rest is making the aver
                            (the idea of ``DistributedDataParallel.no_sync``).
 
 Uneven shards are exact: each rank scales its loss by its share of the samples (see
-``mpgpu_edu.data.shard``), so the mean over ranks is the whole batch's gradient.
+``mpgpu_edu.replica.data.shard``), so the mean over ranks is the whole batch's gradient.
 Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
 VLDB 2020 (buckets, overlap, no_sync).
 """
@@ -34,9 +34,9 @@ from torch import nn
 from mpgpu_edu.collectives import all_reduce, broadcast
 from mpgpu_edu.collectives.ring_fast import RingAllReduce
 from mpgpu_edu.comm.base import Communicator, Work, nbytes_of
-from mpgpu_edu.data import Batch, shard
+from mpgpu_edu.replica.data import Batch, shard
 from mpgpu_edu.memory.measure import track_gradients, track_parameters
-from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.replica.reference import make_optimizer, named_params
 from mpgpu_edu.replica.flat import flat_params, flatten_grads, load_flat_params, unflatten_grads
 from mpgpu_edu.replica.loop import forward_backward, optimizer_step, run_steps
 

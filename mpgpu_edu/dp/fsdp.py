@@ -40,8 +40,8 @@ from torch.nn.utils import parameters_to_vector
 
 from mpgpu_edu.collectives import all_gather, reduce_scatter
 from mpgpu_edu.comm.base import Communicator, Work, nbytes_of
-from mpgpu_edu.data import Batch, loss_fn, shard
-from mpgpu_edu.reference import batch_for_step, make_optimizer
+from mpgpu_edu.replica.data import Batch, loss_fn, shard
+from mpgpu_edu.replica.reference import batch_for_step, make_optimizer
 
 GATHERED = "comm_buffers"  # the memory category of a layer's full parameters while it runs
 

@@ -23,7 +23,7 @@ import torch
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import launch
 from mpgpu_edu.comm.base import Communicator
-from mpgpu_edu.data import Workload, heavy, light
+from mpgpu_edu.replica.data import Workload, heavy, light
 from mpgpu_edu.dp.ddp import StepFn, ddp_step_overlapped
 
 PRESETS = ("8xRTX4090-pcie", "8xH100-nvswitch")

@@ -200,7 +200,7 @@ def fewest_devices(model: str, strategy: str, gpu: str, most: int = 64) -> int |
     """The fewest devices of kind ``gpu`` (a key of ``hardware.GPUS``) on which ``strategy``
     holds ``model``'s parameters, gradients and mixed-precision Adam state, before
     activations; None if even ``most`` are not enough."""
-    from mpgpu_edu.hardware import GPUS
+    from mpgpu_edu.cluster.hardware import GPUS
 
     for n in range(1, most + 1):
         if estimate_memory(spec_params(model), "adam", "mixed", strategy,

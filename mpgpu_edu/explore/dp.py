@@ -4,7 +4,7 @@ overlap change.
 The step is ``mpgpu_edu.dp.ddp``'s own, run on a *meta* copy of the model and batch: tensors
 with shapes and no data, so the simulator counts the FLOPs and bytes of a real step at no
 cost, and a change redraws in well under a second. ``light`` and ``heavy`` are the scaling
-workloads of ``mpgpu_edu.data``: the same 6.3 M-parameter model, with 64 or 16384 samples a
+workloads of ``mpgpu_edu.replica.data``: the same 6.3 M-parameter model, with 64 or 16384 samples a
 step. Speedup is against the same step on one device; efficiency is speedup / devices.
 
     fig, info = dp_view(devices=4, model="light", bucket_mb=25, overlap=False)
@@ -25,11 +25,11 @@ from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import launch
-from mpgpu_edu.data import Workload, heavy, light
+from mpgpu_edu.replica.data import Workload, heavy, light
 from mpgpu_edu.dp.ddp import ddp_step, ddp_step_bucketed, ddp_step_overlapped
 from mpgpu_edu.dp.scaling import one_step_on_meta
 from mpgpu_edu.explore.live import Explorer, dropdown, percent, slider
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.viz.palette import format_bytes, format_seconds
 from mpgpu_edu.viz.timeline import plot_timeline
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from mpgpu_edu.explore.live import Explorer, dropdown, slider
-from mpgpu_edu.hardware import GPUS
+from mpgpu_edu.cluster.hardware import GPUS
 from mpgpu_edu.memory.estimate import OPTIMIZERS, PRECISIONS, STRATEGIES, estimate_memory, explain
 from mpgpu_edu.memory.models import PRESETS, spec_params
 from mpgpu_edu.viz.devicebox import short_gpu_name

@@ -21,7 +21,7 @@ from mpgpu_edu.pipeline.measures import peak_activations
 from mpgpu_edu.pipeline.schedules import gpipe, naive, one_f_one_b
 from mpgpu_edu.pipeline.steps import Schedule
 from mpgpu_edu.pipeline.timing import TimedStep, schedule_timeline, timeline_trace
-from mpgpu_edu.trace import MemoryEvent, Trace
+from mpgpu_edu.cluster.trace import MemoryEvent, Trace
 from mpgpu_edu.viz.memory import plot_memory_over_time
 from mpgpu_edu.viz.palette import format_bytes, format_seconds, new_figure
 from mpgpu_edu.viz.timeline import plot_timeline

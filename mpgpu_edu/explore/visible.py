@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import check_visible, parse_visible
 from mpgpu_edu.explore.live import Explorer, dropdown, slider
-from mpgpu_edu.hardware import GPUS
+from mpgpu_edu.cluster.hardware import GPUS
 from mpgpu_edu.viz.devicemap import plot_visible_devices
 
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from mpgpu_edu.comm import launch
 from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.hybrid.mesh import Mesh
 from mpgpu_edu.hybrid.train import train_hybrid
 from mpgpu_edu.pipeline.runner import DEMO_SIZES, make_schedule, max_abs_diff, optimizer_factory
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.reference import train_single
 
 
 def mesh_for(world_size: int, dp: int | None = None, pp: int | None = None) -> Mesh:

@@ -26,7 +26,7 @@ from torch import nn
 
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator
-from mpgpu_edu.data import loss_fn as mse_loss
+from mpgpu_edu.replica.data import loss_fn as mse_loss
 from mpgpu_edu.hybrid.mesh import Mesh, MeshGroups, make_groups
 from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, pipeline_forward_backward
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module

@@ -23,10 +23,10 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_gather, all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.comm.base import RESERVED_TAG
-from mpgpu_edu.data import loss_fn, make_batches, make_mlp, shard
+from mpgpu_edu.replica.data import loss_fn, make_batches, make_mlp, shard
 from mpgpu_edu.dp import fsdp
-from mpgpu_edu.reference import make_optimizer, train_single
-from mpgpu_edu.trace import Event, Trace
+from mpgpu_edu.replica.reference import make_optimizer, train_single
+from mpgpu_edu.cluster.trace import Event, Trace
 from mpgpu_edu.viz.palette import new_figure, style
 
 Wrap = Callable[[Communicator, nn.Sequential, bool], Any]

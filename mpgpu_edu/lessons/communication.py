@@ -30,8 +30,8 @@ from mpgpu_edu.collectives import (ALGORITHMS, all_gather, all_reduce, broadcast
                                    reduce, reduce_scatter, scatter)
 from mpgpu_edu.collectives.cost import bus_bandwidth
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
-from mpgpu_edu.data import Workload
-from mpgpu_edu.hardware import LINKS
+from mpgpu_edu.replica.data import Workload
+from mpgpu_edu.cluster.hardware import LINKS
 from mpgpu_edu.viz.collectives import (plot_bytes_per_rank, plot_comm_timelines, plot_message_time,
                                        plot_step_speedups, ring_figure)
 from mpgpu_edu.viz.palette import format_bytes
@@ -242,7 +242,7 @@ def step_seconds(workload: Workload, cluster: Cluster | str, sizes: Iterable[int
 # ---- simulated against published -------------------------------------------------------------
 
 # nccl-tests all_reduce_perf bus bandwidth at large messages, as cited in the ``source`` of the
-# link each preset's GPUs talk over (mpgpu_edu/hardware.py).
+# link each preset's GPUs talk over (mpgpu_edu/cluster/hardware.py).
 PUBLISHED_BUSBW: dict[str, tuple[float, str]] = {
     "8xA100-nvlink": (200e9, "~200 GB/s busbw, 8x A100-SXM4-80GB all_reduce_perf "
                              "(NVIDIA/nccl-tests#149, cited in LINKS['nvlink3'].source)"),

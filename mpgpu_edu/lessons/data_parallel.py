@@ -38,7 +38,7 @@ from torch import nn
 from mpgpu_edu.cluster import Cluster, first_devices
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
-from mpgpu_edu.data import (DEMO_BATCH, DEMO_LR, DEMO_SIZES, Workload, heavy, light,
+from mpgpu_edu.replica.data import (DEMO_BATCH, DEMO_LR, DEMO_SIZES, Workload, heavy, light,
                             make_batch, make_batches, make_mlp, shard)
 from mpgpu_edu.dp import DEMO_BUCKET_BYTES
 from mpgpu_edu.dp import run_demo as dp_run_demo
@@ -50,9 +50,9 @@ from mpgpu_edu.dp.wrapper import DDPWrapper, wrap_ddp
 from mpgpu_edu.comm.torch_threads import one_torch_thread
 from mpgpu_edu.viz.server import plot_loss_curves
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
-from mpgpu_edu.reference import (batch_for_step, compare_to_reference, make_optimizer,
+from mpgpu_edu.replica.reference import (batch_for_step, compare_to_reference, make_optimizer,
                                  named_params, train_single)
-from mpgpu_edu.trace import Event, Trace
+from mpgpu_edu.cluster.trace import Event, Trace
 from mpgpu_edu.viz import plot_timelines_side_by_side
 
 __all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "plot_steps", "whose",

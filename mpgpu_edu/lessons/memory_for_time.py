@@ -24,7 +24,7 @@ from mpgpu_edu.memory.models import DecoderSpec, layer_activation_bytes
 from mpgpu_edu.memory.recompute import checkpointed, segment_bounds
 from mpgpu_edu.pipeline import interleaved_1f1b, one_f_one_b
 from mpgpu_edu.pipeline.timing import schedule_timeline, timed_bubble_overhead, timeline_trace
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.viz.palette import SERIES_COLORS, SERIES_MARKERS, new_figure, style
 from mpgpu_edu.viz.timeline import plot_timelines_side_by_side
 

@@ -1,7 +1,7 @@
 """Lesson 02's demos: a parameter server, its one link, its shards, and stale updates.
 
 - ``run_demo``: ``ps.run_demo`` (the parameter server against one device on the demo model),
-  with the signature of every strategy's demo (``mpgpu_edu.runners``).
+  with the signature of every strategy's demo (``mpgpu_edu.cli.runners``).
 - ``ps_step_on_meta`` / ``run_ps_step``: one synchronous step of the package's parameter
   server (``mpgpu_edu.ps``, one server or K shards) on meta tensors: shapes without data, so
   a model of millions of parameters costs no memory and the timeline is exact.
@@ -32,13 +32,13 @@ from mpgpu_edu import ps
 from mpgpu_edu.cluster import Cluster, first_devices
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.comm.torch_threads import one_torch_thread
-from mpgpu_edu.data import Workload, shard
+from mpgpu_edu.replica.data import Workload, shard
 from mpgpu_edu.replica.flat import flat_params, flatten_grads
 from mpgpu_edu.replica.loop import forward_backward
 from mpgpu_edu.ps.staleness import (demo_numel, mean_curve, run_async,  # noqa: F401 - for
                                     run_async_seeds, run_ssp, run_sync,  # the notebook
                                     smoothed, sync_with_stragglers, update_times)
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.viz.palette import format_seconds
 from mpgpu_edu.viz.server import (comm_window, plot_comm_windows,  # noqa: F401 - for the
                                   plot_loss_curves, plot_role_timelines)  # notebook
@@ -283,7 +283,7 @@ def worker_compute_parts(workload: Workload, cluster: Cluster | str, workers: in
     Elementwise work on the whole parameter vector (setup, flattening the gradient, zeroing
     it) comes on top, and does not depend on the batch either."""
     from mpgpu_edu.comm.flops import FlopCount
-    from mpgpu_edu.data import loss_fn
+    from mpgpu_edu.replica.data import loss_fn
 
     machine = first_devices(cluster, workers + 1)
     model = workload.model("meta")

@@ -29,13 +29,13 @@ from torch import nn
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import Communicator, LaunchResult, launch, nbytes_of
-from mpgpu_edu.data import loss_fn, make_batch, make_mlp
+from mpgpu_edu.replica.data import loss_fn, make_batch, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_parameters
 from mpgpu_edu.pipeline import (LayerCost, Schedule, Step, gpipe, one_f_one_b, partition_balanced,
                                 schedule_timeline, split_module, steps_of, timeline_trace)
 from mpgpu_edu.pipeline.executor import run_schedule, split_batch, stage_inputs_like
 from mpgpu_edu.pipeline.runner import train_pipeline
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.viz.palette import format_bytes, format_seconds
 from mpgpu_edu.viz.stages import (message_kind, plot_flow, plot_link_timelines, plot_memory_runs,
                                   plot_stage_costs, plot_timeline_runs, stage_messages)

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from mpgpu_edu.cluster import Cluster, device_ids_to_physical
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
-from mpgpu_edu.hardware import LINKS
+from mpgpu_edu.cluster.hardware import LINKS
 from mpgpu_edu.viz.timeline import plot_timeline
 
 FORWARD_SHARE = 1 / 3  # backward costs about twice the forward: 2 of every 3 FLOPs

@@ -31,8 +31,8 @@ Strategies (N = ``devices``)::
 A sharded category holds ceil(P / N) parameters' worth on the largest shard, as
 ``torch.chunk`` splits. Activations are added to every device as given: under data parallel
 each replica keeps its own micro-batch's activations. Communication buffers are not modelled.
-Sizes are bytes, printed in binary units (GiB = 2**30 bytes) as ``mpgpu_edu.hardware`` gives
-device memory: a "24 GB" RTX 4090 holds 24 GiB.
+Sizes are bytes, printed in binary units (GiB = 2**30 bytes) as ``mpgpu_edu.cluster.hardware``
+gives device memory: a "24 GB" RTX 4090 holds 24 GiB.
 
 The seed's pitfall: 8 cards of 24 GiB are not one 192 GiB card. LLaMA-7B (6.74e9 parameters)
 with mixed Adam needs 16 B x 6.74e9 = 100.4 GiB, less than 8 x 24 GiB, yet data parallel asks
@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mpgpu_edu.cluster.ledger import format_bytes
-from mpgpu_edu.trace import CATEGORIES
+from mpgpu_edu.cluster.trace import CATEGORIES
 
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 PRECISIONS = ("fp32", "mixed")
@@ -98,7 +98,8 @@ def convention(optimizer: str, precision: str, strategy: str, devices: int) -> s
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes one device holds, by category (``mpgpu_edu.trace.CATEGORIES``), for one setup."""
+    """Bytes one device holds, by category (``mpgpu_edu.cluster.trace.CATEGORIES``), for one
+    setup."""
 
     n_params: int
     optimizer: str

@@ -2,8 +2,8 @@
 
 ``train_pipeline`` is the SPMD function every rank runs: copy the model, split it into stages
 (``partition_balanced`` by parameters unless a placement is given), keep stage ``comm.rank``,
-and call ``pipeline_train_step`` once per batch. ``mpgpu_edu.reference.train_single`` trains
-the unsplit model on the same batches: the pipeline must end with the same parameters and
+and call ``pipeline_train_step`` once per batch. ``mpgpu_edu.replica.reference.train_single``
+trains the unsplit model on the same batches: the pipeline must end with the same parameters and
 losses.
 
     >>> model, batches = make_mlp([8, 32, 32, 2]), make_batches(3, 16)
@@ -23,14 +23,14 @@ from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch
 from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
-from mpgpu_edu.data import loss_fn as mse_loss
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import loss_fn as mse_loss
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.pipeline.executor import LossFn, StageSeconds, pipeline_train_step
 from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_module
 from mpgpu_edu.pipeline.schedules import gpipe, naive, one_f_one_b
 from mpgpu_edu.pipeline.steps import Schedule
-from mpgpu_edu.reference import OPTIMIZERS, make_optimizer, train_single
+from mpgpu_edu.replica.reference import OPTIMIZERS, make_optimizer, train_single
 
 Batches = Sequence[tuple[torch.Tensor, torch.Tensor]]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]

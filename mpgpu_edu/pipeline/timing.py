@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from mpgpu_edu.pipeline.measures import steps_of, validate
 from mpgpu_edu.pipeline.steps import Schedule, Step, earliest_starts
-from mpgpu_edu.trace import Event, Trace
+from mpgpu_edu.cluster.trace import Event, Trace
 
 Seconds = float | Sequence[float]
 

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from mpgpu_edu.data import DEMO_BATCH, DEMO_LR, DEMO_SIZES, make_batches, make_mlp
+from mpgpu_edu.replica.data import DEMO_BATCH, DEMO_LR, DEMO_SIZES, make_batches, make_mlp
 from mpgpu_edu.ps.async_ import AsyncResult, async_ps, sync_ps_step_seconds
 from mpgpu_edu.ps.sharded import ps_step_sharded, servers_of, train_ps_sharded
 from mpgpu_edu.ps.ssp import ssp_program
 from mpgpu_edu.ps.sync import check_ps_world, ps_step, server_step, train_ps, worker_step
-from mpgpu_edu.reference import compare_to_reference, train_single
+from mpgpu_edu.replica.reference import compare_to_reference, train_single
 
 __all__ = ["AsyncResult", "async_ps", "check_ps_world", "ps_step", "ps_step_sharded",
            "run_demo", "server_step", "servers_of", "ssp_program", "sync_ps_step_seconds",
@@ -37,7 +37,7 @@ def run_demo(backend: str, world_size: int, steps: int, optimizer: str, *,
     ``trace``."""
     from mpgpu_edu.comm import launch
     from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
-    from mpgpu_edu.data import check_split
+    from mpgpu_edu.replica.data import check_split
 
     check_ps_world(world_size, n_servers)
     check_split(batch_size, world_size - n_servers, "workers")
@@ -63,7 +63,7 @@ def train_demo(comm: Any, steps: int = 5, optimizer: str = "sgd", n_servers: int
     parameter server (the last ``n_servers`` ranks serve), compared with single-device
     training on every rank. Returns the report of ``compare_to_reference`` (a server of the
     sharded parameter server compares its shard with the same slice of the reference)."""
-    from mpgpu_edu.data import check_split
+    from mpgpu_edu.replica.data import check_split
 
     check_ps_world(comm.world_size, n_servers)
     check_split(DEMO_BATCH, comm.world_size - n_servers, "workers")

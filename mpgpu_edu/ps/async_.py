@@ -39,10 +39,10 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm.flops import FlopCount
-from mpgpu_edu.data import Batch, loss_fn
-from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.replica.data import Batch, loss_fn
+from mpgpu_edu.replica.reference import make_optimizer, named_params
 from mpgpu_edu.replica.flat import flat_params, flatten_grads, grads_from_flat, load_flat_params
-from mpgpu_edu.trace import Event, Trace
+from mpgpu_edu.cluster.trace import Event, Trace
 
 
 @dataclass

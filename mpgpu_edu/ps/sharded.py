@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm.base import Communicator, nbytes_of
-from mpgpu_edu.data import Batch, shard
+from mpgpu_edu.replica.data import Batch, shard
 from mpgpu_edu.memory.measure import Tracked, track_gradients, track_parameters
 from mpgpu_edu.ps.sync import check_ps_world
-from mpgpu_edu.reference import make_optimizer, named_params
+from mpgpu_edu.replica.reference import make_optimizer, named_params
 from mpgpu_edu.replica.flat import flat_params, flatten_grads, load_flat_params
 from mpgpu_edu.replica.loop import forward_backward, run_steps
 

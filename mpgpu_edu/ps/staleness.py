@@ -22,7 +22,7 @@ from mpgpu_edu import ps
 from mpgpu_edu.cluster import Cluster, first_devices
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.comm.torch_threads import one_torch_thread
-from mpgpu_edu.data import DEMO_BATCH, DEMO_SIZES, make_batches, make_mlp
+from mpgpu_edu.replica.data import DEMO_BATCH, DEMO_SIZES, make_batches, make_mlp
 
 SEED_STRIDE = 1000  # run_async's seed s uses batch seeds 1000 s, 1000 s + 1, ..: no overlap
 FORWARD_SHARE = 1 / 3  # backward costs about twice the forward: 2 of every 3 FLOPs

@@ -10,9 +10,9 @@ from torch import nn
 
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm.base import Communicator
-from mpgpu_edu.data import Batch, loss_fn
+from mpgpu_edu.replica.data import Batch, loss_fn
 from mpgpu_edu.memory.measure import saved_activations, track_optimizer_state
-from mpgpu_edu.reference import batch_for_step
+from mpgpu_edu.replica.reference import batch_for_step
 
 
 def forward_backward(comm: Communicator, model: nn.Module, x: torch.Tensor, y: torch.Tensor,

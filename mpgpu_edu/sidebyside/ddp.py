@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch
-from mpgpu_edu.data import Batch, loss_fn, make_batches, make_mlp
-from mpgpu_edu.reference import batch_for_step, make_optimizer
+from mpgpu_edu.replica.data import Batch, loss_fn, make_batches, make_mlp
+from mpgpu_edu.replica.reference import batch_for_step, make_optimizer
 from mpgpu_edu.sidebyside.result import SideBySide, from_ranks, take_turns
 
 Wrap = Callable[[Communicator, nn.Module, int], Any]  # exercise 3.5's wrap_ddp

@@ -28,7 +28,7 @@ from typing import Any
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch
-from mpgpu_edu.data import Batch
+from mpgpu_edu.replica.data import Batch
 from mpgpu_edu.sidebyside.ddp import CONVENTION, data_parallel_job, label_of, plain, three_ways
 from mpgpu_edu.sidebyside.result import SideBySide, from_ranks
 

@@ -29,10 +29,10 @@ import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch
-from mpgpu_edu.data import Batch, loss_fn, make_batches, make_mlp
+from mpgpu_edu.replica.data import Batch, loss_fn, make_batches, make_mlp
 from mpgpu_edu.pipeline import one_f_one_b, partition_balanced, split_module
 from mpgpu_edu.pipeline.executor import split_batch, stage_inputs_like
-from mpgpu_edu.reference import batch_for_step, make_optimizer
+from mpgpu_edu.replica.reference import batch_for_step, make_optimizer
 from mpgpu_edu.sidebyside.ddp import label_of, one_device_steps, plain
 from mpgpu_edu.sidebyside.result import SideBySide, from_ranks, take_turns
 

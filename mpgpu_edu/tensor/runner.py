@@ -17,12 +17,12 @@ from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch
 from mpgpu_edu.comm.launch import DEFAULT_TIMEOUT_S
-from mpgpu_edu.data import loss_fn as mse_loss
-from mpgpu_edu.data import make_batches, make_mlp
+from mpgpu_edu.replica.data import loss_fn as mse_loss
+from mpgpu_edu.replica.data import make_batches, make_mlp
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.pipeline.executor import LossFn
 from mpgpu_edu.pipeline.runner import Batches, OptimizerFactory, optimizer_factory
-from mpgpu_edu.reference import train_single
+from mpgpu_edu.replica.reference import train_single
 from mpgpu_edu.tensor.layers import ParallelMLP
 
 DEMO_SIZES = (8, 64, 2)  # Linear(8, 64), ReLU, Linear(64, 2): 64 hidden = 4 ranks x 16

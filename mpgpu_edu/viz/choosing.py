@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.estimate.choosing import COLUMNS, QUALITIES, Row, Setting, step_compute_seconds
-from mpgpu_edu.hardware import GPUS
+from mpgpu_edu.cluster.hardware import GPUS
 from mpgpu_edu.memory import estimate_memory, spec_params
 from mpgpu_edu.viz.devicebox import link_name
 from mpgpu_edu.viz.memory import plot_memory_bars

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 
 from mpgpu_edu.comm import LaunchResult
-from mpgpu_edu.hardware import LINKS
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.hardware import LINKS
+from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.viz.devicebox import link_name
 from mpgpu_edu.viz.palette import (FONT_SIZE, KIND_COLORS, OKABE_ITO, WARNING_COLOR, bytes_axis,
                                    format_bytes, format_seconds, new_figure, style, time_axis)

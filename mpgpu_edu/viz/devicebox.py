@@ -9,7 +9,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.patches import FancyBboxPatch
 
-from mpgpu_edu.hardware import GPUSpec
+from mpgpu_edu.cluster.hardware import GPUSpec
 from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO
 
 ARROW_COLOR = OKABE_ITO["blue"]

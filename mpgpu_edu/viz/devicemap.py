@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from mpgpu_edu.cluster import Cluster, check_visible, parse_visible
-from mpgpu_edu.trace import CATEGORIES, Trace
+from mpgpu_edu.cluster.trace import CATEGORIES, Trace
 from mpgpu_edu.viz.devicebox import (
     ARROW_COLOR, BOX_W, DEVICE_EDGE, DEVICE_FACE, FABRIC_GAP, FABRIC_H, GAP_H, HIDDEN_FACE,
     HIDDEN_TEXT, LABEL_IN, LOGICAL_FACE, PHYS_H, draw_box, draw_text, short_gpu_name,

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mpgpu_edu.trace import Event
+from mpgpu_edu.cluster.trace import Event
 
 BAR_HEIGHT = 0.8
 MAX_LANES = 8      # sub-lanes of one band at most; beyond, the lanes wrap (the badge counts)

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from mpgpu_edu.trace import CATEGORIES, Trace
+from mpgpu_edu.cluster.trace import CATEGORIES, Trace
 from mpgpu_edu.viz.palette import (
     COLORS, FONT_SIZE, OKABE_ITO, WARNING_COLOR, bytes_axis, format_bytes, new_figure,
     series_color, style, time_axis,

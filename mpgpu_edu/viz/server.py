@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.viz.palette import FONT_SIZE, format_seconds, new_figure, series_color, style
 from mpgpu_edu.viz.timeline import plot_timeline, time_axis
 

@@ -12,7 +12,7 @@ from matplotlib.ticker import FuncFormatter
 
 from mpgpu_edu.comm import LaunchResult
 from mpgpu_edu.pipeline import Placement
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.viz.devicemap import format_count
 from mpgpu_edu.viz.memory import plot_memory_compare
 from mpgpu_edu.viz.palette import FONT_SIZE, OKABE_ITO, new_figure, series_color, style

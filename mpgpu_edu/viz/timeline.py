@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from mpgpu_edu.trace import KINDS, Event, Trace
+from mpgpu_edu.cluster.trace import KINDS, Event, Trace
 from mpgpu_edu.viz.lanes import BAR_HEIGHT, Placed, count_badge, place_row
 from mpgpu_edu.viz.palette import (
     COLORS, FONT_SIZE, IDLE_COLOR, IDLE_EDGE, IDLE_HATCH, OKABE_ITO, format_seconds, new_figure,

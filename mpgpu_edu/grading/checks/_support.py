@@ -225,7 +225,7 @@ def launch_facts(result: LaunchResult, with_trace: bool = False) -> dict[str, An
 
 def evidence(traces: dict[str, dict], text: str = "") -> Evidence:
     """``Evidence`` from traces given as ``Trace.to_dict()`` data (what a judge receives)."""
-    from mpgpu_edu.trace import Trace
+    from mpgpu_edu.cluster.trace import Trace
 
     return Evidence(traces={name: Trace.from_dict(t) for name, t in traces.items()}, text=text)
 

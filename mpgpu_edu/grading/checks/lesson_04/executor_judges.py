@@ -14,7 +14,7 @@ from mpgpu_edu.grading.checks._support import bytes_of, expect, expect_close, ju
 from mpgpu_edu.grading.checks.lesson_04.executor import SECONDS
 from mpgpu_edu.grading.checks.lesson_04.stages import LR, _data, _named_schedule, _split
 from mpgpu_edu.pipeline import Schedule, peak_activations, steps_of
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 
 
 def _reference_step(p: int, m: int, partition: str, batch: int, seed: int, model: str

@@ -14,7 +14,7 @@ from torch import nn
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, launch_facts,
                                                run_spmd, uniform)
 from mpgpu_edu.pipeline import Schedule, gpipe, steps_of
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 
 Impl = Callable[..., Any]
 

@@ -18,7 +18,7 @@ from mpgpu_edu.cluster import topology as topo
 from mpgpu_edu.collectives import cost
 from mpgpu_edu.grading.checks._support import (bytes_of, examples, expect, expect_close,
                                                from_scratch, launch_facts, rank_inputs, run_spmd)
-from mpgpu_edu.hardware import GPUS, LinkSpec
+from mpgpu_edu.cluster.hardware import GPUS, LinkSpec
 
 Impl = Callable[..., Any]
 

@@ -131,7 +131,7 @@ def _judge_adam_prefetch(data: dict) -> None:
 def _phases(trace: dict) -> list[tuple[float, float]]:
     """Per device: forward (from the start to the loss) and backward (from the loss to the
     end of the step, ``finish`` and the optimizer included) in seconds."""
-    from mpgpu_edu.trace import Trace
+    from mpgpu_edu.cluster.trace import Trace
 
     t = Trace.from_dict(trace)
     out = []

@@ -55,7 +55,7 @@ it in ``benchmarks/RESULTS.md``.
 
 The profile is a JSON file (``save_profile``); ``load_calibrated(path)`` turns it into a
 ``Cluster``, so that ``launch(fn, load_calibrated(path))`` predicts this machine. Both live in
-``mpgpu_edu.calibrated`` (the profile's side) and are importable from here too.
+``mpgpu_edu.measure.calibrated`` (the profile's side) and are importable from here too.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ from typing import Any
 
 import torch
 
-from mpgpu_edu.calibrated import (FORMAT, default_profile_path, load_calibrated,  # noqa: F401
-                                  read_profile, save_profile, shared_host)
+from mpgpu_edu.measure.calibrated import (FORMAT, default_profile_path,  # noqa: F401
+                                          load_calibrated, read_profile, save_profile,
+                                          shared_host)
 from mpgpu_edu.cluster import Cluster
 
 ALLREDUCE_SIZES = [4**k * 2**10 for k in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
@@ -89,7 +90,7 @@ def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: in
     all-reduce and torch.distributed's on each of ``allreduce_sizes`` (fp32, bytes), in an
     order that alternates. Returns this rank's seconds per size and repeat: ``one_way`` and
     ``exchange`` (filled on rank 0 only), ``add``, ``ring`` and ``builtin``."""
-    from mpgpu_edu.bench import builtin_all_reduce, check_sum, rotated, timed
+    from mpgpu_edu.measure.bench import builtin_all_reduce, check_sum, rotated, timed
     from mpgpu_edu.collectives import all_reduce_ring
     from mpgpu_edu.collectives.ring_fast import RingAllReduce
 
@@ -103,7 +104,7 @@ def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: in
                 torch.ones(max(n // 4, 1), device=comm.device)) for n in add_sizes]
     out["add"] = [[] for _ in add_sizes]
     before = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread per rank, as in mpgpu_edu.bench
+    torch.set_num_threads(1)  # one thread per rank, as in mpgpu_edu.measure.bench
     try:
         for tensor in tensors:
             for name, op in ops.items():
@@ -207,7 +208,7 @@ def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
     (bytes an add moves, its median seconds on the slowest rank; both ``None`` when the
     times do not fit), ``backend``, ``world_size``, ``repeats``, ``date``, ``torch``,
     ``cpus``, ``loadavg``)."""
-    from mpgpu_edu.bench import combine, fp32_sizes
+    from mpgpu_edu.measure.bench import combine, fp32_sizes
     from mpgpu_edu.comm import launch
 
     if world_size < 2:

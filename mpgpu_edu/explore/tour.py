@@ -15,7 +15,7 @@ writes, into ``out``:
 
 The runs are the package's own code: ``ps_step`` (one server, the other ranks workers),
 ``ddp_step`` and ``ddp_step_overlapped`` (4 MiB buckets), on the ``heavy`` workload of
-``mpgpu_edu.data`` built from *meta* tensors (shapes without data: the simulator counts the
+``mpgpu_edu.replica.data`` built from *meta* tensors (shapes without data: the simulator counts the
 FLOPs and bytes of the real 6.3 M-parameter step without spending them); and
 ``pipeline_train_step`` under GPipe and 1F1B, on a real MLP of 8 Linear layers split into one
 stage per device, each forward taking 4 ms and each backward 8 ms so the schedules' shapes
@@ -37,7 +37,7 @@ import torch
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import Communicator, launch
-from mpgpu_edu.data import Workload, heavy, make_mlp
+from mpgpu_edu.replica.data import Workload, heavy, make_mlp
 from mpgpu_edu.dp.ddp import ddp_step, ddp_step_overlapped
 from mpgpu_edu.dp.scaling import scaling_study
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
@@ -46,7 +46,7 @@ from mpgpu_edu.pipeline.partition import Placement, partition_balanced, split_mo
 from mpgpu_edu.pipeline.schedules import gpipe, one_f_one_b
 from mpgpu_edu.pipeline.steps import Schedule
 from mpgpu_edu.ps.sync import ps_step
-from mpgpu_edu.trace import Trace
+from mpgpu_edu.cluster.trace import Trace
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -14,7 +14,7 @@ one node, one ring per NIC rail on two, chunks of NCCL's 2 MiB pipelined, the re
 inside the copy; not the course's step-by-step ``all_reduce_ring``. The flat two-node rows
 run one pipelined ring (``ring_fast.RingAllReduce``) through one NIC.
 
-The rows themselves are data, in ``mpgpu_edu.fidelity_rows`` (importable from here too).
+The rows themselves are data, in ``mpgpu_edu.measure.fidelity_rows`` (importable from here too).
 ``simulate(row)`` recomputes the simulated number with the package; ``tests/test_fidelity.py``
 checks every compared row against its tolerance, and that the table in ``docs/fidelity.md`` is
 ``render_table()``'s output. Rows whose error is outside the tolerance today carry
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from mpgpu_edu.fidelity_rows import (  # noqa: F401 - the rows are public here too
+from mpgpu_edu.measure.fidelity_rows import (  # noqa: F401 - the rows are public here too
     BANDWIDTH_TOLERANCE, GB, GIB, MIB, NCCL_CHUNK_BYTES, ROWS, STEP_ROWS, Row)
 
 # GPT-3 175B: hidden 12288, MLP 4 x hidden; a micro-batch of one 2048-token sequence.

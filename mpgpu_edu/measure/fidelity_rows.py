@@ -1,7 +1,7 @@
 """The rows of ``docs/fidelity.md`` as data: each simulated setup beside the published
 measurement it is compared with, its source, and what that number set in the model.
 
-``mpgpu_edu.fidelity`` explains the kinds of row and recomputes the simulated side.
+``mpgpu_edu.measure.fidelity`` explains the kinds of row and recomputes the simulated side.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ ROWS: tuple[Row, ...] = (
         algo="nccl"),
     Row("a100x8-ring-1g", "8xA100-nvlink", "busbw", _NCCL,
         200 * GB, "~200 GB/s busbw, all_reduce_perf on 8x A100-SXM4-80GB (as cited in "
-        "mpgpu_edu/hardware.py)", "NVIDIA/nccl-tests#149", "calibration",
+        "mpgpu_edu/cluster/hardware.py)", "NVIDIA/nccl-tests#149", "calibration",
         "nvlink3 beta_Bps = 205 GB/s (set so that this row matches)", algo="nccl"),
     Row("a100x4-ring-1g", "4xA100-nvlink", "busbw", _NCCL,
         200 * GB, "~200 GB/s busbw (measured on 8x A100; no 4-GPU measurement found)",
@@ -75,7 +75,7 @@ ROWS: tuple[Row, ...] = (
         algo="nccl"),
     Row("h100-p2p-8b", "8xH100-nvswitch", "latency", "one 8-byte send/recv between 2 GPUs",
         3e-6, "~3 us sendrecv_perf over NVLink at small sizes, 2x H100 (as cited in "
-        "mpgpu_edu/hardware.py)", "NVIDIA/nccl#1487", "calibration",
+        "mpgpu_edu/cluster/hardware.py)", "NVIDIA/nccl#1487", "calibration",
         "nvlink4-nvswitch alpha_s = 3 us", nbytes=8),
     # --- PCIe workstations ---------------------------------------------------------------
     Row("rtx4090x4-ring-1g", "4xRTX4090-pcie", "busbw",

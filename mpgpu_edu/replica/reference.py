@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from mpgpu_edu.data import Batch, loss_fn
+from mpgpu_edu.replica.data import Batch, loss_fn
 
 OPTIMIZERS = ("sgd", "adam")
 

@@ -1,11 +1,11 @@
 """A calibration profile: the JSON file ``mpgpu-edu calibrate`` writes, and the simulated
 cluster it loads as.
 
-``save_profile`` writes what ``mpgpu_edu.calibrate.calibrate`` measured; ``read_profile``
+``save_profile`` writes what ``mpgpu_edu.measure.calibrate.calibrate`` measured; ``read_profile``
 reads it back, checked; ``load_calibrated(path)`` turns it into a ``Cluster`` whose routes
 carry the measured alpha and beta, so that ``launch(fn, load_calibrated(path))`` predicts
 this machine. A gloo profile is wired as ``shared_host`` (every transfer holds the host's
-copy bandwidth; ``mpgpu_edu.calibrate`` says why), an nccl profile as a uniform topology.
+copy bandwidth; ``mpgpu_edu.measure.calibrate`` says why), an nccl profile as a uniform topology.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from mpgpu_edu.cluster import Cluster, LinkInfo, Route, topology
-from mpgpu_edu.hardware import GPUS
+from mpgpu_edu.cluster.hardware import GPUS
 
 FORMAT = "mpgpu-edu calibration 1"
 

@@ -25,7 +25,7 @@ How it is timed, so that the comparison is fair on a busy machine:
   median over repeats (``paired_<algo>``): a slow drift in the machine's load cancels out;
 - the 1-minute load average before and after (``loadavg_start``, ``loadavg``): a result
   taken above ``MAX_LOAD_PER_CORE`` per core is not one to record (``check_idle``; both in
-  ``mpgpu_edu.recording``, with the writing of ``RESULTS.md``).
+  ``mpgpu_edu.measure.recording``, with the writing of ``RESULTS.md``).
 
 The tensor holds zeros while it is timed: repeated sums neither overflow nor change the work.
 Besides ``ring`` and ``naive``, ``algos=`` can time ``ring_reused`` (the same ring, keeping its
