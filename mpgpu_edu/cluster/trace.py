@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,17 @@ class MemoryEvent:
     total: int
 
 
+def merged_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals, as sorted disjoint pairs."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 @dataclass
 class Trace:
     """All events of one run. ``source`` is ``"simulated"`` or ``"measured"``."""
@@ -76,17 +88,8 @@ class Trace:
 
     def busy(self, device: int, stream: str = "compute") -> float:
         """Seconds during which the stream had at least one event running (overlaps merged)."""
-        total, cur_start, cur_end = 0.0, None, None
-        for e in self.on(device, stream):
-            if cur_end is None or e.start > cur_end:
-                if cur_end is not None:
-                    total += cur_end - cur_start
-                cur_start, cur_end = e.start, e.end
-            else:
-                cur_end = max(cur_end, e.end)
-        if cur_end is not None:
-            total += cur_end - cur_start
-        return total
+        return sum(end - start for start, end in
+                   merged_intervals((e.start, e.end) for e in self.on(device, stream)))
 
     def idle(self, device: int, stream: str = "compute") -> float:
         """Seconds of the makespan during which the stream did nothing."""

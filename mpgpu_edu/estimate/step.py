@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpgpu_edu.cluster.trace import merged_intervals
 from mpgpu_edu.comm import launch
 from mpgpu_edu.estimate.costs import model_flops
 from mpgpu_edu.estimate.plan import StepSetup, memory_per_device, plan_step
@@ -49,20 +50,10 @@ from mpgpu_edu.estimate.programs import step_program
 from mpgpu_edu.memory import get_preset
 
 
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
 def _exposed_comm(trace: Any, device: int) -> float:
     """Seconds in which ``device`` communicates while its compute stream is idle."""
-    compute = _merged([(e.start, e.end) for e in trace.on(device, "compute")])
-    comm = _merged([(e.start, e.end) for e in trace.on(device) if e.stream != "compute"])
+    compute = merged_intervals([(e.start, e.end) for e in trace.on(device, "compute")])
+    comm = merged_intervals([(e.start, e.end) for e in trace.on(device) if e.stream != "compute"])
     total, i = 0.0, 0
     for start, end in comm:
         total += end - start

@@ -52,7 +52,7 @@ from mpgpu_edu.viz.server import plot_loss_curves
 from mpgpu_edu.memory.measure import track_gradients, track_optimizer_state, track_parameters
 from mpgpu_edu.replica.reference import (batch_for_step, compare_to_reference, make_optimizer,
                                  named_params, train_single)
-from mpgpu_edu.cluster.trace import Event, Trace
+from mpgpu_edu.cluster.trace import Event, Trace, merged_intervals
 from mpgpu_edu.viz import plot_timelines_side_by_side
 
 __all__ = ["deep", "hidden_comm_seconds", "plot_loss_curves", "plot_steps", "whose",
@@ -147,22 +147,12 @@ def deep(batch: int = 32768) -> Workload:
 
 # ---- reading a timeline -----------------------------------------------------------------------
 
-def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], end)
-        else:
-            out.append([start, end])
-    return [(a, b) for a, b in out]
-
-
 def hidden_comm_seconds(trace: Trace, device: int) -> float:
     """Seconds during which ``device`` communicated *while* its compute stream was busy:
     communication hidden under compute, which costs the step nothing."""
-    compute = _merged([(e.start, e.end) for e in trace.on(device, "compute")])
+    compute = merged_intervals([(e.start, e.end) for e in trace.on(device, "compute")])
     hidden = 0.0
-    for start, end in _merged([(e.start, e.end) for e in trace.on(device, "comm")]):
+    for start, end in merged_intervals([(e.start, e.end) for e in trace.on(device, "comm")]):
         hidden += sum(max(0.0, min(end, b) - max(start, a)) for a, b in compute)
     return hidden
 

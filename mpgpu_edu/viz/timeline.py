@@ -21,7 +21,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from mpgpu_edu.cluster.trace import KINDS, Event, Trace
+from mpgpu_edu.cluster.trace import KINDS, Event, Trace, merged_intervals
 from mpgpu_edu.viz.lanes import BAR_HEIGHT, Placed, count_badge, place_row
 from mpgpu_edu.viz.palette import (
     COLORS, FONT_SIZE, IDLE_COLOR, IDLE_EDGE, IDLE_HATCH, OKABE_ITO, format_seconds, new_figure,
@@ -37,21 +37,10 @@ def _kind_color(kind: str) -> str:
     return COLORS.get(kind, OKABE_ITO["grey"])
 
 
-def _merged(events: Sequence[Event]) -> list[tuple[float, float]]:
-    """The union of the events' intervals, as sorted disjoint (start, end) pairs."""
-    out: list[list[float]] = []
-    for e in sorted(events, key=lambda e: e.start):
-        if out and e.start <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e.end)
-        else:
-            out.append([e.start, e.end])
-    return [(a, b) for a, b in out]
-
-
 def idle_gaps(events: Sequence[Event], end: float) -> list[tuple[float, float]]:
     """The intervals of [0, end] that no event covers: (start, end) pairs."""
     gaps, cursor = [], 0.0
-    for start, stop in _merged(events):
+    for start, stop in merged_intervals((e.start, e.end) for e in events):
         if start > cursor:
             gaps.append((cursor, start))
         cursor = max(cursor, stop)

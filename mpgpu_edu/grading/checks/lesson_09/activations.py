@@ -52,19 +52,23 @@ BAD_SIZES = {"recompute='some'": (1024, 1, 1024, 16, "some"), "seq=0": (0, 1, 10
              "n_heads=0": (1024, 1, 1024, 0, "selective")}
 
 
+def refusal(call: Callable[[], Any]) -> str:
+    """What ``call()`` did with input it should refuse: "ValueError", another exception's type
+    name (ZeroDivisionError: it divided before checking), or "returned". A stub's
+    NotImplementedError passes through: not implemented, not a wrong answer."""
+    try:
+        call()
+    except ValueError:
+        return "ValueError"
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as what it is, with its input
+        return type(exc).__name__
+    return "returned"
+
+
 def _bytes_refusals(impl: Impl) -> dict[str, str]:
-    out = {}
-    for name, args in BAD_SIZES.items():
-        try:
-            impl(*args)
-            out[name] = "returned"
-        except ValueError:
-            out[name] = "ValueError"
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported as what it is
-            out[name] = type(exc).__name__
-    return out
+    return {name: refusal(lambda args=args: impl(*args)) for name, args in BAD_SIZES.items()}
 
 
 def _judge_bytes_refusals(out: dict[str, str]) -> None:
