@@ -9,18 +9,8 @@ import pytest
 from mpgpu_edu.grading.registry import EXERCISES
 from mpgpu_edu.grading import check
 from mpgpu_edu.grading.checks import cases_for
+from tests.mutants import failures
 from tests.mutants import lesson_08 as mutants
-
-
-def _failures(exercise_id: str, fn: object) -> dict[str, str]:
-    """Every case that rejects ``fn``: its name and message."""
-    failed = {}
-    for case in cases_for(exercise_id):
-        try:
-            case.run(fn)
-        except Exception as exc:  # noqa: BLE001 - a failure is what is asserted on
-            failed[case.name] = f"{type(exc).__name__}: {exc}"
-    return failed
 
 
 @pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
@@ -29,7 +19,7 @@ def _failures(exercise_id: str, fn: object) -> dict[str, str]:
 ])
 def test_the_wrong_answer_fails_one_case_that_names_it(exercise_id: str, name: str, case: str,
                                                        words: tuple[str, ...]) -> None:
-    failed = _failures(exercise_id, getattr(mutants, name))
+    failed = failures(exercise_id, getattr(mutants, name))
     assert len(failed) == 1, failed
     (failed_case, message), = failed.items()
     assert case in failed_case

@@ -7,19 +7,8 @@ from __future__ import annotations
 import pytest
 
 from mpgpu_edu.grading import check
-from mpgpu_edu.grading.checks import cases_for
+from tests.mutants import failures
 from tests.mutants import lesson_09 as mutants
-
-
-def _failures(exercise_id: str, fn: object) -> dict[str, str]:
-    """Every case that rejects ``fn``: its name and message."""
-    failed = {}
-    for case in cases_for(exercise_id):
-        try:
-            case.run(fn)
-        except Exception as exc:  # noqa: BLE001 - a failure is what is asserted on
-            failed[case.name] = f"{type(exc).__name__}: {exc}"
-    return failed
 
 
 @pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
@@ -33,14 +22,14 @@ def _failures(exercise_id: str, fn: object) -> dict[str, str]:
 ])
 def test_the_wrong_answer_fails_a_case_that_names_it(exercise_id: str, name: str, case: str,
                                                      words: tuple[str, ...]) -> None:
-    failed = _failures(exercise_id, getattr(mutants, name))
+    failed = failures(exercise_id, getattr(mutants, name))
     assert any(case in c for c in failed), failed
     message = next(m for c, m in failed.items() if case in c)
     assert all(word in message for word in words), message
 
 
 def test_recomputing_nothing_fails_on_memory_and_calls_not_on_values() -> None:
-    failed = _failures("9.2", mutants.recompute_nothing)
+    failed = failures("9.2", mutants.recompute_nothing)
     assert not any("equal the model's" in c for c in failed), failed
     assert any("keeps only each segment's input" in c for c in failed)
     assert any("runs twice" in c for c in failed)
