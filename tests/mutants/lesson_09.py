@@ -11,7 +11,6 @@ from torch.utils.checkpoint import checkpoint_sequential
 from mpgpu_edu.memory.recompute import segment_bounds  # the exercise file's solved split
 
 
-
 # ---- 9.1 ----------------------------------------------------------------------------------
 
 
