@@ -23,6 +23,12 @@ from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _judge_step
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training, _training
 
 
+REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
+    "2.1": ["mpgpu_edu.lessons.parameter_server:reference_worker_step"],
+    "2.3": ["mpgpu_edu.lessons.parameter_server:reference_server_loop"],
+    "2.4": ["mpgpu_edu.lessons.parameter_server:reference_sharded_step"],
+}
+
 CASES: dict[str, list[Case]] = {
     "2.1": [
         Case("sends the gradient, receives the new parameters", 1, *_steps("worker", [(3, 2)])),

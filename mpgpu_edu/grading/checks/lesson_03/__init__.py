@@ -33,6 +33,11 @@ from mpgpu_edu.grading.checks.lesson_03.memory import (MEMORY_MODELS, _judge_fp3
                                                        _memory_outputs, _meta_and_bad)
 
 
+REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
+    "3.2": ["mpgpu_edu.dp.ddp:make_buckets", "mpgpu_edu.dp.ddp:make_buckets_torch"],
+    "3.5": ["mpgpu_edu.dp.wrapper:wrap_ddp", "mpgpu_edu.dp.wrapper:DDPWrapper"],
+}
+
 CASES: dict[str, list[Case]] = {
     "3.1": [
         Case("every replica holds the mean gradient", 1,

@@ -37,6 +37,13 @@ from mpgpu_edu.grading.checks.lesson_04.schedules import (MAKESPAN_SIZES, _gpipe
 from mpgpu_edu.pipeline import gpipe, one_f_one_b
 
 
+REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
+    "4.1": ["mpgpu_edu.pipeline.partition:partition_balanced"],
+    "4.2": ["mpgpu_edu.pipeline.schedules:gpipe"],
+    "4.3": ["mpgpu_edu.pipeline.schedules:one_f_one_b"],
+    "4.5": ["mpgpu_edu.pipeline.executor:run_schedule"],
+}
+
 CASES: dict[str, list[Case]] = {
     "4.1": [
         Case("the docstring's example", 1, *_partition_case([([3, 1, 1, 1, 2], 2)])),

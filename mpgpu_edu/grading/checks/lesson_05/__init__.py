@@ -32,6 +32,11 @@ from mpgpu_edu.grading.checks.lesson_05.zero1 import (_ZERO1_VALUES, _zero1_all,
                                                       _zero1_moments, _zero1_params,
                                                       _zero1_state, _zero1_traffic)
 
+REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
+    "5.1": ["mpgpu_edu.tensor.layers:ColumnParallelLinear"],
+    "5.4": ["mpgpu_edu.tensor.layers:ParallelMLP"],
+}
+
 CASES: dict[str, list[Case]] = {
     "5.1": [
         Case("the full output on every rank, with and without a bias", 1,

@@ -27,6 +27,10 @@ from mpgpu_edu.grading.checks.lesson_06.straggler import (_find_case, _random_st
                                                           _straggler)
 
 
+REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
+    "6.4": ["mpgpu_edu.lessons.choosing_and_debugging:find_straggler_reference"],
+}
+
 CASES: dict[str, list[Case]] = {
     "6.1": [
         _choice_case("one device: single, or none", 1,

@@ -27,6 +27,10 @@ from mpgpu_edu.grading.checks.lesson_08.shard import (_judge_own_memory, _judge_
 from mpgpu_edu.grading.checks.lesson_08.wrapper import (_accumulation, _adam_prefetch, _basic,
                                                         _hidden, _prefetch_runs)
 
+REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
+    "8.1": ["mpgpu_edu.dp.fsdp:flat_shard"],
+}
+
 CASES: dict[str, list[Case]] = {
     "8.1": [
         Case("the docstring's example", 1, _shards([(5, 2)]), _judge_shards),

@@ -1,0 +1,51 @@
+"""A submission that hands in the package's own implementation of the function it is asked to
+write scores nothing: while its code computes, every reference a lesson names in
+``REFERENCES`` raises, wherever it was imported (the learner's module included)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpgpu_edu.grading import check
+from mpgpu_edu.grading.checks import lesson_module
+from mpgpu_edu.grading.registry import EXERCISES, get
+
+CHEATS = {
+    "3.5": ("ex03_data_parallel.py", "from mpgpu_edu.dp.wrapper import wrap_ddp as _theirs\n"
+            "def wrap_ddp(comm, module, bucket_cap_bytes):\n"
+            "    return _theirs(comm, module, bucket_cap_bytes)\n"),
+    "4.2": ("ex04_pipeline.py", "from mpgpu_edu.pipeline import gpipe\n"
+            "def gpipe_orders(n_stages, n_microbatches):\n"
+            "    return [list(row) for row in gpipe(n_stages, n_microbatches).grid]\n"),
+    "6.4": ("ex06_choosing.py", "from mpgpu_edu.lessons import choosing_and_debugging as cd\n"
+            "def find_straggler(logs):\n    return cd.find_straggler_reference(logs)\n"),
+    "8.1": ("ex08_bigger_models.py", "from mpgpu_edu.dp.fsdp import flat_shard\n"
+            "def shard_of(flat, rank, world_size):\n"
+            "    return flat_shard([flat], rank, world_size)\n"),
+}
+
+
+@pytest.mark.parametrize("exercise_id", sorted(CHEATS))
+def test_handing_in_the_packages_reference_scores_nothing(exercise_id: str,
+                                                          tmp_path: Path) -> None:
+    filename, source = CHEATS[exercise_id]
+    (tmp_path / filename).write_text(source)
+    result = check(exercise_id, impl=str(tmp_path), figures=False)
+    assert result.points == 0, str(result)
+    assert "yours to write" in str(result)
+
+
+def test_every_reference_names_a_real_function_of_its_lesson() -> None:
+    """A typo in ``REFERENCES`` would block nothing: every target must import, and every key
+    must be an exercise of that lesson."""
+    import importlib
+
+    for lesson in sorted({e.lesson for e in EXERCISES.values()}):
+        references = getattr(lesson_module(lesson), "REFERENCES", {})
+        for exercise_id, targets in references.items():
+            assert get(exercise_id).lesson == lesson
+            for target in targets:
+                module, _, name = target.partition(":")
+                assert callable(getattr(importlib.import_module(module), name)), target
