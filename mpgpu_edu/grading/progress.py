@@ -122,6 +122,7 @@ class Progress(Scored):
 
     lessons: list[LessonProgress]
     entries: dict[str, dict]
+    note: str = ""  # said under the table: e.g. checks of another folder are not counted
 
     _parts = "lessons"
     points, max_points = Scored.score, Scored.max_score  # the names progress reports use
@@ -139,7 +140,7 @@ class Progress(Scored):
             lines.append(f"{item.lesson:02d}      {item.title:28s}  "
                          f"{item.done:>2d}/{item.total:<3d}  {item.points:>3d}/{item.max_points}")
         lines.append(f"{'':6s}  {'total':28s}  {'':6s}  {self.points:>3d}/{self.max_points}")
-        return "\n".join(lines)
+        return "\n".join(lines + ([self.note] if self.note else []))
 
     def __repr__(self) -> str:  # the table, also where only text is shown
         return str(self)
@@ -150,7 +151,8 @@ class Progress(Scored):
                        f"<td>{p.points}/{p.max_points}</td></tr>" for p in self.lessons)
         return (f"<table><tr><th>lesson</th><th></th><th>done</th><th>points</th></tr>{rows}"
                 f"<tr><td></td><td><b>total</b></td><td></td><td><b>{self.points}/"
-                f"{self.max_points}</b></td></tr></table>")
+                f"{self.max_points}</b></td></tr></table>"
+                + (f"<p>{html.escape(self.note)}</p>" if self.note else ""))
 
 
 def progress(root: Path | str | None = None) -> Progress:
@@ -176,7 +178,12 @@ def progress(root: Path | str | None = None) -> Progress:
                      for e in exercises)
         lessons.append(LessonProgress(lesson, LESSON_TITLES[lesson], len(done), len(exercises),
                                       points, sum(e.points for e in exercises)))
-    return Progress(lessons, entries)
+    impl = os.environ.get("MPGPU_EDU_IMPL", "")
+    elsewhere = impl not in ("", "exercises") and (
+        Path(impl).resolve() != (folder / "exercises").resolve())
+    note = (f"(checks of MPGPU_EDU_IMPL={impl} are not counted here: this table counts the "
+            "course's exercises/ folder)" if elsewhere else "")
+    return Progress(lessons, entries, note)
 
 
 # ---- reset ------------------------------------------------------------------------------------

@@ -92,5 +92,5 @@ def compare_fsdp(wrap: Wrap | None = None, ranks: int = 2, steps: int = STEPS,
                  prefetch, backend="gloo", timeout=timeout)
     return from_ranks(
         run.results, title=f"ZeRO-3 on {ranks} gloo processes: {label} against torch's FSDP2",
-        setup=f"{setup}, prefetch {'on' if prefetch else 'off'}",
+        setup=f"{setup}, our prefetch {'on' if prefetch else 'off'} (FSDP2's: its default, on)",
         convention=CONVENTION, ours=label, torch_label="torch fully_shard (FSDP2)")
