@@ -39,9 +39,9 @@ ROWS: dict[str, dict] = {
         'tokens_per_step': 32768,
     },
     'llama-7b|2x8xH100-ib|2048|zero3|1|1|0|None': {
-        'step_s': 0.8239072442108328,
-        'tokens_per_s': 39771.46727406959,
-        'mfu': 0.1076776044254058,
+        'step_s': 0.8239608162397685,
+        'tokens_per_s': 39768.88142513888,
+        'mfu': 0.10767060347629961,
         'memory': 16169308160,
         'fits': True,
         'capacity': 85899345920,
