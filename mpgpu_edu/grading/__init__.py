@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mpgpu_edu.grading.progress import CourseNotFound, Progress, find_root, resolve_impl
+from mpgpu_edu.grading.progress import (IMPL_ENV, CourseNotFound, Progress, find_root,
+                                        resolve_impl)
 from mpgpu_edu.grading.progress import progress as _progress
 from mpgpu_edu.grading.registry import EXERCISES, get
 from mpgpu_edu.grading.hints import hint
@@ -41,7 +42,7 @@ class ExerciseFailed(AssertionError):
     """Raised by ``check(..., strict=True)`` when the exercise does not pass."""
 
 
-IMPL_ENV, STRICT_ENV = "MPGPU_EDU_IMPL", "MPGPU_EDU_STRICT"
+STRICT_ENV = "MPGPU_EDU_STRICT"
 
 
 def progress(root: str | Path | None = None) -> Progress:

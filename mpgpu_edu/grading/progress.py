@@ -26,6 +26,7 @@ from mpgpu_edu.grading.report import ExerciseResult, Scored
 
 ROOT_ENV = "MPGPU_EDU_ROOT"
 STATE_DIR = ".mpgpu"
+IMPL_ENV = "MPGPU_EDU_IMPL"  # the exercises folder a whole run checks (else exercises/)
 
 
 class CourseNotFound(FileNotFoundError):
@@ -178,10 +179,10 @@ def progress(root: Path | str | None = None) -> Progress:
                      for e in exercises)
         lessons.append(LessonProgress(lesson, LESSON_TITLES[lesson], len(done), len(exercises),
                                       points, sum(e.points for e in exercises)))
-    impl = os.environ.get("MPGPU_EDU_IMPL", "")
+    impl = os.environ.get(IMPL_ENV, "")
     elsewhere = impl not in ("", "exercises") and (
         Path(impl).resolve() != (folder / "exercises").resolve())
-    note = (f"(checks of MPGPU_EDU_IMPL={impl} are not counted here: this table counts the "
+    note = (f"(checks of {IMPL_ENV}={impl} are not counted here: this table counts the "
             "course's exercises/ folder)" if elsewhere else "")
     return Progress(lessons, entries, note)
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from mpgpu_edu.grading.generate import source_sha
+from mpgpu_edu.grading.progress import IMPL_ENV
 from mpgpu_edu.grading.registry import Exercise, get
 
-IMPL_ENV = "MPGPU_EDU_IMPL"
 
 # (resolved file, exercise id) -> SHA-256 of the function's source that passed its check in
 # this process. Written only by ``remember``; a stale entry can never match a changed file.
