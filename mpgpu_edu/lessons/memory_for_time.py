@@ -18,13 +18,14 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
+from mpgpu_edu.cluster.trace import Trace
+from mpgpu_edu.comm.torch_threads import one_torch_thread
 from mpgpu_edu.estimate.step import StepSetup, simulate_step
 from mpgpu_edu.explore.live import Explorer, dropdown, percent, slider
 from mpgpu_edu.memory.models import DecoderSpec, layer_activation_bytes
 from mpgpu_edu.memory.recompute import checkpointed, segment_bounds
 from mpgpu_edu.pipeline import interleaved_1f1b, one_f_one_b
 from mpgpu_edu.pipeline.timing import schedule_timeline, timed_bubble_overhead, timeline_trace
-from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.viz.palette import SERIES_COLORS, SERIES_MARKERS, new_figure, style
 from mpgpu_edu.viz.timeline import plot_timelines_side_by_side
 
@@ -135,7 +136,8 @@ def measure_recompute(wrap: Wrap, blocks: int = 16, width: int = 512, batch: int
     ``saved_tensors_hooks``); the ``peak`` while the largest segment is recomputed in
     backward (``kept`` plus what that segment's layers keep beyond its input, each layer's
     share measured once); and the fastest of ``repeats`` forward + backward passes
-    (``seconds``), on one thread, every setting in turn each round."""
+    (``seconds``), on one thread (``one_torch_thread``: the count stays at one), every setting
+    in turn each round."""
     model = _mlp(blocks, width)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     x = torch.randn(batch, width)
@@ -149,14 +151,10 @@ def measure_recompute(wrap: Wrap, blocks: int = 16, width: int = 512, batch: int
     kept = {0: plain} | {k: _saved_bytes(lambda f=f: f(x), params)
                          for k, f in runs.items() if k}
     seconds: dict[int, list[float]] = {k: [] for k in runs}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: a busy machine slows every setting alike
-    try:
+    with one_torch_thread():  # a busy machine then slows every setting alike
         for _ in range(repeats + 1):  # round-robin, the first round a warm-up
             for k, f in runs.items():
                 seconds[k].append(_step_seconds(f, model, x))
-    finally:
-        torch.set_num_threads(threads)
     rows = []
     for k in runs:
         largest = (max(sum(inner[a:b]) for a, b in segment_bounds(len(model), k)) if k
