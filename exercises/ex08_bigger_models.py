@@ -4,9 +4,11 @@ A model too big for one device's memory needs its state split, not copied: ZeRO-
 1/N of every layer's parameters on each rank and gathers a layer only while it runs. Here you
 may use the package's collectives (``mpgpu_edu.collectives.all_gather`` and
 ``reduce_scatter``): lesson 01 built them. The functions and the class just below are solved
-for you: read them first. ``layer_views`` serves 8.1 and 8.2; ``run_layer``,
-``layer_backward`` and ``ShardedLayerFn`` are 8.2's plumbing (autograd), so that 8.2 is only
-the sharding: what to gather when, what to keep, what to reduce-scatter, what to start early.
+for you; their docstrings say what you need (what each does, not how). ``layer_views`` serves
+8.1; ``run_layer``, ``layer_backward`` and ``ShardedLayerFn`` are 8.2's autograd plumbing, and
+``wrap_fsdp`` solves the shards and the replica's forward too, so that 8.2 is only the
+sharding's timing: what to gather when, what to keep, what to reduce-scatter, what to start
+early.
 """
 
 from __future__ import annotations
@@ -108,54 +110,87 @@ def shard_of(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 
 
 def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False) -> FSDPReplica:
-    """Shard ``module`` over the ranks as ZeRO-3 / FSDP does and return this rank's replica,
-    an object of a class of your own (write it inside this function) with these methods:
+    """Shard ``module`` over the ranks as ZeRO-3 / FSDP does and return this rank's replica.
 
-    - ``replica(x)`` runs the forward of ``module`` on ``x``, layer by layer: a layer with
-      parameters as ``ShardedLayerFn.apply(x, shard, replica, i)``, one without (``nn.ReLU``)
-      as it is;
-    - ``replica.forward_layer(i, x)`` and ``replica.backward_layer(i, x, grad_out,
-      needs_input_grad)``, which ``ShardedLayerFn`` calls (use ``run_layer`` and
-      ``layer_backward`` in them);
-    - ``replica.finish()``, called after ``loss.backward()`` and before the optimizer step,
-      returns once every shard's ``.grad`` holds the mean over the ranks of that shard's
-      gradient, added to what ``.grad`` held (gradients accumulate, as in torch: two
-      ``backward`` calls before one ``finish`` leave the sum of both);
-    - ``replica.parameters()`` returns this rank's shards, the ``nn.Parameter``s a torch
-      optimizer updates (one per layer that has parameters, in layer order).
+    Solved for you below: the shards, the replica's class ``Sharded`` with its forward
+    (``replica(x)``), ``parameters()``, ``start_gather`` and ``next_layer``. Yours (exercise
+    8.2): four methods of ``Sharded``, where the stub stands:
+
+    - ``gather(i, step)`` returns layer ``i``'s full flat parameters (its ``sizes[i]``
+      elements, the padding cut off). It starts the layer's all-gather unless it was started
+      already (``self.start_gather(i)``), waits for it (``self.pending.pop(i).wait()`` is the
+      list of every rank's shard), and, with ``prefetch=True``, starts the gather of the next
+      layer to run as soon as this layer's parameters have arrived, so that it runs while
+      this layer computes: ``self.next_layer(i, step)``, where ``step`` is +1 in forward and
+      -1 in backward.
+    - ``forward_layer(i, x)``, which ``ShardedLayerFn`` calls in forward: gather, run the
+      layer with ``run_layer``; keep nothing of the full vector after it returns.
+    - ``backward_layer(i, x, grad_out, needs_input_grad)``, which ``ShardedLayerFn`` calls
+      during ``loss.backward()``: gather again, ``layer_backward``, then reduce-scatter the
+      full flat gradient, padded with zeros as the shards are (to ``shards[i].numel() * N``
+      elements), with ``op="mean"`` on the comm stream (``comm.run_async(reduce_scatter,
+      comm, padded, "mean")``), noted in ``self.reducing``; return the input's gradient.
+    - ``finish()``, called after ``loss.backward()`` and before the optimizer's step: waits
+      for every started reduce-scatter (its result is this rank's shard of the mean
+      gradient) and adds it into that shard's ``.grad`` (``None`` at first): gradients
+      accumulate, as in torch, so two ``backward`` calls before one ``finish`` leave the sum
+      of both.
 
     Contract:
 
-    - shards: for every layer (child of ``module``) with parameters, flatten its parameters
-      in ``named_parameters()`` order into one vector; this rank keeps
-      ``shard_of(vector, comm.rank, comm.world_size)`` as an ``nn.Parameter``, and makes no
-      other copy of the layer's parameters. Every rank passes the same ``module``; do not
-      change it. (You may keep its layers to run them: ``run_layer`` puts the gathered
-      parameters in place of theirs. The module stays the caller's, who frees it or builds
-      it on the meta device, as FSDP2's users do.)
-    - forward: just before a layer's forward, all-gather its shards (the package's
-      ``all_gather``) into the full vector; run the layer with it; keep nothing of the full
-      vector after the layer's forward.
-    - backward: just before a layer's backward, all-gather its shards again; compute the
-      layer's backward; reduce-scatter the full flat gradient, padded as the shards are,
-      with ``op="mean"`` (the package's ``reduce_scatter``): the result is this rank's shard
-      of the mean gradient. One all-gather per layer in forward, one in backward, one
-      reduce-scatter, per step.
-    - run every collective on the rank's comm stream: ``work = comm.run_async(all_gather,
-      comm, shard.detach())`` returns at once; ``work.wait()`` returns the collective's
-      result (here the list of every rank's shard) once it has run. The comm stream runs its
-      jobs one at a time, in the order they were started, beside the rank's compute; a
-      reduce-scatter may still be running when backward returns (``finish`` waits for it).
-      With ``prefetch=True``, start the gather of the next layer to run (the next one with
-      parameters in forward, the previous one in backward) as soon as this layer's
-      parameters have arrived, so that it runs while this layer computes. (The last
-      layer's gather for backward may start when its backward does: only the loss computes
-      between the end of forward and the start of backward.)
+    - shards (solved): for every layer (child of ``module``) with parameters, its parameters
+      flattened in ``named_parameters()`` order into one vector; this rank keeps
+      ``shard_of(vector, comm.rank, comm.world_size)`` as an ``nn.Parameter``, and no other
+      copy of the layer's parameters. ``module`` stays the caller's: its layers are only run,
+      with the gathered parameters in place of theirs (``run_layer``).
+    - one all-gather per layer with parameters in forward, one in backward, one
+      reduce-scatter, per step, every one on the rank's comm stream (``comm.run_async``: it
+      returns at once; ``work.wait()`` returns the collective's result once it has run). The
+      comm stream runs its jobs one at a time, in the order they were started, beside the
+      rank's compute; a reduce-scatter may still be running when backward returns.
     - every rank calls ``replica`` and ``backward`` the same number of times.
 
     Cost per step: 3 collectives of each layer's size, each rank sending 3 (N-1)/N of the
     model's bytes (DDP: 2 (N-1)/N); each rank holds 1/N of the parameters, gradients and
     optimizer state, plus one gathered layer (two with prefetch). Rajbhandari et al. 2020.
     """
-    # Exercise 8.2 (about 44 lines). mp.hint("8.2") when stuck.
-    raise NotImplementedError("Exercise 8.2: wrap_fsdp (notebooks/08_bigger_models.ipynb)")
+    layers = list(module)
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    shards = [nn.Parameter(shard_of(torch.cat([p.detach().reshape(-1)
+                                               for p in layer.parameters()]),
+                                    comm.rank, comm.world_size)) if size else None
+              for layer, size in zip(layers, sizes)]
+
+    class Sharded:
+        def __init__(self) -> None:
+            self.pending: dict[int, Any] = {}  # layer -> its all-gather, started
+            self.reducing: list[tuple[int, Any]] = []  # (layer, its reduce-scatter), started
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            for i, layer in enumerate(layers):
+                x = ShardedLayerFn.apply(x, shards[i], self, i) if sizes[i] else layer(x)
+            return x
+
+        def parameters(self) -> list[nn.Parameter]:
+            return [shard for shard in shards if shard is not None]
+
+        def start_gather(self, i: int) -> None:
+            """Start layer ``i``'s all-gather on the comm stream, unless it has no
+            parameters, does not exist, or was started already."""
+            if 0 <= i < len(layers) and sizes[i] and i not in self.pending:
+                self.pending[i] = comm.run_async(all_gather, comm, shards[i].detach())
+
+        def next_layer(self, i: int, step: int) -> int:
+            """The next layer with parameters after ``i`` going by ``step`` (+1: forward,
+            -1: backward); out of range (start_gather ignores it) when there is none."""
+            j = i + step
+            while 0 <= j < len(layers) and not sizes[j]:
+                j += step
+            return j
+
+        # Yours: gather(self, i, step), forward_layer(self, i, x),
+        # backward_layer(self, i, x, grad_out, needs_input_grad) and finish(self).
+        # Exercise 8.2 (about 21 lines). mp.hint("8.2") when stuck.
+        raise NotImplementedError("Exercise 8.2: wrap_fsdp (notebooks/08_bigger_models.ipynb)")
+
+    return Sharded()

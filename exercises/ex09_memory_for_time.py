@@ -65,8 +65,8 @@ def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor]
     """Activation recomputation (full, per segment): return a function ``f`` with
     ``f(x) == model(x)`` whose forward keeps for backward only each segment's input.
 
-    - Split ``model``'s layers (its children, in order) with ``segment_bounds(len(model),
-      segments)``; its ``ValueError`` for a bad ``segments`` is yours to let through.
+    - ``model``'s layers (its children, in order) are split with ``segment_bounds`` and
+      ``run(start, stop, x)`` runs one span of them: both solved below.
     - Forward: run every segment with autograd off (``torch.no_grad()``), so that nothing
       inside it is kept; keep the segment's input, and only that, for its backward
       (``ctx.save_for_backward``). The result must still take part in autograd: make each
@@ -87,7 +87,18 @@ def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor]
 
     The gradients equal ``model(x)``'s: of every parameter, and of ``x`` when it requires one.
     """
-    # Exercise 9.2 (about 29 lines). mp.hint("9.2") when stuck.
+    bounds = segment_bounds(len(model), segments)  # [(start, stop), ...], one per segment
+    layers = list(model)
+
+    def run(start: int, stop: int, x: torch.Tensor) -> torch.Tensor:
+        """Layers ``start`` to ``stop - 1`` on ``x``, recorded by autograd or not as the
+        caller's mode says."""
+        for layer in layers[start:stop]:
+            x = layer(x)
+        return x
+
+    # Yours: a torch.autograd.Function for one segment, and the function to return.
+    # Exercise 9.2 (about 23 lines). mp.hint("9.2") when stuck.
     raise NotImplementedError("Exercise 9.2: checkpointed (notebooks/09_memory_for_time.ipynb)")
 
 

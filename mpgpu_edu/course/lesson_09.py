@@ -21,8 +21,8 @@ EXERCISES = (
         "through it on its own: wrap each segment in a torch.autograd.Function whose forward "
         "saves only its input and whose backward runs the segment again with autograd on and "
         "back-propagates through that fresh copy.",
-        "bounds = segment_bounds(len(model), segments). class Segment(torch.autograd."
-        "Function): forward(ctx, x, start, stop, *params) saves x, runs layers[start:stop] "
+        "bounds and run(start, stop, x) are given. class Segment(torch.autograd."
+        "Function): forward(ctx, x, start, stop, *params) saves x, runs run(start, stop, x) "
         "under no_grad; backward(ctx, grad_out) detaches x, requires_grad_(ctx."
         "needs_input_grad[0]), reruns the layers under enable_grad, torch.autograd.backward"
         "(out, grad_out), returns x.grad and one None per other input. Pass the segment's "
