@@ -44,11 +44,12 @@ EXERCISES = (
         "node, local = divmod(comm.rank, per_node)\n"
         "inside = comm.group(<my node's ranks>); rail = comm.group(<my rail's ranks>)\n"
         "chunks = list(torch.tensor_split(tensor.view(-1), per_node))\n"
-        "for k in range(per_node - 1):   # reduce-scatter: send (local - k - 1), add into "
-        "(local - k - 2)\n"
+        "for k in range(per_node - 1):   # reduce-scatter: lesson 01's loop, every index one "
+        "lower, so that the last chunk you add into is chunks[local]\n"
         "    ring_step(inside, chunks[...], received); chunks[...].add_(received)\n"
         "ring_all_reduce(rail, chunks[local])   # then .div_(world_size) for the mean\n"
-        "for k in range(per_node - 1):   # all-gather: send (local - k), receive (local - k - 1)\n"
+        "for k in range(per_node - 1):   # all-gather: start by sending the finished "
+        "chunks[local]; receive the one your left neighbour finished\n"
         "    ring_step(inside, chunks[...], chunks[...])"),
        CAPSTONE),
 )
@@ -86,7 +87,7 @@ PREDICTIONS = (
                   "data-parallel replicas. Each TP group either stays inside a node, or takes "
                   "4 GPUs from each node. How much longer is the step of the split groups?"),
         choices=("within 20%: the same bytes move either way",
-                 "between 1.5x and 4x longer",
+                 "between 1.2x and 4x longer",
                  "more than 4x longer"),
         answer=1,
         why=("Tensor parallelism all-reduces the activations 4 times per layer and "

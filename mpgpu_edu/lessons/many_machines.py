@@ -223,7 +223,8 @@ def _describe(info: dict) -> str:
 
     return (f"<b>{format_bytes(info['bytes'])}</b> on {info['preset']}: flat ring "
             f"{format_seconds(info['flat_s'])}, hierarchical {format_seconds(info['hier_s'])}: "
-            f"<b>{info['speedup']:.2f}x</b> faster (closed forms: {info['speedup_form']:.2f}x)")
+            f"<b>{info['speedup']:.2f}x</b> faster (closed forms, additions free: "
+            f"{info['speedup_form']:.2f}x)")
 
 
 def hierarchy_explorer(hierarchical: Callable | None = None, log2_bytes: int = 24,

@@ -86,10 +86,10 @@ def allreduce_table(rows: list[dict]) -> str:
     def pair(a: float, b: float) -> str:
         return f"{format_seconds(a)} / {format_seconds(b)}"
 
-    lines = [f"{'size':>10}  {'flat / hierarchical':>21}  {'speedup':>7}  "
+    lines = [f"{'size':>10}  {'simulated flat / hier.':>22}  {'speedup':>7}  "
              f"{'forms, additions free':>21}  {'speedup':>7}  {'forms + additions':>21}"]
     for r in rows:
-        lines.append(f"{format_bytes(r['bytes']):>10}  {pair(r['flat_s'], r['hier_s']):>21}  "
+        lines.append(f"{format_bytes(r['bytes']):>10}  {pair(r['flat_s'], r['hier_s']):>22}  "
                      f"{r['speedup']:>6.2f}x  {pair(r['flat_form_s'], r['hier_form_s']):>21}  "
                      f"{r['speedup_form']:>6.2f}x  {pair(*_with_additions(r)):>21}")
     return "\n".join(lines)

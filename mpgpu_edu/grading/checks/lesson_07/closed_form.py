@@ -27,7 +27,23 @@ def _form_agree(got: Any, nodes: int, per_node: int, nbytes: float, alphas: tupl
            f"expected a number of seconds, got {type_name(got)}")
     # judge_examples names the example (nodes, per_node, nbytes, alphas, betas) once
     expect(abs(got - want) <= 1e-9 * max(want, 1e-30),
-           f"expected {want:.6g} s, got {got:.6g} s")
+           f"expected {want:.6g} s, got {got:.6g} s"
+           + _diagnosis(got, nodes, per_node, nbytes, alphas, betas))
+
+
+def _diagnosis(got: float, nodes: int, per_node: int, nbytes: float, alphas: tuple,
+               betas: tuple) -> str:
+    """Name the usual slip when ``got`` equals it: the rail's all-reduce charged for the
+    whole tensor instead of its node's chunk (1/per_node of it)."""
+    (a, a2), (b, b2) = alphas, betas
+    inside = 2 * (per_node - 1) * (a + nbytes / (per_node * b))
+    whole = 2 * (nodes - 1) * (a2 + nbytes / (nodes * b2))
+    if isinstance(got, (int, float)) and per_node > 1 and nodes > 1 \
+            and abs(got - (inside + whole)) <= 1e-9 * abs(inside + whole):
+        return (": your network term moves the whole tensor across; each rail's all-reduce "
+                "carries only its node's chunk, S / per_node, so its ring steps move "
+                "S / (per_node x nodes)")
+    return ""
 
 
 _FORM_MAIN = [dict(nodes=2, per_node=8, nbytes=2.0**28, alphas=(3e-6, 8e-6),
