@@ -30,7 +30,7 @@ def test_rows_say_what_they_are() -> None:
     assert len(keys) == len(set(keys))
     for row in fidelity.ROWS:
         assert row.kind in ("calibration", "validation", "other-config", "gap"), row.key
-        assert row.quantity in ("busbw", "latency", "mfu", "step"), row.key
+        assert row.quantity in ("busbw", "latency", "mfu", "step", "membw"), row.key
         assert 0 < row.tolerance <= 0.15, row.key
         if row.kind == "gap":
             assert row.published is None and row.known_miss, row.key  # says why it is a gap

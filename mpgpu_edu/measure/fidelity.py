@@ -1,7 +1,8 @@
 """How close the simulator comes to published measurements: the rows of ``docs/fidelity.md``.
 
 Each ``Row`` names a cluster preset, what is simulated (a large-message all-reduce's bus
-bandwidth, a small message's latency, or the model FLOP utilisation of a large GEMM), the
+bandwidth, a small message's latency, the model FLOP utilisation of a large GEMM, the DRAM
+bandwidth one streaming kernel reaches, or a whole training step), the
 published number it is compared with and where that number comes from, and whether that
 number SET a parameter of the model (``kind="calibration"``: agreement then only shows the
 wiring passes the parameter through) or did not (``kind="validation"``). ``published=None``
@@ -62,6 +63,10 @@ def simulate(row: Row) -> float:
         nbytes = 2 * (GEMM_M * GEMM_K + GEMM_K * GEMM_N + GEMM_M * GEMM_N)  # bf16
         seconds = cluster.op_seconds(flops, nbytes, "bf16")
         return flops / (seconds * cluster.gpu.peak_flops["bf16"])
+    if row.quantity == "membw":
+        # One kernel that streams row.nbytes through DRAM (no FLOPs): the bandwidth it
+        # reaches, launch included, as a benchmark that times the kernel would report.
+        return row.nbytes / cluster.op_seconds(0.0, row.nbytes, "fp32")
     if row.quantity == "latency":
         def pingpong(comm, nbytes):
             t = torch.empty(nbytes, dtype=torch.uint8, device="meta")
@@ -101,7 +106,7 @@ def relative_error(row: Row) -> float | None:
 def _fmt(quantity: str, value: float | None) -> str:
     if value is None:
         return "-"
-    if quantity == "busbw":
+    if quantity in ("busbw", "membw"):
         return f"{value / GB:.1f} GB/s"
     if quantity == "latency":
         return f"{value * 1e6:.1f} us"

@@ -22,7 +22,9 @@ class Row:
 
     key: str
     preset: str
-    quantity: str  # "busbw" (bytes/s), "latency" (s), "mfu" (fraction of peak), "step" (s)
+    # "busbw" (bytes/s), "latency" (s), "mfu" (fraction of peak), "step" (s), "membw" (bytes/s
+    # that one streaming kernel reaches in DRAM)
+    quantity: str
     setup: str  # what is simulated, in words
     published: float | None
     published_text: str  # the published figure as the source states it
@@ -98,12 +100,17 @@ ROWS: tuple[Row, ...] = (
     Row("rtx4090x4-switch", "4xRTX4090-pcie-switch", "busbw", "ring all-reduce, 1 GiB",
         None, "none found", "-", "gap", "none",
         known_miss="no published nccl-tests result for four RTX 4090s behind one PCIe switch "
-                   "uplink was found"),
+                   "uplink was found: none of the RTX 4090 runs found (tinygrad/open-gpu-kernel-"
+                   "modules#36, NVIDIA/nccl-tests#269, #270, #307, NVIDIA/nccl#1530) states "
+                   "such a switch"),
     Row("rtx4090x8", "8xRTX4090-pcie", "busbw", "ring all-reduce, 1 GiB",
-        None, "none used", "-", "gap", "none",
-        known_miss="8x RTX 4090 NCCL_ALGO=RING results are posted in NVIDIA/nccl-tests#269 "
-                   "and #270, but their numbers could not be read from the stored copies "
-                   "available here, so none is quoted"),
+        None, "none readable", "-", "gap", "none",
+        known_miss="8x RTX 4090 all_reduce_perf runs are posted in NVIDIA/nccl-tests#269 and "
+                   "#270 (NCCL_ALGO=RING, 256 B-1 GiB), NVIDIA/nccl#1530 (8 B-128 MiB, ring "
+                   "and tree) and NVIDIA/nccl-tests#307, but in the stored copies available "
+                   "here what can be read of each post stops before its result lines (the "
+                   "command, the devices, the table header or NCCL's log), so no number is "
+                   "quoted"),
     # --- two nodes, one NIC per GPU ------------------------------------------------------
     Row("a100-2x8-flat-ring", "2x8xA100-ib", "busbw",
         "flat pipelined ring (2 MiB segments) over 16 GPUs, through one NIC, 1 GiB",
@@ -129,10 +136,19 @@ ROWS: tuple[Row, ...] = (
         algo="nccl_rails"),
     # --- CPU (gloo) presets --------------------------------------------------------------
     Row("gloo-2", "2xCPU-gloo", "busbw", "ring all-reduce, 1 GiB", None, "none", "-", "gap",
-        "none", known_miss="the gloo presets are rough defaults for a laptop, not a "
-        "measurement; `mpgpu-edu calibrate` measures the machine it runs on instead"),
+        "none", known_miss="the gloo presets are rough defaults for a laptop (loopback-gloo: "
+        "30 us, 2 GB/s), not a measurement of any machine, and no published gloo loopback "
+        "all-reduce on a laptop was found. What benchmarks/RESULTS.md records on this "
+        "repository's own machine (2 cores, virtualised) is not the row's quantity: "
+        "`benchmarks/calibrate_vs_measured.py --runs 3 --repeats 15` fits alpha 245-300 us and "
+        "beta 2.66-3.00 GB/s for 2 ranks (load 0.57 before, 1.02 after), and compares our "
+        "rings with the simulator on that fit up to 64 MiB; no all-reduce bus bandwidth at "
+        "1 GiB is recorded, and the fit set nothing in the presets. `mpgpu-edu calibrate` "
+        "measures the machine it runs on instead"),
     Row("gloo-4", "4xCPU-gloo", "busbw", "ring all-reduce, 1 GiB", None, "none", "-", "gap",
-        "none", known_miss="as 2xCPU-gloo"),
+        "none", known_miss="as 2xCPU-gloo; benchmarks/RESULTS.md has no 4-rank calibration "
+        "(its 4-rank all-reduce section records only ratios of our rings to "
+        "torch.distributed's)"),
     # --- compute -------------------------------------------------------------------------
     Row("a100-mfu-gemm", "8xA100-nvlink", "mfu",
         "one GPT-3-class BF16 GEMM (2048 tokens x 12288 x 49152, the MLP's first matmul "
@@ -145,6 +161,24 @@ ROWS: tuple[Row, ...] = (
         0.405, "38-43% BF16 MFU, Llama 3 405B pre-training on 8,192-16,384 H100s (midpoint "
         "used)", "Dubey et al., 'The Llama 3 Herd of Models', 2024, Table 4", "calibration",
         "H100 efficiency = 0.40"),
+    # --- the RTX 4090's two assumed figures, against measurements that set neither --------
+    Row("rtx4090-mfu-gemm", "4xRTX4090-pcie", "mfu",
+        "the same GEMM on an RTX 4090 (efficiency 0.52, assumed as the A100's)",
+        0.29 * 312e12 / 165.2e12,
+        "'on 1x 4090 GPU, I am getting 29% MFU while training GPT-2 124M': nanoGPT's "
+        "estimate_mfu divides by the A100's 312 TFLOP/s (model.py: flops_promised = 312e12), "
+        "so 90.5 TFLOP/s, 0.548 of the RTX 4090's 165.2 dense BF16 (a single report, its "
+        "configuration not given)", "karpathy/nanoGPT#182 (akjindal53244)", "validation",
+        "none (RTX 4090 efficiency 0.52 is the A100's, from Narayanan et al. 2021)"),
+    Row("rtx4090-membw", "4xRTX4090-pcie", "membw",
+        "one streaming kernel over 1 GiB on an RTX 4090 (roofline: bytes / effective memory "
+        "bandwidth, plus one launch)",
+        921.32 * GB, "921.32 GB/s global memory bandwidth (clpeak, float16 vectors; 866.65 "
+        "with float), one RTX 4090 at a 248 W power limit, Windows 11",
+        "krrishnarraj/clpeak#106 (moyang)", "validation",
+        "none (RTX 4090 effective_memory_Bps = 86.7% of the 1,008 GB/s peak, the fraction "
+        "measured on an H100: 2,903 of 3,350 GB/s, github.com/aigatech/vpbenchmarking)",
+        nbytes=GIB),
 )
 
 
