@@ -293,7 +293,12 @@ def test_column_parallel_must_split_the_work() -> None:
         return out
 
     results = verdicts("5.1", everything_everywhere)
-    assert "each rank computes 1/N of the FLOPs" in failing(results)
+    flops = next(name for name in results if name.startswith("each rank computes 1/N"))
+    assert flops in failing(results)
+    # the FLOPs are the submission's own count: shown, worth nothing; the traffic (the
+    # whole weight gathered) is what costs this answer its points
+    assert next(c for c in cases_for("5.1") if c.name == flops).points == 0
+    assert "traffic: an all-gather of the output" in failing(results)
     assert results["the full output on every rank, with and without a bias"][0] == "passed"
 
 

@@ -39,10 +39,12 @@ REFERENCES = {  # the package's own implementation, out of reach while the learn
 
 CASES: dict[str, list[Case]] = {
     "5.1": [
-        Case("the full output on every rank, with and without a bias", 1,
+        Case("the full output on every rank, with and without a bias", 2,
              *each(_COLUMN_SHAPES, _column_compute, _column_values)),
-        Case("each rank computes 1/N of the FLOPs", 1,
-             *each(_COLUMN_BIG, _column_compute, _column_flops)),
+        # FLOPs are counted inside the submission's process, where the grader cannot verify
+        # them: the case tells the learner, and earns no points.
+        Case("each rank computes 1/N of the FLOPs (feedback, no points: counted inside your "
+             "process)", 0, *each(_COLUMN_BIG, _column_compute, _column_flops)),
         Case("traffic: an all-gather of the output", 1,
              *each(_COLUMN_BIG, _column_compute, _column_traffic)),
         Case("hidden: random shapes", 1,
