@@ -156,7 +156,7 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
 
     Cost per step: 3 collectives of each layer's size, each rank sending 3 (N-1)/N of the
     model's bytes (DDP: 2 (N-1)/N); each rank holds 1/N of the parameters, gradients and
-    optimizer state, plus one gathered layer (two with prefetch). Rajbhandari et al. 2020.
+    optimizer state, plus the layers gathered at the moment. Rajbhandari et al. 2020.
     """
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]

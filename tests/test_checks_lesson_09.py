@@ -14,7 +14,7 @@ from tests.mutants import lesson_09 as mutants
 @pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
     ("9.1", "bytes_without_scores", "the docstring's example", ("scores", "missing")),
     ("9.2", "recompute_without_parameters", "data that needs no gradient",
-     ("does not require a gradient", "pass the segment's parameters")),
+     ("does not require a gradient", "makes autograd call a node's backward")),
     ("9.2", "recompute_overwrites_grad", "gradients accumulate", ("2 backward passes",)),
     ("9.2", "recompute_keeps_outputs", "keeps only each segment's input", ("still alive",)),
     ("9.3", "bubble_unchecked", "refuses sizes", ("(4, 8, 0)", "raised ZeroDivisionError",

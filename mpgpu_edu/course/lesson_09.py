@@ -32,8 +32,9 @@ EXERCISES = (
         "x.detach().requires_grad_(ctx.needs_input_grad[0])\n    with torch.enable_grad():\n"
         "        out = run(*ctx.span, x)\n    torch.autograd.backward(out, grad_out)\n    "
         "return (x.grad if ctx.needs_input_grad[0] else None, None, None, *[None] * "
-        "len(params))\n\ndef forward(x):\n    for start, stop in bounds:\n        x = "
-        "Segment.apply(x, start, stop, *params_of(start, stop))\n    return x"),
+        "(len(ctx.needs_input_grad) - 3))\n\ndef forward(x):\n    for start, stop in bounds:\n"
+        "        params = [p for layer in layers[start:stop] for p in layer.parameters()]\n"
+        "        x = Segment.apply(x, start, stop, *params)\n    return x"),
        CAPSTONE),
     ex('9.3', 'interleaved_bubble_overhead', 'Interleaved 1F1B: the bubble in closed form', 4,
        ("1F1B's bubble costs (P-1)/M of the compute time: P-1 forward-and-backward slots to "
@@ -50,7 +51,7 @@ PREDICTIONS = (
     Prediction(
         key="09.recompute-time",
         question=("GPT-2 medium, 32 sequences of 1024 tokens per device, eager attention: "
-                  "full activation recomputation shrinks the activations to a few percent. "
+                  "full activation recomputation shrinks the activations to under a tenth. "
                   "How much longer is a training step?"),
         choices=("no longer: recomputing is free", "about 10% longer", "about 30% longer",
                  "about twice as long"),
@@ -66,8 +67,9 @@ PREDICTIONS = (
         choices=("the same 37.5%", "about half: 18.75%", "about a quarter: 9.4%", "nothing"),
         answer=1,
         why=("Each device's chunk steps do half a stage's work each, so the fill and drain "
-             "take half as long: (P-1)/(V M) = 3/16. The price: twice as many messages between "
-             "the devices, and more microbatch-chunks held at once.")),)
+             "take half as long: half the bubble (exercise 9.3 asks for the formula). The "
+             "price: twice as many messages between the devices, and more microbatch-chunks "
+             "held at once.")),)
 
 LESSON = Lesson(9, 'memory for time', 'ex09_memory_for_time',
                 'notebooks/09_memory_for_time.ipynb', EXERCISES, PREDICTIONS,

@@ -90,8 +90,9 @@ def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
     expect_close(data["out"], want["out"], "f(x)", rtol=1e-9, atol=1e-12)
     expect(data["tracked"], "f(x) does not require a gradient" + (
         "" if input_grad else " when the data needs none: autograd never calls your "
-        "segments' backward and no parameter gets a gradient (pass the segment's parameters "
-        "to apply as inputs, so that the node needs a backward anyway)"))
+        "segments' backward and no parameter gets a gradient. What makes autograd call a "
+        "node's backward when none of its inputs so far needs a gradient? (mp.hint, "
+        "the second tier, says)"))
     if input_grad:
         expect_close(data["x_grad"], want["x_grad"], "the input's gradient", rtol=1e-9,
                      atol=1e-12)
