@@ -112,9 +112,12 @@ def shard_of(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False) -> FSDPReplica:
     """Shard ``module`` over the ranks as ZeRO-3 / FSDP does and return this rank's replica.
 
-    Solved for you below: the shards, the replica's class ``Sharded`` with its forward
-    (``replica(x)``), ``parameters()``, ``start_gather`` and ``next_layer``. Yours (exercise
-    8.2): four methods of ``Sharded``, where the stub stands:
+    Solved for you below: ``layers``, ``sizes`` (each layer's number of parameters) and
+    ``shards`` (each layer's ``nn.Parameter``, None for a layer without parameters), all
+    by layer index; the replica's class ``Sharded`` with ``self.pending`` (started gathers),
+    ``self.reducing`` (started reduce-scatters), its forward (``replica(x)``),
+    ``parameters()``, ``start_gather(i)`` and ``next_layer(i, step)``. Yours (exercise 8.2):
+    four methods of ``Sharded``, where the stub stands:
 
     - ``gather(i, step)`` returns layer ``i``'s full flat parameters (its ``sizes[i]``
       elements, the padding cut off). It starts the layer's all-gather unless it was started
@@ -136,23 +139,11 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
       accumulate, as in torch, so two ``backward`` calls before one ``finish`` leave the sum
       of both.
 
-    Contract:
-
-    - shards (solved): for every layer (child of ``module``) with parameters, its parameters
-      flattened in ``named_parameters()`` order into one vector; this rank keeps
-      ``shard_of(vector, comm.rank, comm.world_size)`` as an ``nn.Parameter``, and no other
-      copy of the layer's parameters. ``module`` stays the caller's: its layers are only run,
-      with the gathered parameters in place of theirs (``run_layer``).
-    - one all-gather per layer with parameters in forward, one in backward, one
-      reduce-scatter, per step, every one on the rank's comm stream (``comm.run_async``: it
-      returns at once; ``work.wait()`` returns the collective's result once it has run). The
-      comm stream runs its jobs one at a time, in the order they were started, beside the
-      rank's compute; a reduce-scatter may still be running when backward returns.
-    - every rank calls ``replica`` and ``backward`` the same number of times.
-
-    Cost per step: 3 collectives of each layer's size, each rank sending 3 (N-1)/N of the
-    model's bytes (DDP: 2 (N-1)/N); each rank holds 1/N of the parameters, gradients and
-    optimizer state, plus the layers gathered at the moment. Rajbhandari et al. 2020.
+    Per step: one all-gather per layer with parameters in forward, one in backward, one
+    reduce-scatter, every one on the comm stream (``comm.run_async``), and no other copy of
+    a layer's parameters kept. Each shard is ``shard_of`` the layer's parameters flattened
+    in ``named_parameters()`` order; ``module`` stays the caller's, its layers only run with
+    the gathered parameters in place of theirs. Rajbhandari et al. 2020.
     """
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]

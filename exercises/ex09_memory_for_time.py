@@ -109,8 +109,8 @@ def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: in
     The schedule runs microbatches in rounds of P: raise ``ValueError`` when M is not a
     multiple of P, or any argument is below 1.
 
-    >>> interleaved_bubble_overhead(2, 4, 3)
-    0.08333333333333333
+    >>> interleaved_bubble_overhead(4, 8, 1)  # one chunk per device: plain 1F1B
+    0.375
     """
     # Exercise 9.3 (about 5 lines). mp.hint("9.3") when stuck.
     raise NotImplementedError("Exercise 9.3: interleaved_bubble_overhead (notebooks/09_memory_for_time.ipynb)")

@@ -99,7 +99,8 @@ def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, per_node: 
 
     Three phases, each on a group from ``comm.group``: a ring reduce-scatter inside the
     node over ``torch.tensor_split(flat, per_node)``'s chunks, after which local rank i
-    holds its node's sum of chunk i; a ring all-reduce of chunk i among the ranks of rail i
+    holds its node's sum of one chunk (the same one on every node: with lesson 01's loop,
+    chunk (i + 1) % per_node); a ring all-reduce of that chunk among the ranks of rail i
     (local rank i of every node); a ring all-gather of the chunks inside the node.
     Traffic per rank: 2 (G - 1) / G S bytes to ranks of its own node and 2 (M - 1) / (G M) S
     across the network, only to its own rail (G = ``per_node``, M nodes, S the tensor's

@@ -145,8 +145,8 @@ def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: in
     The schedule runs microbatches in rounds of P: raise ``ValueError`` when M is not a
     multiple of P, or any argument is below 1.
 
-    >>> interleaved_bubble_overhead(2, 4, 3)
-    0.08333333333333333
+    >>> interleaved_bubble_overhead(4, 8, 1)  # one chunk per device: plain 1F1B
+    0.375
     """
     ### BEGIN SOLUTION 9.3
     if min(n_stages, n_microbatches, n_chunks) < 1:

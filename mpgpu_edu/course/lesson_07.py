@@ -37,19 +37,19 @@ EXERCISES = (
         "other nodes: one rail. Then the node shares the finished chunks.",
         "Make two groups with comm.group: your node's ranks and your rail's ranks (7.1 gives "
         "both). Split tensor.view(-1) into per_node chunks with torch.tensor_split. Phase 1: "
-        "a ring reduce-scatter on the node group, arranged so that local rank i finishes "
-        "chunk i (lesson 01's loop finishes chunk i + 1: shift it by one). Phase 2: "
-        "ring_all_reduce(rail, chunk i). Divide by the world size for the mean. Phase 3: a "
-        "ring all-gather on the node group. Use ring_step for the rings.",
+        "lesson 01's ring reduce-scatter loop on the node group: it leaves local rank i with "
+        "chunk (i + 1) % per_node finished. Phase 2: ring_all_reduce(rail, that chunk), then "
+        "divide that chunk by the world size for the mean. Phase 3: lesson 01's ring "
+        "all-gather loop on the node group. Use ring_step for the rings.",
         "node, local = divmod(comm.rank, per_node)\n"
         "inside = comm.group(<my node's ranks>); rail = comm.group(<my rail's ranks>)\n"
         "chunks = list(torch.tensor_split(tensor.view(-1), per_node))\n"
-        "for k in range(per_node - 1):   # reduce-scatter: lesson 01's loop, every index one "
-        "lower, so that the last chunk you add into is chunks[local]\n"
+        "for k in range(per_node - 1):   # reduce-scatter: lesson 01's loop, on inside\n"
         "    ring_step(inside, chunks[...], received); chunks[...].add_(received)\n"
-        "ring_all_reduce(rail, chunks[local])   # then .div_(world_size) for the mean\n"
-        "for k in range(per_node - 1):   # all-gather: start by sending the finished "
-        "chunks[local]; receive the one your left neighbour finished\n"
+        "mine = chunks[(local + 1) % per_node]   # what the loop finished here\n"
+        "ring_all_reduce(rail, mine)   # then mine.div_(world_size) for the mean\n"
+        "for k in range(per_node - 1):   # all-gather: lesson 01's loop, on inside, "
+        "starting from mine\n"
         "    ring_step(inside, chunks[...], chunks[...])"),
        CAPSTONE),
 )
@@ -79,8 +79,8 @@ PREDICTIONS = (
              "hierarchical all-reduce sends 2(G-1)/G S over NVLink (8x faster) and only "
              "2(M-1)/(GM) S = 32 MiB per GPU across, on all 8 NICs at once. Its NVLink phases "
              "now dominate, so the gain is about 5x, not 16x. That is against one naive ring: "
-             "NCCL's own ring runs one ring per rail, on every NIC, and comes close to the "
-             "hierarchical all-reduce (section 4 prints both).")),
+             "NCCL's own ring runs one ring per rail, on every NIC, and at this size is as fast "
+             "as the hierarchical all-reduce (section 4 prints both).")),
     Prediction(
         key="07.tp-across-nodes",
         question=("LLaMA-7B on 2 nodes x 8 H100, tensor parallelism over 8 GPUs and two "

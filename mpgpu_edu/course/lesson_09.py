@@ -28,7 +28,9 @@ EXERCISES = (
         "(out, grad_out), returns x.grad and one None per other input. Pass the segment's "
         "parameters as inputs: otherwise, when x needs no gradient (the data), autograd "
         "never calls the first segment's backward and its parameters get no gradient.",
-        "@staticmethod\ndef backward(ctx, grad_out):\n    (x,) = ctx.saved_tensors\n    x = "
+        "@staticmethod\ndef forward(ctx, x, start, stop, *params):\n    ctx.save_for_backward(x)\n"
+        "    ctx.span = (start, stop)\n    with torch.no_grad():\n        return run(start, "
+        "stop, x)\n\n@staticmethod\ndef backward(ctx, grad_out):\n    (x,) = ctx.saved_tensors\n    x = "
         "x.detach().requires_grad_(ctx.needs_input_grad[0])\n    with torch.enable_grad():\n"
         "        out = run(*ctx.span, x)\n    torch.autograd.backward(out, grad_out)\n    "
         "return (x.grad if ctx.needs_input_grad[0] else None, None, None, *[None] * "

@@ -104,10 +104,10 @@ def _hier_values(facts: dict, nodes: int, per_node: int, numel: int, op: str = "
     right = all(isinstance(r, torch.Tensor) and r.shape == want.shape
                 and torch.allclose(r, want, rtol=1e-4, atol=1e-4) for r in facts["results"])
     expect(right or not _phase_one_shifted(facts["results"], inputs, nodes, per_node, op),
-           "after phase 1 (the reduce-scatter inside the node), "
-           "local rank i must hold its node's sum of chunk i, the chunk it all-reduces on its "
-           "rail; your local rank i holds chunk i + 1 (as lesson 01's reduce-scatter loop "
-           "leaves it), so the rail sums a chunk of partial sums")
+           "phase 2 must all-reduce on the rail the chunk that phase 1 (the reduce-scatter "
+           "inside the node) finished on this rank: lesson 01's loop leaves local rank i "
+           "with chunk (i + 1) % per_node finished, but your rail summed another chunk, one "
+           "of partial sums")
     for rank, got in enumerate(facts["results"]):
         expect_close(got, want, f"rank {rank}'s tensor")
 

@@ -61,7 +61,7 @@ CASES: dict[str, list[Case]] = {
              _judge_recompute_hidden, hidden=True),
     ],
     "9.3": [
-        Case("the docstring's example", 1, _bubbles([(2, 4, 3)]), _bubble_judge([(2, 4, 3)])),
+        Case("the docstring's example", 1, _bubbles([(4, 8, 1)]), _bubble_judge([(4, 8, 1)])),
         Case("agrees with the simulated schedule; V=1 is 1F1B", 1,
              _bubbles([(2, 4, 3), (3, 9, 2), (4, 4, 1)]),
              _bubble_judge([(2, 4, 3), (3, 9, 2), (4, 4, 1)])),
