@@ -35,7 +35,7 @@ WORKER = "mpgpu_edu.lessons.many_machines"  # what every rank of the torchrun de
 # use: the placements of a 2-node mesh and the figures and tables.
 _ELSEWHERE = dict.fromkeys(["Placement", "PLACEMENTS", "SPREAD", "TP_16", "placement_key",
                             "simulate_placement"], "mpgpu_edu.estimate.placements")
-_ELSEWHERE.update(dict.fromkeys(["plot_allreduce_timelines", "allreduce_table", "nccl_table"],
+_ELSEWHERE.update(dict.fromkeys(["plot_allreduce_timelines", "nccl_table"],
                                 "mpgpu_edu.viz.hierarchical"))
 _ELSEWHERE.update(dict.fromkeys(["plot_placements", "placements_table"],
                                 "mpgpu_edu.viz.placements"))
@@ -169,22 +169,6 @@ def nccl_rails_seconds(preset: str = "2x8xH100-ib", nbytes: int = 2**28) -> floa
         all_reduce_nccl(comm, torch.empty(nbytes // 4, device="meta"), rings=rings)
 
     return launch(program, Cluster.preset(preset)).trace.makespan
-
-
-def allreduce_rows(preset: str = "2x8xH100-ib", sizes: tuple[int, ...] = (2**16, 2**22, 2**28),
-                   hierarchical: Callable | None = None) -> list[dict]:
-    """Flat ring and hierarchical all-reduce at each size: simulated seconds, closed forms,
-    and the speedup each predicts."""
-    rows = []
-    for nbytes in sizes:
-        runs = allreduce_runs(preset, nbytes, hierarchical)
-        flat, hier = runs["flat ring"], runs["hierarchical"]
-        rows.append({"bytes": nbytes, "flat_s": flat["seconds"], "hier_s": hier["seconds"],
-                     "flat_form_s": flat["closed_form"], "hier_form_s": hier["closed_form"],
-                     "flat_adds_s": flat["additions"], "hier_adds_s": hier["additions"],
-                     "speedup": flat["seconds"] / hier["seconds"],
-                     "speedup_form": flat["closed_form"] / hier["closed_form"]})
-    return rows
 
 
 def nccl_rows(preset: str = "2x8xH100-ib", sizes: tuple[int, ...] = (2**16, 2**28),

@@ -1,6 +1,6 @@
 """Lesson 07's all-reduce across nodes: the sends of a flat ring and of the hierarchical
 all-reduce on one time axis (``plot_allreduce_timelines``), and their times as tables
-(``allreduce_table``, ``nccl_table``) of the rows ``mpgpu_edu.lessons.many_machines`` makes.
+(``nccl_table``) of the rows ``mpgpu_edu.lessons.many_machines`` makes.
 """
 
 from __future__ import annotations
@@ -79,22 +79,6 @@ def _label_phases(ax: Any, trace: Any, per_node: int, n: int, longest: float) ->
     return ""
 
 
-def allreduce_table(rows: list[dict]) -> str:
-    """Simulated times; the closed forms with additions free; the same plus the additions
-    (``cost.*_additions_time``: a launch and the memory traffic each), which the simulator
-    charges."""
-    def pair(a: float, b: float) -> str:
-        return f"{format_seconds(a)} / {format_seconds(b)}"
-
-    lines = [f"{'size':>10}  {'simulated flat / hier.':>22}  {'speedup':>7}  "
-             f"{'forms, additions free':>21}  {'speedup':>7}  {'forms + additions':>21}"]
-    for r in rows:
-        lines.append(f"{format_bytes(r['bytes']):>10}  {pair(r['flat_s'], r['hier_s']):>22}  "
-                     f"{r['speedup']:>6.2f}x  {pair(r['flat_form_s'], r['hier_form_s']):>21}  "
-                     f"{r['speedup_form']:>6.2f}x  {pair(*_with_additions(r)):>21}")
-    return "\n".join(lines)
-
-
 def nccl_table(rows: list[dict]) -> str:
     lines = [f"{'size':>10}  {'one flat ring':>13}  {'NCCL, every rail':>16}  "
              f"{'hierarchical':>12}  {'NCCL / hierarchical':>19}"]
@@ -102,7 +86,3 @@ def nccl_table(rows: list[dict]) -> str:
               f"{format_seconds(r['nccl_s']):>16}  {format_seconds(r['hier_s']):>12}  "
               f"{r['nccl_s'] / r['hier_s']:>19.2f}" for r in rows]
     return "\n".join(lines)
-
-
-def _with_additions(row: dict) -> tuple[float, float]:
-    return row["flat_form_s"] + row["flat_adds_s"], row["hier_form_s"] + row["hier_adds_s"]
