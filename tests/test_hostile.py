@@ -178,6 +178,38 @@ def grade(folder: Path, out: Path, *ids: str) -> dict[str, dict]:
         return {row["learner"]: row for row in csv.DictReader(handle)}
 
 
+def liar_on_1_4() -> str:
+    """The solution of lesson 01 whose ``ring_reduce_scatter`` returns zeros as a Tensor
+    subclass that answers True to allclose, equal and ==."""
+    return with_body((ROOT / "solutions" / "ex01_communication.py").read_text(),
+                     "ring_reduce_scatter", """
+        class _Liar(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                if func in (torch.allclose, torch.equal, torch.Tensor.__eq__):
+                    return True
+                return super().__torch_function__(func, types, args, kwargs or {})
+        chunk = torch.tensor_split(tensor.reshape(-1), comm.world_size)[comm.rank]
+        return torch.zeros_like(chunk).as_subclass(_Liar)
+    """)
+
+
+def gone(within_s: float = 1.0) -> list[psutil.Process]:
+    """``marked()`` once it is empty, or after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while (found := marked()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def run_main(argv: list[str]) -> tuple[int, str]:
+    """``mpgpu-edu ARGV`` in this process: its exit code and what it wrote to stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, err.getvalue()
+
+
 def marked() -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["name"]):
@@ -209,12 +241,16 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
                                                        for code in SABOTAGE.values())))
     (subs / "symlinked").mkdir()
     (subs / "symlinked" / "exercises").symlink_to(ROOT / "solutions")
+    # Exercise 1.4 for two learners who already have a sandbox (each exercise runs in a
+    # child of its own): the honest one's solution, and a Tensor subclass that lies.
+    (subs / "z_honest" / "ex01_communication.py").write_text(
+        (ROOT / "solutions" / "ex01_communication.py").read_text())
+    (subs / "always_equal" / "ex01_communication.py").write_text(liar_on_1_4())
     before = {"subs": digest(subs), "package": package_digest()}
-    rows = grade(subs, out, "0.1")
-    time.sleep(1.0)
+    rows = grade(subs, out, "0.1", "1.4")
     return {"rows": rows, "before": before, "subs": subs, "out": out,
+            "marked": [p.pid for p in gone()],
             "after": {"subs": digest(subs), "package": package_digest()},
-            "marked": [p.pid for p in marked()],
             "sandboxes": [p.pid for p in psutil.Process().children(recursive=True)
                           if p.name() == "bwrap"]}
 
@@ -243,23 +279,9 @@ def test_no_process_of_the_grading_survives(graded: dict) -> None:
     assert graded["sandboxes"] == []
 
 
-def test_a_tensor_subclass_cannot_make_allclose_lie(tmp_path: Path) -> None:
-    solution = (ROOT / "solutions" / "ex01_communication.py").read_text()
-    liar = with_body(solution, "ring_reduce_scatter", """
-        class _Liar(torch.Tensor):
-            @classmethod
-            def __torch_function__(cls, func, types, args=(), kwargs=None):
-                if func in (torch.allclose, torch.equal, torch.Tensor.__eq__):
-                    return True
-                return super().__torch_function__(func, types, args, kwargs or {})
-        chunk = torch.tensor_split(tensor.reshape(-1), comm.world_size)[comm.rank]
-        return torch.zeros_like(chunk).as_subclass(_Liar)
-    """)
-    for name, text in (("honest", solution), ("liar", liar)):
-        (tmp_path / "subs" / name).mkdir(parents=True)
-        (tmp_path / "subs" / name / "ex01_communication.py").write_text(text)
-    rows = grade(tmp_path / "subs", tmp_path / "g.csv", "1.4")
-    assert rows["honest"]["1.4"] == "6" and rows["liar"]["1.4"] == "0"
+def test_a_tensor_subclass_cannot_make_allclose_lie(graded: dict) -> None:
+    rows = graded["rows"]  # graded in the class above, beside their answers to 0.1
+    assert rows["z_honest"]["1.4"] == "6" and rows["always_equal"]["1.4"] == "0"
 
 
 def test_a_killed_grader_loses_nothing_and_the_next_run_resumes(tmp_path: Path) -> None:
@@ -288,20 +310,18 @@ def test_a_killed_grader_loses_nothing_and_the_next_run_resumes(tmp_path: Path) 
     so_far = json.loads((tmp_path / "g.json").read_text())  # and the JSON, whole
     assert "a" in json.dumps(so_far)
     assert all(row[1] == "5" for row in rows[1:])
-    time.sleep(1.0)
-    assert marked() == []
-    resumed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True,
-                             timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert gone() == []
+    # The next runs go through the same command line in this process (no second torch import).
+    code, err = run_main(command[3:])
+    assert code == 0, err[-2000:]
     if len(rows) - 1 < 2:
-        assert f"resuming: {len(rows) - 1} learner(s)" in resumed.stderr
+        assert f"resuming: {len(rows) - 1} learner(s)" in err
     final = {row["learner"]: row for row in csv.DictReader(out.open())}
     assert sorted(final) == ["a", "b"] and all(r["0.1"] == "5" for r in final.values())
     (subs / "a" / "ex00_devices.py").write_text(
         (ROOT / "exercises" / "ex00_devices.py").read_text())  # a changed submission
-    again = subprocess.run(command + ["--fresh"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=300)
-    assert again.returncode == 0 and "resuming" not in again.stderr
+    code, err = run_main(command[3:] + ["--fresh"])
+    assert code == 0 and "resuming" not in err
     assert {row["learner"]: row["0.1"] for row in csv.DictReader(out.open())} == {
         "a": "0", "b": "5"}
 

@@ -111,6 +111,11 @@ class ForkServer:
     def _close(self) -> None:
         if self.control is not None:
             with contextlib.suppress(OSError):
+                # Shut down before closing: the reader thread's blocked recv() keeps the
+                # socket open after a bare close(), so the server would never see end of file
+                # and stop() would wait out its timeout, then kill it.
+                self.control.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
                 self.control.close()
         if self.process is not None:
             try:

@@ -168,6 +168,12 @@ def main(argv: list[str]) -> None:
         except Exception:  # noqa: BLE001 - the child that needs it reports the error
             traceback.print_exc()
     Server(control).serve()
+    # Every child is dead by now. Skip the interpreter's teardown (seconds, with torch loaded),
+    # which the owner's stop() would otherwise wait out for each server.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
