@@ -91,8 +91,8 @@ def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
     expect(data["tracked"], "f(x) does not require a gradient" + (
         "" if input_grad else " when the data needs none: autograd never calls your "
         "segments' backward and no parameter gets a gradient. What makes autograd call a "
-        "node's backward when none of its inputs so far needs a gradient? (mp.hint, "
-        "the second tier, says)"))
+        "node's backward when none of its inputs so far needs a gradient? (The second "
+        "hint says.)"))
     if input_grad:
         expect_close(data["x_grad"], want["x_grad"], "the input's gradient", rtol=1e-9,
                      atol=1e-12)
