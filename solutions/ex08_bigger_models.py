@@ -4,8 +4,8 @@ A model too big for one device's memory needs its state split, not copied: ZeRO-
 1/N of every layer's parameters on each rank and gathers a layer only while it runs. Here you
 may use the package's collectives (``mpgpu_edu.collectives.all_gather`` and
 ``reduce_scatter``): lesson 01 built them. The functions and the class just below are solved
-for you; their docstrings say what you need (what each does, not how). ``layer_views`` serves
-8.1; ``run_layer``, ``layer_backward`` and ``ShardedLayerFn`` are 8.2's autograd plumbing, and
+for you; their docstrings say what you need (what each does, not how). ``layer_views``,
+``run_layer``, ``layer_backward`` and ``ShardedLayerFn`` are 8.2's autograd plumbing, and
 ``wrap_fsdp`` solves the shards and the replica's forward too, so that 8.2 is only the
 sharding's timing: what to gather when, what to keep, what to reduce-scatter, what to start
 early.
