@@ -32,8 +32,9 @@ def ring_step(comm: Communicator, send: torch.Tensor, recv: torch.Tensor) -> Non
 
 def ring_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     """Sum ``tensor`` (contiguous) over ``comm``'s ranks, in place: ring reduce-scatter, then
-    ring all-gather, on ``torch.tensor_split(flat, N)``'s chunks. Afterwards rank r's chunk
-    ``(r + 1) % N`` was the last one completed. Cost: 2 (N - 1)(alpha + S / (N beta))."""
+    ring all-gather, on ``torch.tensor_split(flat, N)``'s chunks. After the reduce-scatter
+    half (the first loop), rank r holds chunk ``(r + 1) % N`` fully summed; the all-gather
+    half sends that chunk first. Cost: 2 (N - 1)(alpha + S / (N beta))."""
     n, r = comm.world_size, comm.rank
     chunks = list(torch.tensor_split(tensor.view(-1), n))
     for k in range(n - 1):  # reduce-scatter: a chunk picks up one rank per hop
