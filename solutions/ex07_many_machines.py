@@ -7,9 +7,9 @@ of the traffic inside each node, only 1/per_node of the tensor per GPU across th
 
 Build it from ``comm.send``/``recv``/``isend``/``irecv`` and ``comm.group(ranks)`` (a
 communicator over some ranks, renumbered from 0) only: the package's collectives and
-``torch.distributed``'s are switched off while it is checked. The two functions just below
-are solved for you, written on point-to-point messages only: read them first. They work on
-any communicator, a group's too.
+``torch.distributed``'s are switched off while it is checked. The ring functions just below
+are solved for you (lesson 01's ring, in two halves), written on point-to-point messages only:
+read their docstrings first. They work on any communicator, a group's too.
 """
 
 from __future__ import annotations
@@ -30,20 +30,35 @@ def ring_step(comm: Communicator, send: torch.Tensor, recv: torch.Tensor) -> Non
     work.wait()
 
 
-def ring_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
-    """Sum ``tensor`` (contiguous) over ``comm``'s ranks, in place: ring reduce-scatter, then
-    ring all-gather, on ``torch.tensor_split(flat, N)``'s chunks. After the reduce-scatter
-    half (the first loop), rank r holds chunk ``(r + 1) % N`` fully summed; the all-gather
-    half sends that chunk first. Cost: 2 (N - 1)(alpha + S / (N beta))."""
+def ring_reduce_scatter(comm: Communicator, chunks: list[torch.Tensor]) -> None:
+    """Lesson 01's ring reduce-scatter over ``comm``'s N ranks, on ``chunks`` (N views of one
+    tensor, ``torch.tensor_split(flat, N)``), in place: afterwards rank r's chunk
+    ``(r + 1) % N`` holds the sum of every rank's, and its other chunks partial sums.
+    Cost: (N - 1)(alpha + S / (N beta))."""
     n, r = comm.world_size, comm.rank
-    chunks = list(torch.tensor_split(tensor.view(-1), n))
-    for k in range(n - 1):  # reduce-scatter: a chunk picks up one rank per hop
+    for k in range(n - 1):  # a chunk picks up one rank per hop
         incoming = chunks[(r - k - 1) % n]
         received = torch.empty_like(incoming)
         ring_step(comm, chunks[(r - k) % n], received)
         incoming.add_(received)
-    for k in range(n - 1):  # all-gather: the finished chunks go round
+
+
+def ring_all_gather(comm: Communicator, chunks: list[torch.Tensor]) -> None:
+    """Lesson 01's ring all-gather over ``comm``'s N ranks, in place, for chunks left as
+    ``ring_reduce_scatter`` leaves them: rank r starts by sending its chunk ``(r + 1) % N``;
+    afterwards every rank holds every rank's finished chunk. Cost: (N - 1)(alpha + S / (N
+    beta))."""
+    n, r = comm.world_size, comm.rank
+    for k in range(n - 1):  # the finished chunks go round
         ring_step(comm, chunks[(r + 1 - k) % n], chunks[(r - k) % n])
+
+
+def ring_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
+    """Sum ``tensor`` (contiguous) over ``comm``'s ranks, in place: the two halves above on
+    ``torch.tensor_split(flat, N)``'s chunks. Cost: 2 (N - 1)(alpha + S / (N beta))."""
+    chunks = list(torch.tensor_split(tensor.view(-1), comm.world_size))
+    ring_reduce_scatter(comm, chunks)
+    ring_all_gather(comm, chunks)
 
 
 # ---- exercises ------------------------------------------------------------------------------
@@ -100,8 +115,9 @@ def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, per_node: 
 
     Three phases, each on a group from ``comm.group``: a ring reduce-scatter inside the
     node over ``torch.tensor_split(flat, per_node)``'s chunks, after which local rank i
-    holds its node's sum of one chunk (the same one on every node: with lesson 01's loop,
-    chunk (i + 1) % per_node); a ring all-reduce of that chunk among the ranks of rail i
+    holds its node's sum of one chunk (the same one on every node: with
+    ``ring_reduce_scatter``, chunk (i + 1) % per_node); a ring all-reduce of that chunk
+    among the ranks of rail i
     (local rank i of every node); a ring all-gather of the chunks inside the node.
     Traffic per rank: 2 (G - 1) / G S bytes to ranks of its own node and 2 (M - 1) / (G M) S
     across the network, only to its own rail (G = ``per_node``, M nodes, S the tensor's
@@ -115,18 +131,13 @@ def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, per_node: 
     inside = comm.group([node * g + i for i in range(g)])
     rail = comm.group(list(range(local, n, g)))
     chunks = list(torch.tensor_split(tensor.view(-1), g))
-    # 1. reduce-scatter in the node: with this ordering local rank i finishes chunk i
-    for k in range(g - 1):
-        incoming = chunks[(local - k - 2) % g]
-        received = torch.empty_like(incoming)
-        ring_step(inside, chunks[(local - k - 1) % g], received)
-        incoming.add_(received)
-    # 2. my chunk, summed over the other nodes of my rail (only 1/G of S crosses the network)
-    mine = chunks[local]
+    # 1. reduce-scatter in the node: local rank i finishes chunk (i + 1) % g
+    ring_reduce_scatter(inside, chunks)
+    # 2. that chunk, summed over the other nodes of my rail (only 1/G of S crosses the network)
+    mine = chunks[(local + 1) % g]
     ring_all_reduce(rail, mine)
     if op == "mean":
         mine.div_(n)
     # 3. all-gather in the node: every chunk, finished, to every local rank
-    for k in range(g - 1):
-        ring_step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
+    ring_all_gather(inside, chunks)
     ### END SOLUTION

@@ -37,20 +37,17 @@ EXERCISES = (
         "other nodes: one rail. Then the node shares the finished chunks.",
         "Make two groups with comm.group: your node's ranks and your rail's ranks (7.1 gives "
         "both). Split tensor.view(-1) into per_node chunks with torch.tensor_split. Phase 1: "
-        "lesson 01's ring reduce-scatter loop on the node group: it leaves local rank i with "
-        "chunk (i + 1) % per_node finished. Phase 2: ring_all_reduce(rail, that chunk), then "
-        "divide that chunk by the world size for the mean. Phase 3: lesson 01's ring "
-        "all-gather loop on the node group. Use ring_step for the rings.",
+        "ring_reduce_scatter on the node group: it leaves local rank i with chunk "
+        "(i + 1) % per_node finished. Phase 2: ring_all_reduce(rail, that chunk), then "
+        "divide that chunk by the world size for the mean. Phase 3: ring_all_gather on the "
+        "node group.",
         "node, local = divmod(comm.rank, per_node)\n"
         "inside = comm.group(<my node's ranks>); rail = comm.group(<my rail's ranks>)\n"
         "chunks = list(torch.tensor_split(tensor.view(-1), per_node))\n"
-        "for k in range(per_node - 1):   # reduce-scatter: lesson 01's loop, on inside\n"
-        "    ring_step(inside, chunks[...], received); chunks[...].add_(received)\n"
-        "mine = chunks[(local + 1) % per_node]   # what the loop finished here\n"
+        "ring_reduce_scatter(inside, chunks)\n"
+        "mine = chunks[...]   # the chunk the reduce-scatter finished here\n"
         "ring_all_reduce(rail, mine)   # then mine.div_(world_size) for the mean\n"
-        "for k in range(per_node - 1):   # all-gather: lesson 01's loop, on inside, "
-        "starting from mine\n"
-        "    ring_step(inside, chunks[...], chunks[...])"),
+        "ring_all_gather(inside, chunks)"),
        CAPSTONE),
 )
 
