@@ -23,11 +23,14 @@ from mpgpu_edu.runtime.forkserver import Child, ForkServer
 __all__ = ["PRELOAD", "Child", "ForkServer", "RuntimeStartError", "SandboxUnavailable",
            "local_server", "warm_up"]
 
-# What a server imports before it forks: torch, the entry points of comm's workers and of a
-# check's child, and the package's layers that programs and checks use (a check's child
-# imports its own lesson's checks after the fork: no server holds a check).
-PRELOAD = ("torch", "torch._dynamo", "mpgpu_edu.comm.worker", "mpgpu_edu.grading.compute",
-           "matplotlib.figure", "mpgpu_edu.viz", "mpgpu_edu.collectives", "mpgpu_edu.dp",
+# What a server imports: torch, the entry points of comm's workers and of a check's child, and
+# the package's layers that programs and checks use (a check's child imports its own lesson's
+# checks after the fork: no server holds a check). The server answers its first request once
+# the modules before LATER are in; it imports the rest while it waits for requests, so that a
+# learner's first check does not wait for torch._dynamo (seconds) and later ones find it all.
+LATER = "--later"
+PRELOAD = ("torch", "mpgpu_edu.comm.worker", "mpgpu_edu.grading.compute", "mpgpu_edu.collectives",
+           LATER, "matplotlib.figure", "mpgpu_edu.viz", "torch._dynamo", "mpgpu_edu.dp",
            "mpgpu_edu.pipeline", "mpgpu_edu.memory", "mpgpu_edu.hybrid", "mpgpu_edu.lessons")
 
 _local: list[ForkServer] = []

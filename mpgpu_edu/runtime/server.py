@@ -1,7 +1,10 @@
 """The fork server's own process: ``python -m mpgpu_edu.runtime.server FD MODULE...``.
 
 It imports ``MODULE...`` once (torch takes seconds), then forks a child per request from
-its owner (``forkserver.ForkServer``) on the control socket ``FD``. Every child
+its owner (``forkserver.ForkServer``) on the control socket ``FD``. Modules after a
+``--later`` argument are imported after the server says it is ready, one at a time while no
+request waits: a first request is not held up by them, and a child forked before they are in
+imports what it needs itself. Every child
 
 * leads its own session and process group (``setsid``), so it and what it starts are
   killed at once;
@@ -82,11 +85,15 @@ class Server:
         with contextlib.suppress(OSError):
             self.control.send(json.dumps(message).encode())
 
-    def serve(self) -> None:
+    def serve(self, later: list[str] | None = None) -> None:
+        later = list(later or ())
         self.send({"ready": os.getpid()})
         while True:
             timeout = 0.05 if time.monotonic() < self.sweep_until else 0.5
-            ready, _, _ = select.select([self.control], [], [], timeout)
+            ready, _, _ = select.select([self.control], [], [], 0 if later else timeout)
+            if not ready and later:
+                preload(later.pop(0))  # nothing waits: import the next module meanwhile
+                continue
             if ready:
                 try:
                     data, fds, _, _ = socket.recv_fds(self.control, MAX_MESSAGE, 16)
@@ -158,16 +165,23 @@ class Server:
                 kill_tree(pid)
 
 
+def preload(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - the child that needs it reports the error
+        traceback.print_exc()
+
+
 def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[0]))
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle
-    for module in argv[1:]:
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - the child that needs it reports the error
-            traceback.print_exc()
-    Server(control).serve()
+    modules = argv[1:]
+    first, later = (modules[:modules.index("--later")], modules[modules.index("--later") + 1:]) \
+        if "--later" in modules else (modules, [])
+    for module in first:
+        preload(module)
+    Server(control).serve(later)
     # Every child is dead by now. Skip the interpreter's teardown (seconds, with torch loaded),
     # which the owner's stop() would otherwise wait out for each server.
     for stream in (sys.stdout, sys.stderr):
