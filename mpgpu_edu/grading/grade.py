@@ -97,10 +97,12 @@ def _grade_one(learner: str, folder: Path, ids: list[str], limits: Limits,
     server = None
     try:
         if isolate:
-            from mpgpu_edu.runtime import PRELOAD
+            from mpgpu_edu.runtime import LATER, PRELOAD
             from mpgpu_edu.runtime.sandbox import Sandbox
 
-            server = Sandbox(PRELOAD, private, hide=[directory],
+            # everything before the first fork: a learner's checks come one after another at
+            # once, and a child forked before the later imports would repeat them itself
+            server = Sandbox([m for m in PRELOAD if m != LATER], private, hide=[directory],
                              max_processes=limits.max_processes or MAX_PROCESSES,
                              name=f"sandbox of {learner}")
         return run_many(folder, ids, limits=limits, display_dir=f"{learner}/exercises",

@@ -20,7 +20,7 @@ import threading
 from mpgpu_edu.runtime.errors import RuntimeStartError, SandboxUnavailable
 from mpgpu_edu.runtime.forkserver import Child, ForkServer
 
-__all__ = ["PRELOAD", "Child", "ForkServer", "RuntimeStartError", "SandboxUnavailable",
+__all__ = ["LATER", "PRELOAD", "Child", "ForkServer", "RuntimeStartError", "SandboxUnavailable",
            "local_server", "warm_up"]
 
 # What a server imports: torch, the entry points of comm's workers and of a check's child, and
