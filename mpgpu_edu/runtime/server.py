@@ -177,8 +177,8 @@ def main(argv: list[str]) -> None:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle
     modules = argv[1:]
-    first, later = (modules[:modules.index("--later")], modules[modules.index("--later") + 1:]) \
-        if "--later" in modules else (modules, [])
+    cut = modules.index("--later") if "--later" in modules else len(modules)
+    first, later = modules[:cut], modules[cut + 1:]
     for module in first:
         preload(module)
     Server(control).serve(later)
