@@ -160,8 +160,17 @@ class JupyterLab:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def kernels(self) -> list[dict]:
-        return self.api("/api/kernels")
+    def kernels(self, patience: float = 15.0) -> list[dict]:
+        """The server's kernels. jupyter_server answers 500 when it lists a kernel that is
+        still starting (its ``last_activity`` is None for a moment): ask again, a while."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return self.api("/api/kernels")
+            except urllib.error.HTTPError as exc:
+                if exc.code != 500 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def remember_kernels(self) -> None:
         """Note the server's child processes (kernels run in their own session, so killing
