@@ -34,6 +34,15 @@ def test_collectives_off_the_comm_stream_are_named() -> None:
         prefetch.run(mutants.fsdp_ignores_prefetch)
 
 
+def test_a_prefetch_started_just_after_the_layers_compute_is_right() -> None:
+    """On a GPU, and on the simulator, launching a layer's compute does not wait for it: the
+    host runs ahead, so a gather submitted on the comm stream just after ``run_layer`` still
+    runs while that layer computes, as one submitted before it does. The check accepts it
+    (its timeline case with the rest); a wrapper that gathers nothing ahead
+    (``fsdp_ignores_prefetch``) fails it, above."""
+    assert failures("8.2", mutants.fsdp_prefetches_after_compute) == {}
+
+
 def test_a_stubs_report_lists_the_checks_own_cases() -> None:
     """The not-implemented report of 8.2 is built from its cases, names and points."""
     result = check("8.2", impl="exercises", figures=False)

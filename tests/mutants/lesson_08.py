@@ -64,7 +64,8 @@ def _shard(flat: torch.Tensor, rank: int, n: int) -> torch.Tensor:
 def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
           use_prefetch: bool = True, regather: bool = True, all_reduce_grads: bool = False,
           autograd_keeps: bool = False, accumulate: bool = True, stream: bool = True,
-          hold: bool = False, prefetch_backward: str = "before") -> Any:
+          hold: bool = False, prefetch_backward: str = "before",
+          after_compute: bool = False) -> Any:
     """The solution's wrapper, with one switch per mistake."""
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
@@ -88,12 +89,16 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
         def gather(self, i: int, step: int) -> torch.Tensor:
             self.start(i)
             full = torch.cat(self.pending.pop(i).wait())[: sizes[i]]
-            if prefetch and use_prefetch and (step > 0 or prefetch_backward == "before"):
-                j = i + step
-                while 0 <= j < len(layers) and not sizes[j]:
-                    j += step
-                self.start(j)
+            if prefetch and use_prefetch and not after_compute and (
+                    step > 0 or prefetch_backward == "before"):
+                self.start(self.next(i, step))
             return full
+
+        def next(self, i: int, step: int) -> int:
+            j = i + step
+            while 0 <= j < len(layers) and not sizes[j]:
+                j += step
+            return j
 
         def __call__(self, x: torch.Tensor) -> torch.Tensor:
             for i, layer in enumerate(layers):
@@ -130,6 +135,8 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
                 return ctx.out.detach()
             with torch.no_grad():
                 out = functional_call(layers[i], _views(layers[i], full), (x,))
+            if prefetch and after_compute:
+                owner.start(owner.next(i, +1))
             ctx.save_for_backward(x)
             return out
 
@@ -149,6 +156,8 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
                 with torch.enable_grad():
                     out = functional_call(layers[i], _views(layers[i], full), (x,))
                     torch.autograd.backward(out, grad_out)
+            if prefetch and after_compute:
+                owner.start(owner.next(i, -1))
             padded = torch.zeros(shards[i].numel() * comm.world_size, dtype=full.dtype)
             padded[: sizes[i]] = full.grad
             if all_reduce_grads:
@@ -206,6 +215,13 @@ def fsdp_prefetches_forward_only(comm: Any, module: nn.Sequential,
                                  prefetch: bool = False) -> Any:
     """Prefetches the next layer in forward only: backward waits for every gather."""
     return _wrap(comm, module, prefetch, prefetch_backward="never")
+
+
+def fsdp_prefetches_after_compute(comm: Any, module: nn.Sequential,
+                                  prefetch: bool = False) -> Any:
+    """Not a mistake: starts the next layer's gather just after this layer's compute (in
+    backward, before the reduce-scatter)."""
+    return _wrap(comm, module, prefetch, after_compute=True)
 
 
 def fsdp_prefetches_after_reduce(comm: Any, module: nn.Sequential,
