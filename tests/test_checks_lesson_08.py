@@ -34,13 +34,15 @@ def test_collectives_off_the_comm_stream_are_named() -> None:
         prefetch.run(mutants.fsdp_ignores_prefetch)
 
 
-def test_a_prefetch_started_just_after_the_layers_compute_is_right() -> None:
-    """On a GPU, and on the simulator, launching a layer's compute does not wait for it: the
-    host runs ahead, so a gather submitted on the comm stream just after ``run_layer`` still
-    runs while that layer computes, as one submitted before it does. The check accepts it
-    (its timeline case with the rest); a wrapper that gathers nothing ahead
-    (``fsdp_ignores_prefetch``) fails it, above."""
-    assert failures("8.2", mutants.fsdp_prefetches_after_compute) == {}
+def test_a_prefetch_started_after_the_layers_compute_is_told_it_starts_too_late() -> None:
+    """The same wrapper with the next gather started just after ``run_layer`` (in backward
+    before the reduce-scatter) hides far less of it: only the timeline case fails, and says
+    where the gather belongs."""
+    assert set(failures("8.2", mutants.fsdp_prefetches_after_compute)) == {
+        next(c.name for c in cases_for("8.2") if c.name.startswith("timeline"))}
+    prefetch = next(c for c in cases_for("8.2") if c.name.startswith("timeline"))
+    with pytest.raises(Exception, match="starts too late.*before its compute"):
+        prefetch.run(mutants.fsdp_prefetches_after_compute)
 
 
 def test_a_stubs_report_lists_the_checks_own_cases() -> None:

@@ -84,3 +84,15 @@ def test_the_hidden_closed_form_case_keeps_its_sizes_and_links_hidden() -> None:
         "hidden: random clusters and sizes"]
     assert status == "failed" and "hidden example" in message and "nodes x" in message
     assert "nbytes" not in message and "alphas" not in message and "betas" not in message
+
+
+def test_a_missing_value_error_names_what_was_raised_instead() -> None:
+    def divides_blindly(world_size: int, per_node: int) -> dict:
+        nodes = world_size // per_node  # (4, 0): ZeroDivisionError
+        return {"node": [list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)],
+                "rail": []}
+
+    case = next(c for c in cases_for("7.1") if c.name == "per_node must divide world_size")
+    with pytest.raises(Exception, match=r"must raise ValueError.*\(4, 0\) raised "
+                                        r"ZeroDivisionError"):
+        case.run(divides_blindly)

@@ -38,7 +38,7 @@ PLACEMENTS = (
                   "now crosses the network"),
     Placement("PP 16 over\nboth nodes", "pipeline", 1, accumulate=16,
               why="one stage boundary crosses the network, once per micro-batch: cheap; "
-                  "the bubble (15 of 31 ticks) costs"),
+                  "but 15 of 31 ticks are bubble"),
     Placement("ZeRO-3 DP 16\nover both nodes", "zero3", 1,
               why="each layer's weights all-gathered twice, its gradients reduce-scattered: "
                   "flat rings through the network"),

@@ -5,8 +5,8 @@
   its node, local rank, global rank and the result of one all-reduce on gloo.
 - ``allreduce_runs``: one all-reduce across 2 x 8 GPUs, a flat ring against the hierarchical
   all-reduce, on the simulator, each against its closed form (additions free, and with
-  ``cost``'s additions: a kernel launch and memory traffic); ``nccl_rails_seconds``: NCCL's
-  ring on every rail, for comparison. Their figure and tables are ``mpgpu_edu.viz.hierarchical``'s.
+  ``cost``'s additions: a kernel launch and memory traffic); ``hierarchy_explorer``: both at
+  any size. Their figure is ``mpgpu_edu.viz.hierarchical``'s.
 - ``placement_rows``: where each kind of parallelism goes on a 2-node mesh, by simulated step
   time (``mpgpu_edu.estimate.step``); the notebook's four are stored in
   ``_placements_stored``; their figure and table are ``mpgpu_edu.viz.placements``'s.
@@ -35,8 +35,7 @@ WORKER = "mpgpu_edu.lessons.many_machines"  # what every rank of the torchrun de
 # use: the placements of a 2-node mesh and the figures and tables.
 _ELSEWHERE = dict.fromkeys(["Placement", "PLACEMENTS", "SPREAD", "TP_16", "placement_key",
                             "simulate_placement"], "mpgpu_edu.estimate.placements")
-_ELSEWHERE.update(dict.fromkeys(["plot_allreduce_timelines", "nccl_table"],
-                                "mpgpu_edu.viz.hierarchical"))
+_ELSEWHERE.update(dict.fromkeys(["plot_allreduce_timelines"], "mpgpu_edu.viz.hierarchical"))
 _ELSEWHERE.update(dict.fromkeys(["plot_placements", "placements_table"],
                                 "mpgpu_edu.viz.placements"))
 
@@ -120,68 +119,6 @@ def allreduce_runs(preset: str = "2x8xH100-ib", nbytes: int = 2**28,
                          "additions": cost.hierarchical_additions_time(nodes, per_node,
                                                                        nbytes, *adds)},
     }
-
-
-def addition_counts(preset: str = "2x8xH100-ib") -> dict[str, int]:
-    """Additions (kernel launches) on the critical path of each all-reduce: the flat ring's
-    N - 1, the hierarchical one's (G - 1) + (M - 1)."""
-    nodes, per_node, _ = link_forms(preset)
-    return {"flat ring": nodes * per_node - 1, "hierarchical": per_node - 1 + nodes - 1}
-
-
-def latency_terms(preset: str = "2x8xH100-ib", nbytes: int = 2**10) -> dict[str, dict]:
-    """Where a small all-reduce's time goes, from the closed forms: for each algorithm the
-    messages that cross the network and those inside a node on its critical path, the
-    additions, and the total (forms plus additions)."""
-    from mpgpu_edu.cluster import Cluster
-    from mpgpu_edu.collectives import cost
-
-    nodes, per_node, forms = link_forms(preset)
-    cluster = Cluster.preset(preset)
-    adds = (cluster.launch_overhead_s, cluster.memory_Bps)
-    n = nodes * per_node
-    flat = (cost.flat_ring_two_level_time(nodes, per_node, nbytes, *forms)
-            + cost.flat_ring_additions_time(nodes, per_node, nbytes, *adds))
-    hier = (cost.hierarchical_allreduce_time(nodes, per_node, nbytes, *forms)
-            + cost.hierarchical_additions_time(nodes, per_node, nbytes, *adds))
-    counts = addition_counts(preset)
-    return {"flat ring": {"network": 2 * (n - 1), "nvlink": 0, "additions": counts["flat ring"],
-                          "seconds": flat},
-            "hierarchical": {"network": 2 * (nodes - 1), "nvlink": 2 * (per_node - 1),
-                             "additions": counts["hierarchical"], "seconds": hier}}
-
-
-def nccl_rails_seconds(preset: str = "2x8xH100-ib", nbytes: int = 2**28) -> float:
-    """Simulated seconds of NCCL's ring all-reduce as NCCL runs it across the nodes
-    (``collectives.nccl_ring``): one ring per rail (``rail_rings``), pipelined in 2 MiB
-    chunks, each addition inside the copy (docs/fidelity.md's two-node rail rows)."""
-    import torch
-
-    from mpgpu_edu.cluster import Cluster
-    from mpgpu_edu.collectives.multichannel import rail_rings
-    from mpgpu_edu.collectives.nccl_ring import all_reduce_nccl
-    from mpgpu_edu.comm import launch
-
-    nodes, per_node, _ = link_forms(preset)
-    rings = rail_rings(nodes, per_node)
-
-    def program(comm: Any) -> None:
-        all_reduce_nccl(comm, torch.empty(nbytes // 4, device="meta"), rings=rings)
-
-    return launch(program, Cluster.preset(preset)).trace.makespan
-
-
-def nccl_rows(preset: str = "2x8xH100-ib", sizes: tuple[int, ...] = (2**16, 2**28),
-              hierarchical: Callable | None = None) -> list[dict]:
-    """At each size: one flat ring, NCCL's rings on every rail (``nccl_rails_seconds``) and
-    the hierarchical all-reduce, simulated seconds."""
-    rows = []
-    for nbytes in sizes:
-        runs = allreduce_runs(preset, nbytes, hierarchical)
-        rows.append({"bytes": nbytes, "flat_s": runs["flat ring"]["seconds"],
-                     "nccl_s": nccl_rails_seconds(preset, nbytes),
-                     "hier_s": runs["hierarchical"]["seconds"]})
-    return rows
 
 
 def hierarchy_view(log2_bytes: int = 28, preset: str = "2x8xH100-ib",

@@ -1,6 +1,6 @@
 """Lesson 07's all-reduce across nodes: the sends of a flat ring and of the hierarchical
-all-reduce on one time axis (``plot_allreduce_timelines``), and their times as tables
-(``nccl_table``) of the rows ``mpgpu_edu.lessons.many_machines`` makes.
+all-reduce on one time axis (``plot_allreduce_timelines``), of the runs
+``mpgpu_edu.lessons.many_machines`` makes.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, format_bytes, format_seconds, new_figure,
+from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, format_seconds, new_figure,
                                    style, time_axis)
 
 
@@ -77,12 +77,3 @@ def _label_phases(ax: Any, trace: Any, per_node: int, n: int, longest: float) ->
             "3. all-gather inside each node (blue)", ha="left", va="center", fontsize=9,
             bbox={"facecolor": "white", "edgecolor": "#999999", "pad": 4})
     return ""
-
-
-def nccl_table(rows: list[dict]) -> str:
-    lines = [f"{'size':>10}  {'one flat ring':>13}  {'NCCL, every rail':>16}  "
-             f"{'hierarchical':>12}  {'NCCL / hierarchical':>19}"]
-    lines += [f"{format_bytes(r['bytes']):>10}  {format_seconds(r['flat_s']):>13}  "
-              f"{format_seconds(r['nccl_s']):>16}  {format_seconds(r['hier_s']):>12}  "
-              f"{r['nccl_s'] / r['hier_s']:>19.2f}" for r in rows]
-    return "\n".join(lines)

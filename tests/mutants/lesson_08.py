@@ -219,8 +219,8 @@ def fsdp_prefetches_forward_only(comm: Any, module: nn.Sequential,
 
 def fsdp_prefetches_after_compute(comm: Any, module: nn.Sequential,
                                   prefetch: bool = False) -> Any:
-    """Not a mistake: starts the next layer's gather just after this layer's compute (in
-    backward, before the reduce-scatter)."""
+    """Starts the next layer's gather just after this layer's compute (in backward, before
+    the reduce-scatter), not as soon as this layer's parameters have arrived."""
     return _wrap(comm, module, prefetch, after_compute=True)
 
 

@@ -69,9 +69,6 @@ def _reference(widths: tuple[int, ...], n_samples: int, steps: int,
     return start, _layer_flats(model), grads
 
 
-PREFETCH_WIDTHS = (256, 512, 512, 512, 256)
-
-
 def _prefetch_cluster() -> Cluster:
     return Cluster.preset("8xA100-nvlink", visible="0,1,2,3")
 

@@ -18,8 +18,8 @@ from torch import nn
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.grading.checks import CheckFailure
 from mpgpu_edu.grading.checks._support import compute_examples, launch_facts, rebound, run_spmd
-from mpgpu_edu.grading.checks.lesson_08.setup import (ACCUMULATE, HIDDEN, LR, PREFETCH_WIDTHS,
-                                                      WIDTHS, Impl, _batch, _example, _model,
+from mpgpu_edu.grading.checks.lesson_08.setup import (ACCUMULATE, HIDDEN, LR, WIDTHS, Impl,
+                                                      _batch, _example, _model,
                                                       _prefetch_cluster, _same)
 
 REFERENCE_MODULE = "mpgpu_edu.dp.fsdp"
@@ -225,11 +225,23 @@ def _adam_prefetch(impl: Impl) -> dict:
 
 
 def _prefetch_runs(impl: Impl) -> dict:
+    """The notebook's step (``bigger_models.sharded_step``: the wrapping untimed, a barrier,
+    then forward, backward, ``finish`` and the optimizer) with and without prefetch; each
+    trace from the barrier on (``step_only``), as the learner's timeline shows it."""
+    from mpgpu_edu.cluster.trace import Trace
+    from mpgpu_edu.lessons import bigger_models as bm
+    from mpgpu_edu.replica.data import make_batches, make_mlp
+
+    model = make_mlp(bm.SHARDED_SIZES, seed=0)
+    batch = make_batches(1, bm.SHARDED_BATCH, bm.SHARDED_SIZES[0], bm.SHARDED_SIZES[-1],
+                         seed=1)[0]
     runs = {}
     for prefetch in (False, True):
-        runs[str(prefetch)] = _run(impl, 4, PREFETCH_WIDTHS, n_samples=256, steps=1,
-                                   prefetch=prefetch, cluster=_prefetch_cluster(),
-                                   with_trace=True)
+        def program(comm: Any, prefetch: bool = prefetch) -> float:
+            return bm.sharded_step(comm, impl, copy.deepcopy(model), batch, prefetch)
+        facts = _launch(impl, program, _prefetch_cluster(), with_trace=True)
+        facts["trace"] = bm.step_only(Trace.from_dict(facts["trace"])).to_dict()
+        runs[str(prefetch)] = facts
     inline = sorted({call[0] for run in runs.values() for call in run["calls"] if not call[4]})
     return {"plain": runs["False"]["trace"], "prefetch": runs["True"]["trace"],
             "makespans": [runs["False"]["makespan"], runs["True"]["makespan"]],
