@@ -116,38 +116,32 @@ def shard_of(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False) -> FSDPReplica:
     """Shard ``module`` over the ranks as ZeRO-3 / FSDP does and return this rank's replica.
 
-    Solved for you below: ``layers``, ``sizes`` (each layer's number of parameters) and
-    ``shards`` (each layer's ``nn.Parameter``, None for a layer without parameters), all
-    by layer index; the replica's class ``Sharded`` with ``self.pending`` (started gathers),
-    ``self.reducing`` (started reduce-scatters), its forward (``replica(x)``),
-    ``parameters()``, ``start_gather(i)`` and ``next_layer(i, step)``. Yours (exercise 8.2):
-    four methods of ``Sharded``, where the stub stands:
+    Solved below: ``layers``, ``sizes`` (parameters per layer) and ``shards`` (each layer's
+    ``nn.Parameter``, None without parameters), by layer index; the class ``Sharded`` with
+    ``self.pending`` (started gathers), ``self.reducing`` (started reduce-scatters), its
+    forward, ``parameters()``, ``start_gather(i)`` and ``next_layer(i, step)``. Yours
+    (exercise 8.2): four methods of ``Sharded``, where the stub stands.
 
-    - ``gather(i, step)`` returns layer ``i``'s full flat parameters (its ``sizes[i]``
-      elements, the padding cut off). It starts the layer's all-gather unless it was started
-      already (``self.start_gather(i)``), waits for it (``self.pending.pop(i).wait()`` is the
-      list of every rank's shard), and, with ``prefetch=True``, starts the gather of the next
-      layer to run as soon as this layer's parameters have arrived, so that it runs while
-      this layer computes: ``self.next_layer(i, step)``, where ``step`` is +1 in forward and
-      -1 in backward.
-    - ``forward_layer(i, x)``, which ``ShardedLayerFn`` calls in forward: gather, run the
-      layer with ``run_layer``; keep nothing of the full vector after it returns.
-    - ``backward_layer(i, x, grad_out, needs_input_grad)``, which ``ShardedLayerFn`` calls
-      during ``loss.backward()``: gather again, ``layer_backward``, then reduce-scatter the
-      full flat gradient, padded with zeros as the shards are (to ``shards[i].numel() * N``
-      elements), with ``op="mean"`` on the comm stream (``comm.run_async(reduce_scatter,
-      comm, padded, "mean")``), noted in ``self.reducing``; return the input's gradient.
-    - ``finish()``, called after ``loss.backward()`` and before the optimizer's step: waits
-      for every started reduce-scatter (its result is this rank's shard of the mean
-      gradient) and adds it into that shard's ``.grad`` (``None`` at first): gradients
-      accumulate, as in torch, so two ``backward`` calls before one ``finish`` leave the sum
-      of both.
+    - ``gather(i, step)``: layer ``i``'s full flat parameters, the padding cut off (its
+      ``sizes[i]`` elements). Start its gather unless started (``self.start_gather(i)``),
+      wait (``self.pending.pop(i).wait()`` is the list of every rank's shard); with
+      ``prefetch``, start the next layer's gather (``self.next_layer(i, step)``, ``step``
+      +1 in forward, -1 in backward) as soon as these parameters have arrived, before this
+      layer computes.
+    - ``forward_layer(i, x)`` (forward): gather, ``run_layer``; keep nothing of the full
+      vector.
+    - ``backward_layer(i, x, grad_out, needs_input_grad)`` (in ``loss.backward()``): gather
+      again, ``layer_backward``, pad the full gradient with zeros to
+      ``shards[i].numel() * N`` elements, start ``comm.run_async(reduce_scatter, comm,
+      padded, "mean")`` and note it in ``self.reducing``; return the input's gradient.
+    - ``finish()`` (after ``loss.backward()``, before the optimizer): wait for every started
+      reduce-scatter (its result is this rank's shard of the mean gradient), add it into that
+      shard's ``.grad`` (None at first: gradients accumulate, as in torch), and clear
+      ``self.reducing``.
 
-    Per step: one all-gather per layer with parameters in forward, one in backward, one
-    reduce-scatter, every one on the comm stream (``comm.run_async``), and no other copy of
-    a layer's parameters kept. Each shard is ``shard_of`` the layer's parameters flattened
-    in ``named_parameters()`` order; ``module`` stays the caller's, its layers only run with
-    the gathered parameters in place of theirs. Rajbhandari et al. 2020.
+    Every collective runs on the comm stream (``comm.run_async``), which runs its jobs one at
+    a time in the order started; no other copy of a layer's parameters is kept. Rajbhandari
+    et al. 2020.
     """
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]

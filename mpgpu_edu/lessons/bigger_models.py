@@ -10,24 +10,20 @@ package's wrapper, which records what it holds in each rank's ledger.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
-from matplotlib.figure import Figure
 from torch import nn
 
 from mpgpu_edu.cluster import Cluster
-from mpgpu_edu.collectives import all_gather, all_reduce
+from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.comm import Communicator, LaunchResult, launch
 from mpgpu_edu.comm.base import RESERVED_TAG
 from mpgpu_edu.replica.data import loss_fn, make_batches, make_mlp, shard
 from mpgpu_edu.dp import fsdp
-from mpgpu_edu.replica.reference import make_optimizer, train_single
 from mpgpu_edu.cluster.trace import Event, Trace
-from mpgpu_edu.viz.palette import new_figure, style
 
 Wrap = Callable[[Communicator, nn.Sequential, bool], Any]
 
@@ -133,59 +129,3 @@ def allreduce_bytes(comm: Communicator, model: nn.Sequential) -> int:
     before = comm.stats.bytes_sent
     all_reduce(comm, flat, "mean")
     return comm.stats.bytes_sent - before
-
-
-def train_wrapped(comm: Communicator, wrap: Wrap, model: nn.Sequential,
-                  batches: Sequence[tuple[torch.Tensor, torch.Tensor]], optimizer: str,
-                  prefetch: bool) -> dict[str, Any]:
-    """SPMD: train with ``wrap`` one step per batch. Returns this rank's share of each step's
-    loss and, gathered from the shards at the end, every layer's full flat parameters."""
-    replica = wrap(comm, copy.deepcopy(model), prefetch)
-    shards = list(replica.parameters())
-    opt = make_optimizer(optimizer, shards, lr=0.05)
-    losses = []
-    for batch in batches:
-        (x, y), part = shard(batch, comm.rank, comm.world_size)
-        loss = loss_fn(replica(x), y)
-        (loss * part * comm.world_size).backward()
-        replica.finish()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item() * part)
-    flats = [torch.cat(all_gather(comm, s.detach())) for s in shards]
-    return {"losses": losses, "flats": flats}
-
-
-def run_training(wrap: Wrap, world_size: int = 3, steps: int = 10, optimizer: str = "adam",
-                 prefetch: bool = True) -> dict[str, Any]:
-    """Train the demo MLP (8 -> 32 -> 32 -> 2) with ``wrap`` on ``world_size`` simulated ranks
-    and on one device, the same batches of 20: losses and the largest parameter gap."""
-    sizes = (8, 32, 32, 2)
-    batches = make_batches(steps, 20, sizes[0], sizes[-1], seed=3)
-    model = make_mlp(sizes, seed=0)
-    run = launch(train_wrapped, world_size, wrap, model, batches, optimizer, prefetch)
-    ref_params, ref_losses = train_single(lambda: make_mlp(sizes, seed=0), batches, optimizer,
-                                          0.05)
-    reference = make_mlp(sizes, seed=0)
-    reference.load_state_dict(ref_params)
-    layers = [layer for layer in reference if any(True for _ in layer.parameters())]
-    gap = 0.0
-    for layer, flat in zip(layers, run.results[0]["flats"]):
-        want = torch.cat([p.detach().reshape(-1) for p in layer.parameters()])
-        gap = max(gap, (flat[: want.numel()] - want).abs().max().item())
-    losses = [sum(step) for step in zip(*(r["losses"] for r in run.results))]
-    return {"losses": losses, "reference_losses": ref_losses, "max_abs_param_diff": gap}
-
-
-def plot_losses(report: dict[str, Any], label: str) -> Figure:
-    """The sharded run's loss per step over one device's."""
-    fig = new_figure(8, 3.2)
-    ax = style(fig.add_subplot())
-    ax.plot(report["reference_losses"], color="#9CC7E6", linewidth=4, label="one device")
-    ax.plot(report["losses"], color="#0072B2", linestyle="--", marker="o", label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.legend()
-    ax.set_title(f"{label}: largest parameter gap to one device "
-                 f"{report['max_abs_param_diff']:.0e}", loc="left")
-    return fig
