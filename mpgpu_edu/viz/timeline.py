@@ -153,9 +153,12 @@ def _draw_idle(ax: Axes, y: float, trace: Trace, device: int, show_idle: bool) -
     return bool(gaps)
 
 
-def _legend(ax: Axes, kinds: set[str], with_idle: bool) -> None:
+def _legend(ax: Axes, kinds: set[str], with_idle: bool, comm_compute: bool = False) -> None:
+    """One patch per kind drawn; ``comm_compute``: compute bars also sit on a comm row (a
+    collective's own adds and copies, on the comm stream), which the label says."""
     ordered = [k for k in KINDS if k in kinds] + sorted(kinds - set(KINDS))
-    handles = [Patch(facecolor=_kind_color(k), label=k) for k in ordered]
+    names = {"compute": "compute (comm: adds, copies)"} if comm_compute else {}
+    handles = [Patch(facecolor=_kind_color(k), label=names.get(k, k)) for k in ordered]
     if with_idle:
         handles.append(Patch(facecolor=IDLE_COLOR, edgecolor=IDLE_EDGE, hatch=IDLE_HATCH,
                              linewidth=0, label="idle"))
@@ -176,10 +179,12 @@ def _draw_timeline(ax: Axes, trace: Trace, *, title: str | None, devices: Sequen
     # Likewise the height of one row (the title and legend above take a little of it).
     row_px = 0.85 * ax.get_window_extent().height / max(len(rows), 1)
     kinds: set[str] = set()
-    drew_idle = False
+    drew_idle = comm_compute = False
     for y, (device, stream) in enumerate(rows):
         events = trace.on(device, stream)
         kinds.update(e.kind for e in events)
+        comm_compute = comm_compute or (stream == "comm"
+                                        and any(e.kind == "compute" for e in events))
         split = stream == "comm" and _sends_meet_others(events)
         _draw_bars(ax, place_row(y, events, split), seconds_per_px, row_px)
         if stream == "compute" and trace.makespan > 0:
@@ -191,7 +196,7 @@ def _draw_timeline(ax: Axes, trace: Trace, *, title: str | None, devices: Sequen
     ax.set_ylim(len(rows) - 0.5, -0.5)  # first device on top
     style(ax, grid="x")
     ax.tick_params(axis="y", length=0)
-    _legend(ax, kinds, drew_idle)
+    _legend(ax, kinds, drew_idle, comm_compute)
     if title is None:
         plural = "s" if len(devices) != 1 else ""
         title = (f"{trace.source} timeline: {len(devices)} device{plural}, "
