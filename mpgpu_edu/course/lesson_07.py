@@ -66,8 +66,10 @@ PREDICTIONS = (
     Prediction(
         key="07.flat-vs-hierarchical",
         question=("One 256 MiB all-reduce over 2 nodes x 8 H100 (NVLink 370 GB/s inside a "
-                  "node, one 400 Gb/s NIC per GPU across). How much faster is the "
-                  "hierarchical all-reduce than one flat ring over the 16 GPUs?"),
+                  "node, one 400 Gb/s NIC, 47 GB/s, per GPU across). The flat ring's 30 steps "
+                  "each move S/16 = 16 MiB, and each waits for a hop through a NIC. The "
+                  "hierarchical one moves 2 x 7 steps of S/8 = 32 MiB on NVLink and 2 steps "
+                  "of S/16 on every rail's NIC at once. How much faster is it?"),
         choices=("about the same: every rank sends about 2S either way",
                  "about 2x", "about 5x", "about 16x: 8 NICs at work instead of 1, 2x fewer steps"),
         answer=2,
@@ -76,8 +78,8 @@ PREDICTIONS = (
              "hierarchical all-reduce sends 2(G-1)/G S over NVLink (8x faster) and only "
              "2(M-1)/(GM) S = 32 MiB per GPU across, on all 8 NICs at once. Its NVLink phases "
              "now dominate, so the gain is about 5x, not 16x. That is against one naive ring: "
-             "NCCL's own ring runs one ring per rail, on every NIC, and at this size is as fast "
-             "as the hierarchical all-reduce (section 4 prints both).")),
+             "NCCL runs one ring per rail, on every NIC, and at this size comes close to the "
+             "hierarchical all-reduce.")),
     Prediction(
         key="07.tp-across-nodes",
         question=("LLaMA-7B on 2 nodes x 8 H100, tensor parallelism over 8 GPUs and two "

@@ -159,7 +159,8 @@ def plot_node_map(cluster: Cluster | str = "2x8xH100-ib", nproc_per_node: int | 
           f"network, {link_name(nic.spec_name)}: {nic.beta_Bps / 1e9:g} GB/s per NIC. Rail i: "
           "NIC i of every node on switch i. A hop between rails (NIC 7 to NIC 0) goes through "
           "the spine;\nthe simulator's fabric is non-blocking: every hop holds the sender's "
-          "NIC and the receiver's, and costs the same on a rail or across rails",
+          "NIC and the receiver's, and costs the same on a rail or across;\nreal spines add a hop and "
+          "are often oversubscribed, which is why traffic is kept on its rail",
           "network-label", fontsize=FONT_SIZE - 2)
     if off_rail:
         where = "; ".join(f"local rank {j}: NIC {seen[0][j]} on node 0, NIC {seen[1][j]} on "

@@ -32,8 +32,8 @@ def _groups_bad_compute(impl: Impl) -> list[str]:
     outcomes = []
     for world_size, per_node in [(6, 4), (4, 0), (0, 2), (5, 2)]:
         try:
-            impl(world_size, per_node)
-            outcomes.append(f"({world_size}, {per_node}) returned")
+            got = impl(world_size, per_node)
+            outcomes.append(f"({world_size}, {per_node}) returned {str(got)[:60]}")
         except ValueError:
             outcomes.append("ValueError")
         except Exception as exc:  # noqa: BLE001 - the judge names what it raised instead
@@ -43,8 +43,8 @@ def _groups_bad_compute(impl: Impl) -> list[str]:
 
 def _groups_bad_judge(outcomes: Any) -> None:
     bad = [o for o in outcomes if o != "ValueError"]
-    expect(not bad, "ranks that do not fill whole nodes must raise ValueError, but "
-                    + ", ".join(bad))
+    expect(not bad, "sizes below 1, or ranks that do not fill whole nodes, must raise "
+                    "ValueError, but " + ", ".join(bad))
 
 
 def _groups_examples() -> list[dict[str, int]]:
