@@ -67,8 +67,8 @@ def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor]
 
     - ``model``'s layers (its children, in order) are split with ``segment_bounds`` and
       ``run(start, stop, x)`` runs one span of them: both solved below.
-    - Forward: run every segment with autograd off (``torch.no_grad()``), so that nothing
-      inside it is kept; keep the segment's input, and only that, for its backward
+    - Forward: run every segment with autograd off (a ``Function``'s forward runs so), so
+      that nothing inside it is kept; keep the segment's input, and only that, for its backward
       (``ctx.save_for_backward``). The result must still take part in autograd: make each
       segment one node of the graph with a ``torch.autograd.Function`` of your own (write
       it inside this function or beside it).

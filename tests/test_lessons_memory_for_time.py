@@ -58,6 +58,9 @@ def test_measured_recomputation_keeps_one_input_per_segment() -> None:
     for r in rows[1:]:
         assert r["kept"] == r["segments"] * one
         assert r["seconds"] > 0
+        # one more forward of every Linear: L products more than the plain 3L - 1 (the first
+        # Linear's input needs no gradient, so its backward has one product, not two)
+        assert r["flops"] / rows[0]["flops"] == pytest.approx((4 * blocks - 1) / (3 * blocks - 1))
     peaks = {r["segments"]: r["peak"] for r in rows}
     assert peaks[1] == rows[0]["kept"]              # one segment: everything, once more
     assert min(peaks.values()) < peaks[1] and min(peaks.values()) < peaks[8]

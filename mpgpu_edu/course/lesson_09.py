@@ -70,8 +70,8 @@ PREDICTIONS = (
         answer=1,
         why=("Each device's chunk steps do half a stage's work each, so the fill and drain "
              "take half as long: half the bubble (exercise 9.3 asks for the formula). The "
-             "price: twice as many messages between the devices, and more microbatch-chunks "
-             "held at once.")),)
+             "price: more messages between the devices (P V - 1 hops per microbatch instead "
+             "of P - 1: 7 instead of 3 here), and more microbatch-chunks held at once.")),)
 
 LESSON = Lesson(9, 'memory for time', 'ex09_memory_for_time',
                 'notebooks/09_memory_for_time.ipynb', EXERCISES, PREDICTIONS,

@@ -135,8 +135,8 @@ def measure_recompute(wrap: Wrap, blocks: int = 16, width: int = 512, batch: int
     Per row: the bytes kept for backward after forward (``kept``, measured with
     ``saved_tensors_hooks``); the ``peak`` while the largest segment is recomputed in
     backward (``kept`` plus what that segment's layers keep beyond its input, each layer's
-    share measured once); and the fastest of ``repeats`` forward + backward passes
-    (``seconds``), on one thread (``one_torch_thread``: the count stays at one), every setting
+    share measured once); the FLOPs of one forward + backward (``flops``, counted); and the
+    fastest of ``repeats`` forward + backward passes (``seconds``), on one thread (``one_torch_thread``: the count stays at one), every setting
     in turn each round."""
     model = _mlp(blocks, width)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -156,18 +156,31 @@ def measure_recompute(wrap: Wrap, blocks: int = 16, width: int = 512, batch: int
             for k, f in runs.items():
                 seconds[k].append(_step_seconds(f, model, x))
     rows = []
-    for k in runs:
+    for k, f in runs.items():
         largest = (max(sum(inner[a:b]) for a, b in segment_bounds(len(model), k)) if k
                    else 0)
         rows.append({"segments": k, "kept": kept[k], "peak": kept[k] + largest,
-                     "seconds": min(seconds[k][1:])})
+                     "seconds": min(seconds[k][1:]), "flops": _step_flops(f, model, x)})
     return rows
+
+
+def _step_flops(f: Callable[[torch.Tensor], torch.Tensor], model: nn.Module,
+                x: torch.Tensor) -> int:
+    """The FLOPs of one forward + backward, counted by torch's ``FlopCounterMode`` (the
+    matrix products): unlike a time, the same on every machine and under any load."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.zero_grad()
+    with FlopCounterMode(display=False) as counter:
+        f(x).pow(2).mean().backward()
+    return counter.get_total_flops()
 
 
 def plot_recompute_measured(rows: Sequence[dict[str, Any]]) -> Figure:
     """Left: activation bytes per number of segments, kept after forward and at the peak in
-    backward, against no recomputation (dashed). Right: forward + backward time relative to
-    no recomputation, against the 4/3 of one more forward."""
+    backward, against no recomputation (dashed). Right: forward + backward FLOPs (bars,
+    counted) and time (dots, measured) relative to no recomputation, against the 4/3 of one
+    more forward."""
     fig = new_figure(10, 3.8)
     memory, seconds = (style(ax) for ax in fig.subplots(1, 2))
     base, mine = rows[0], [r for r in rows if r["segments"]]
@@ -182,15 +195,17 @@ def plot_recompute_measured(rows: Sequence[dict[str, Any]]) -> Figure:
     memory.set_ylabel("activations (MiB)")
     memory.legend(loc="upper center", fontsize=8)
     memory.set_title("memory: the peak is lowest in between", loc="left")
-    seconds.bar(xs, [r["seconds"] / base["seconds"] for r in mine], color=SERIES_COLORS[2],
-                width=0.6)
+    seconds.bar(xs, [r["flops"] / base["flops"] for r in mine], color=SERIES_COLORS[2],
+                width=0.6, label="FLOPs, counted")
+    seconds.plot(xs, [r["seconds"] / base["seconds"] for r in mine], color="black",
+                 marker="o", linestyle="none", label="time, measured here (moves with load)")
     seconds.axhline(1.0, color="black", linestyle="--", linewidth=1, label="no recomputation")
     seconds.axhline(4 / 3, color=SERIES_COLORS[1], linestyle=":", linewidth=1.5,
                     label="one more forward: 4/3")
-    seconds.set_ylim(0, max([1.6] + [r["seconds"] / base["seconds"] * 1.25 for r in mine]))
-    seconds.legend(loc="upper left", fontsize=8)
-    seconds.set_ylabel("time, relative to none")
-    seconds.set_title("time: about one more forward, measured here", loc="left")
+    seconds.set_ylim(0, max([1.8] + [r["seconds"] / base["seconds"] * 1.25 for r in mine]))
+    seconds.legend(loc="upper left", fontsize=8, ncol=2)
+    seconds.set_ylabel("relative to none")
+    seconds.set_title("work: one more forward, counted and timed", loc="left")
     for ax in (memory, seconds):
         ax.set_xticks(list(xs), [str(r["segments"]) for r in mine])
         ax.set_xlabel("segments")
