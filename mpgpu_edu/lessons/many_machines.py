@@ -9,7 +9,7 @@
   any size. Their figure is ``mpgpu_edu.viz.hierarchical``'s.
 - ``placement_rows``: where each kind of parallelism goes on a 2-node mesh, by simulated step
   time (``mpgpu_edu.estimate.step``); the notebook's four are stored in
-  ``_placements_stored``; their figure and table are ``mpgpu_edu.viz.placements``'s.
+  ``_placements_stored``; their figure is ``mpgpu_edu.viz.placements``'s.
 
 Run as ``python -m mpgpu_edu.lessons.many_machines`` it is the worker that each rank of the
 torchrun demo runs (it reads torchrun's environment variables); with ``--placements`` it
@@ -32,12 +32,11 @@ if TYPE_CHECKING:
 
 WORKER = "mpgpu_edu.lessons.many_machines"  # what every rank of the torchrun demo runs
 # What the notebook (and the rest of this module) takes from other modules, imported on first
-# use: the placements of a 2-node mesh and the figures and tables.
+# use: the placements of a 2-node mesh and the figures.
 _ELSEWHERE = dict.fromkeys(["Placement", "PLACEMENTS", "SPREAD", "TP_16", "placement_key",
                             "simulate_placement"], "mpgpu_edu.estimate.placements")
 _ELSEWHERE.update(dict.fromkeys(["plot_allreduce_timelines"], "mpgpu_edu.viz.hierarchical"))
-_ELSEWHERE.update(dict.fromkeys(["plot_placements", "placements_table"],
-                                "mpgpu_edu.viz.placements"))
+_ELSEWHERE.update(dict.fromkeys(["plot_placements"], "mpgpu_edu.viz.placements"))
 
 
 def __getattr__(name: str) -> Any:

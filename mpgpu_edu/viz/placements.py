@@ -1,6 +1,6 @@
-"""Lesson 07's placements on a 2-node mesh: simulated step times as a table
-(``placements_table``) and as bars with the reason beside each (``plot_placements``), of the
-rows ``mpgpu_edu.lessons.many_machines.placement_rows`` makes.
+"""Lesson 07's placements on a 2-node mesh: simulated step times as bars with the reason
+beside each (``plot_placements``), of the rows ``mpgpu_edu.lessons.many_machines.placement_rows``
+makes.
 """
 
 from __future__ import annotations
@@ -9,16 +9,6 @@ from matplotlib.figure import Figure
 
 from mpgpu_edu.viz.palette import (FONT_SIZE, OKABE_ITO, WARNING_COLOR, format_bytes,
                                    format_seconds, new_figure, style)
-
-
-def placements_table(rows: list[dict]) -> str:
-    lines = [f"{'placement':<38} {'step':>9} {'MFU':>5} {'memory/GPU':>11} "
-             f"{'sent across the network (busiest GPU)':>38}"]
-    for r in rows:
-        lines.append(f"{r['name'].replace(chr(10), ' '):<38} {format_seconds(r['step_s']):>9} "
-                     f"{r['mfu']:>5.0%} {format_bytes(r['memory']):>11} "
-                     f"{format_bytes(r['across_bytes']):>38}")
-    return "\n".join(lines)
 
 
 def plot_placements(rows: list[dict], title: str = "") -> Figure:
