@@ -48,3 +48,14 @@ def test_the_learner_cannot_call_the_package_or_torch_for_9_2(tmp_path) -> None:
     result = check("9.2", impl=str(folder), figures=False)
     assert result.points == 0
     assert "yours to write" in str(result)
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("recompute_without_detach", "detach the kept input"),
+    ("recompute_without_grad_mode", "torch.enable_grad()"),
+])
+def test_torchs_error_inside_a_segments_backward_is_explained(name: str, words: str) -> None:
+    """torch's own error (a second backward through a freed graph; an output without a graph)
+    comes with what it means inside a recomputing segment, in every case it stops."""
+    failed = failures("9.2", getattr(mutants, name))
+    assert failed and all(words in message for message in failed.values()), failed

@@ -502,3 +502,19 @@ def test_sharded_step_with_other_shard_sizes_fails_on_traffic() -> None:
         "shards that differ in size: N = 3, 10 parameters"][1]
     assert verdicts("2.4", solution("ex02_parameter_server").ps_sharded_step) == {
         name: ("passed", "") for name in results}
+
+
+def test_values_off_by_a_simple_factor_are_named() -> None:
+    import pytest
+
+    from mpgpu_edu.grading.checks import CheckFailure
+    from mpgpu_edu.grading.checks._support import expect_close
+
+    want = torch.tensor([0.5, -1.0, 2.0])
+    for got, words in ((2 * want, "exactly twice"), (want / 2, "exactly half"),
+                       (-want, "sign flipped")):
+        with pytest.raises(CheckFailure, match=words):
+            expect_close(got, want, "the gradient")
+    with pytest.raises(CheckFailure) as plain:
+        expect_close(want + torch.tensor([0.0, 0.0, 1.0]), want, "the gradient")
+    assert "(" not in str(plain.value)

@@ -57,7 +57,7 @@ def bytes_never_refuses(seq: int, batch: int, d_model: int, n_heads: int,
 # ---- 9.2 ----------------------------------------------------------------------------------
 
 def _segment_fn(layers: list[nn.Module], *, params: bool = True, keep: bool = False,
-                overwrite: bool = False) -> Any:
+                overwrite: bool = False, detach: bool = True, grad_mode: bool = True) -> Any:
     class Segment(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: torch.Tensor, start: int, stop: int, *ps: torch.Tensor) -> Any:
@@ -76,8 +76,8 @@ def _segment_fn(layers: list[nn.Module], *, params: bool = True, keep: bool = Fa
         def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
             (x,) = ctx.saved_tensors
             start, stop = ctx.span
-            x = x.detach().requires_grad_(ctx.needs_input_grad[0])
-            with torch.enable_grad():
+            x = (x.detach() if detach else x).requires_grad_(ctx.needs_input_grad[0])
+            with torch.enable_grad() if grad_mode else torch.no_grad():
                 out = x
                 for layer in layers[start:stop]:
                     out = layer(out)
@@ -107,6 +107,16 @@ def _checkpointed(model: nn.Sequential, bounds: list[tuple[int, int]], **options
             x = segment(x, start, stop)
         return x
     return forward
+
+
+def recompute_without_detach(model: nn.Sequential, segments: int) -> Any:
+    """Runs the segment again from the kept input itself, not a detached copy."""
+    return _checkpointed(model, segment_bounds(len(model), segments), detach=False)
+
+
+def recompute_without_grad_mode(model: nn.Sequential, segments: int) -> Any:
+    """Runs the segment again with autograd off, as a Function's backward starts."""
+    return _checkpointed(model, segment_bounds(len(model), segments), grad_mode=False)
 
 
 def recompute_nothing(model: nn.Sequential, segments: int) -> Any:

@@ -191,7 +191,21 @@ def expect_close(got: Any, want: torch.Tensor, what: str, rtol: float = 1e-5,
         worst = (got.double() - want.double()).abs().argmax().item()
         flat_got, flat_want = got.reshape(-1), want.reshape(-1)
         raise CheckFailure(f"{what}: wrong values, e.g. element {worst} is "
-                           f"{flat_got[worst].item():.6g}, expected {flat_want[worst].item():.6g}")
+                           f"{flat_got[worst].item():.6g}, expected {flat_want[worst].item():.6g}"
+                           + _scaled(got.double(), want.double(), rtol, atol))
+
+
+def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> str:
+    """A note when every value is a simple multiple of the expected one (a gradient added
+    twice, a mean divided twice, a sign flipped), else ''."""
+    if not bool(want.ne(0).any()):
+        return ""
+    for factor, note in ((2.0, "exactly twice the expected values: added twice?"),
+                         (0.5, "exactly half the expected values: divided twice?"),
+                         (-1.0, "the expected values with the sign flipped")):
+        if torch.allclose(got, factor * want, rtol=rtol, atol=atol):
+            return f" ({note})"
+    return ""
 
 
 def rank_inputs(world_size: int, numel: int, seed: int = 0) -> list[torch.Tensor]:

@@ -66,12 +66,37 @@ def _run(impl: Impl, depth: int, width: int, segments: int, seed: int = 0,
             still = [ref is not None and ref() is not None for ref in alive]
         if not (isinstance(y, torch.Tensor) and y.requires_grad):
             return {"out": y, "tracked": False}   # nothing for backward to run through
-        y.pow(2).sum().backward()
+        try:
+            y.pow(2).sum().backward()
+        except RuntimeError as exc:
+            raise _explained(exc) from None
         outputs.append(y.detach())
     return {"out": outputs[0], "tracked": True, "x_grad": x.grad if input_grad else None,
             "grads": [p.grad for p in model.parameters()],
             "packed": packed if batches == 1 else packed[: len(packed) // batches],
             "alive": still, "calls": calls}
+
+
+# torch's words for two mistakes inside a segment's backward, and what each means there.
+_KNOWN_ERRORS = (
+    ("backward through the graph a second time",
+     "the segment's recomputation ran back into the graph before it (the kept input still "
+     "carries it, and that graph is already freed): detach the kept input before running "
+     "the segment again"),
+    ("does not require grad and does not have a grad_fn",
+     "the recomputed output has no graph: a Function's backward runs with autograd off, so "
+     "recompute the segment under torch.enable_grad()"),
+)
+
+
+def _explained(exc: RuntimeError) -> Exception:
+    """``exc`` from ``loss.backward()``, with what it means for a recomputing segment when
+    torch's message is one of ``_KNOWN_ERRORS``."""
+    text = str(exc)
+    for words, meaning in _KNOWN_ERRORS:
+        if words in text:
+            return CheckFailure(f"backward failed (torch: {words!r}): {meaning}")
+    return exc
 
 
 def _reference(depth: int, width: int, seed: int = 0, batches: int = 1) -> dict:
