@@ -1,10 +1,9 @@
 """Lesson 09 exercises: memory for time.
 
-Every remedy for a model that does not fit trades one resource for another. Recomputation
-keeps fewer activations and runs forwards again; interleaving shortens the pipeline's bubble
-and sends more messages. 9.1 counts what a transformer layer keeps for backward, 9.2 builds
-recomputation itself (what ``torch.utils.checkpoint`` does), 9.3 prices the interleaved
-bubble. ``segment_bounds`` just below is solved for you: 9.2 uses it.
+Every remedy for a model that does not fit trades one resource for another: recomputation
+keeps fewer activations and runs forwards again. 9.1 counts what a transformer layer keeps for
+backward, 9.2 builds recomputation itself (what ``torch.utils.checkpoint`` does).
+``segment_bounds`` just below is solved for you: 9.2 uses it.
 """
 
 from __future__ import annotations
@@ -101,16 +100,3 @@ def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor]
     # Exercise 9.2 (about 23 lines). mp.hint("9.2") when stuck.
     raise NotImplementedError("Exercise 9.2: checkpointed (notebooks/09_memory_for_time.ipynb)")
 
-
-def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """The bubble of interleaved 1F1B as a share of the ideal compute time: P stages (devices),
-    M microbatches, V model chunks per device, equal stages and free sends. 1F1B's is
-    (P-1)/M (lesson 04); work out what V chunks per device change from section 5's timelines.
-    The schedule runs microbatches in rounds of P: raise ``ValueError`` when M is not a
-    multiple of P, or any argument is below 1.
-
-    >>> interleaved_bubble_overhead(4, 8, 1)  # one chunk per device: plain 1F1B
-    0.375
-    """
-    # Exercise 9.3 (about 5 lines). mp.hint("9.3") when stuck.
-    raise NotImplementedError("Exercise 9.3: interleaved_bubble_overhead (notebooks/09_memory_for_time.ipynb)")

@@ -1,10 +1,9 @@
 """Lesson 09 exercises: memory for time.
 
-Every remedy for a model that does not fit trades one resource for another. Recomputation
-keeps fewer activations and runs forwards again; interleaving shortens the pipeline's bubble
-and sends more messages. 9.1 counts what a transformer layer keeps for backward, 9.2 builds
-recomputation itself (what ``torch.utils.checkpoint`` does), 9.3 prices the interleaved
-bubble. ``segment_bounds`` just below is solved for you: 9.2 uses it.
+Every remedy for a model that does not fit trades one resource for another: recomputation
+keeps fewer activations and runs forwards again. 9.1 counts what a transformer layer keeps for
+backward, 9.2 builds recomputation itself (what ``torch.utils.checkpoint`` does).
+``segment_bounds`` just below is solved for you: 9.2 uses it.
 """
 
 from __future__ import annotations
@@ -137,21 +136,3 @@ def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor]
     return forward
     ### END SOLUTION
 
-
-def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """The bubble of interleaved 1F1B as a share of the ideal compute time: P stages (devices),
-    M microbatches, V model chunks per device, equal stages and free sends. 1F1B's is
-    (P-1)/M (lesson 04); work out what V chunks per device change from section 5's timelines.
-    The schedule runs microbatches in rounds of P: raise ``ValueError`` when M is not a
-    multiple of P, or any argument is below 1.
-
-    >>> interleaved_bubble_overhead(4, 8, 1)  # one chunk per device: plain 1F1B
-    0.375
-    """
-    ### BEGIN SOLUTION 9.3
-    if min(n_stages, n_microbatches, n_chunks) < 1:
-        raise ValueError("stages, microbatches and chunks must each be at least 1")
-    if n_microbatches % n_stages:
-        raise ValueError(f"{n_microbatches} microbatches are not a multiple of {n_stages}")
-    return (n_stages - 1) / (n_chunks * n_microbatches)
-    ### END SOLUTION

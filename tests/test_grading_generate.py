@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS, EXERCISE_DIR = ROOT / "solutions", ROOT / "exercises"
 NOTEBOOKS = {"00_welcome", "01_communication", "02_parameter_server", "03_data_parallel",
              "04_pipeline", "05_tensor_and_hybrid", "06_choosing_and_debugging",
-             "07_many_machines", "08_bigger_models", "09_memory_for_time"}
+             "07_many_machines", "08_bigger_models", "09_memory_for_time", "10_planning"}
 
 
 def functions(path: Path) -> dict[str, ast.FunctionDef]:

@@ -1,5 +1,5 @@
-"""Lesson 07's programs: all-reduce timelines across two nodes, placements on a 2-node mesh,
-and the ``tp`` / ``visible`` fields of ``simulate step`` that express them."""
+"""Lesson 07's programs: all-reduce timelines across two nodes, and the ``tp`` / ``visible``
+fields of ``simulate step`` that lesson 10's placements use."""
 
 from __future__ import annotations
 
@@ -56,17 +56,6 @@ def test_tp_must_divide_and_belongs_to_tensor() -> None:
         simulate_step(StepSetup("gpt2-small", "2x8xH100-ib", "dp", tp=8))
 
 
-def test_placements_put_tensor_parallelism_inside_a_node() -> None:
-    rows = mm.placement_rows("gpt2-medium", seq=512, placements=mm.PLACEMENTS[:2])
-    inside, spread = rows
-    assert inside["step_s"] < spread["step_s"]
-    assert inside["across_bytes"] < spread["across_bytes"] / 4
-    assert inside["tokens_per_step"] == spread["tokens_per_step"] == 16 * 512
-    fig = mm.plot_placements(rows)
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    assert any("NVLink" in t for t in texts) and any("across the network" in t for t in texts)
-
-
 def test_the_timeline_separates_messages_and_names_ranks() -> None:
     runs = mm.allreduce_runs("2x8xH100-ib", 2**20)
     fig = mm.plot_allreduce_timelines(runs)
@@ -76,21 +65,3 @@ def test_the_timeline_separates_messages_and_names_ranks() -> None:
     assert [t.get_text() for t in flat.get_yticklabels()][7] == "rank 7 (node 0 GPU 7)"
     assert all(p.get_edgecolor()[:3] == (1.0, 1.0, 1.0) for p in flat.patches)
     assert any("1. reduce-scatter" in t.get_text() for t in fig.axes[1].texts)
-
-
-def test_the_placements_figure_says_whose_bytes_it_shows() -> None:
-    rows = mm.placement_rows()
-    fig = mm.plot_placements(rows)
-    assert all("(busiest GPU)" in t.get_text() for t in fig.axes[0].texts[::2])
-    assert fig.axes[0].get_xlim()[1] < max(r["step_s"] for r in rows) * 1.2
-
-
-def test_placement_rows_simulate_what_is_not_stored(monkeypatch: pytest.MonkeyPatch) -> None:
-    import mpgpu_edu.estimate.placements as placements
-    import mpgpu_edu.lessons._placements_stored as stored
-
-    monkeypatch.setattr(stored, "ROWS", {})
-    calls = []
-    monkeypatch.setattr(placements, "simulate_placement", lambda *a: calls.append(a) or {"step_s": 1.0})
-    assert mm.placement_rows(placements=mm.PLACEMENTS[:1])[0]["step_s"] == 1.0
-    assert calls == [("llama-7b", "2x8xH100-ib", 2048, mm.PLACEMENTS[0])]

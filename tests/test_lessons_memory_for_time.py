@@ -1,6 +1,5 @@
 """Lesson 09's programs and figures: recomputation and accumulation trade as the closed forms
-say, the measured recomputation keeps one input per segment and peaks lowest in between, the
-master copy keeps small updates, and the interleaved view matches (P-1)/(V M)."""
+say, and the measured recomputation keeps one input per segment and peaks lowest in between."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from mpgpu_edu.explore.live import Explorer
 from mpgpu_edu.lessons import memory_for_time as mt
 from mpgpu_edu.memory.recompute import checkpointed, segment_bounds
 
@@ -89,32 +87,3 @@ def test_the_notebooks_setting_needs_a_remedy_to_fit() -> None:
     assert fits == {("none", 1): False, ("selective", 1): True, ("full", 1): True,
                     ("none", 2): True, ("selective", 2): True, ("full", 2): True}
     assert all(r["fits"] == (r["total"] <= r["capacity"]) for r in rows)
-
-
-def test_a_bf16_weight_loses_small_updates_and_the_master_copy_keeps_them() -> None:
-    curves = mt.master_copy_demo(steps=100, update=1e-3)
-    assert curves["bf16 only"][-1] == 1.0
-    assert curves["fp32"][-1] == pytest.approx(1.1, abs=1e-5)
-    assert abs(curves["fp32 master, bf16 copy"][-1] - 1.1) < 0.01
-    assert isinstance(mt.plot_master_copy(curves), Figure)
-
-
-@pytest.mark.parametrize("stages, rounds, chunks", [(4, 2, 2), (3, 1, 3), (2, 4, 1)])
-def test_interleaved_view_matches_the_closed_form(stages: int, rounds: int,
-                                                  chunks: int) -> None:
-    figure, info = mt.interleaved_view(stages, rounds, chunks)
-    m = stages * rounds
-    assert info["overhead_interleaved"] == pytest.approx((stages - 1) / (chunks * m))
-    assert info["overhead_1f1b"] == pytest.approx((stages - 1) / m)
-    assert info["idle_1f1b"] == pytest.approx((stages - 1) / (m + stages - 1))
-    plain = next(iter(mt.schedule_traces(stages, m, chunks).values()))
-    assert info["idle_1f1b"] == pytest.approx(plain.idle_fraction(0))  # the row's "idle"
-    assert isinstance(figure, Figure)
-    assert "(P-1)/(V M)" in mt.describe_interleaved(info)
-
-
-def test_interleaved_explorer_redraws() -> None:
-    explorer = mt.interleaved_explorer()
-    assert isinstance(explorer, Explorer) and explorer.renders == 1
-    explorer.controls["chunks"].value = 3
-    assert explorer.renders == 2 and explorer.info["chunks"] == 3

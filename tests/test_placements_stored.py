@@ -1,4 +1,4 @@
-"""Lesson 07's stored placement study (``mpgpu_edu.lessons._placements_stored``) against a
+"""Lesson 10's stored placement study (``mpgpu_edu.lessons._placements_stored``) against a
 fresh simulation of every placement: the notebook reads the stored numbers, so they must be
 what ``simulate step`` gives today. About 20 s for each of three placements on 2 cores."""
 
@@ -6,26 +6,26 @@ from __future__ import annotations
 
 import pytest
 
-from mpgpu_edu.lessons import many_machines as mm
+from mpgpu_edu.lessons import planning as pl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", mm.PLACEMENTS, ids=lambda p: p.name.replace("\n", " "))
-def test_stored_placements_equal_a_fresh_simulation(placement: mm.Placement) -> None:
+@pytest.mark.parametrize("placement", pl.PLACEMENTS, ids=lambda p: p.name.replace("\n", " "))
+def test_stored_placements_equal_a_fresh_simulation(placement: pl.Placement) -> None:
     from mpgpu_edu.lessons._placements_stored import ROWS
 
-    key = mm.placement_key("llama-7b", "2x8xH100-ib", 2048, placement)
+    key = pl.placement_key("llama-7b", "2x8xH100-ib", 2048, placement)
     assert key in ROWS, f"no stored numbers for {key}: regenerate _placements_stored.py"
-    fresh = mm.simulate_placement.__wrapped__("llama-7b", "2x8xH100-ib", 2048, placement)
+    fresh = pl.simulate_placement.__wrapped__("llama-7b", "2x8xH100-ib", 2048, placement)
     assert set(ROWS[key]) == set(fresh)
     for name, value in fresh.items():
         assert ROWS[key][name] == pytest.approx(value, rel=1e-9), name
-    stored = mm.placement_rows(placements=(placement,))[0]
+    stored = pl.placement_rows(placements=(placement,))[0]
     assert stored["step_s"] == ROWS[key]["step_s"] and stored["why"] == placement.why
 
 
 def test_every_stored_entry_is_a_placement_of_the_notebook() -> None:
     from mpgpu_edu.lessons._placements_stored import ROWS
 
-    keys = {mm.placement_key("llama-7b", "2x8xH100-ib", 2048, p) for p in mm.PLACEMENTS}
+    keys = {pl.placement_key("llama-7b", "2x8xH100-ib", 2048, p) for p in pl.PLACEMENTS}
     assert set(ROWS) == keys

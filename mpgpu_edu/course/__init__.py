@@ -1,7 +1,7 @@
 """The course as data: lessons, their exercises (with tiered hints) and predictions.
 
 Plain data, no torch, so the command line starts fast. One module per lesson
-(``lesson_00`` ... ``lesson_09``), each defining ``LESSON``; the grader's registry, ``mp.hint``
+(``lesson_00`` ... ``lesson_10``), each defining ``LESSON``; the grader's registry, ``mp.hint``
 and ``mp.predict`` all read from here.
 """
 
@@ -14,7 +14,7 @@ from mpgpu_edu.course._types import CAPSTONE, WARM_UP, Exercise, Lesson, Predict
 __all__ = ["CAPSTONE", "LESSONS", "WARM_UP", "Exercise", "Lesson", "Prediction", "ex",
            "prediction"]
 
-LESSON_NUMBERS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
+LESSON_NUMBERS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
 LESSONS: dict[int, Lesson] = {
     n: importlib.import_module(f"{__name__}.lesson_{n:02d}").LESSON for n in LESSON_NUMBERS}

@@ -80,20 +80,6 @@ PREDICTIONS = (
              "now dominate, so the gain is about 5x, not 16x. That is against one naive ring: "
              "NCCL runs one ring per rail, on every NIC, and at this size comes close to the "
              "hierarchical all-reduce.")),
-    Prediction(
-        key="07.tp-across-nodes",
-        question=("LLaMA-7B on 2 nodes x 8 H100, tensor parallelism over 8 GPUs and two "
-                  "data-parallel replicas. Each TP group either stays inside a node, or takes "
-                  "4 GPUs from each node. How much longer is the step of the split groups?"),
-        choices=("within 20%: the same bytes move either way",
-                 "between 1.2x and 4x longer",
-                 "more than 4x longer"),
-        answer=1,
-        why=("Tensor parallelism all-reduces the activations 4 times per layer and "
-             "micro-batch, on the critical path: split over two nodes, each all-reduce's "
-             "ring crosses the network at 47 GB/s instead of NVLink's 370 GB/s. Compute "
-             "still takes the same time, so the step grows by about 2-2.5x, not 8x. Data "
-             "parallelism's one gradient all-reduce per step is what should cross.")),
 )
 
 LESSON = Lesson(7, 'many machines', 'ex07_many_machines', 'notebooks/07_many_machines.ipynb',

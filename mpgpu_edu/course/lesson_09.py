@@ -1,4 +1,4 @@
-"""Lesson 09: memory for time: recomputation, accumulation, mixed precision, interleaving."""
+"""Lesson 09: memory for time: recomputation and accumulation."""
 
 from __future__ import annotations
 
@@ -38,15 +38,6 @@ EXERCISES = (
         "        params = [p for layer in layers[start:stop] for p in layer.parameters()]\n"
         "        x = Segment.apply(x, start, stop, *params)\n    return x"),
        CAPSTONE),
-    ex('9.3', 'interleaved_bubble_overhead', 'Interleaved 1F1B: the bubble in closed form', 4,
-       ("1F1B's bubble costs (P-1)/M of the compute time: P-1 forward-and-backward slots to "
-        "fill and drain, against M of work. With V chunks per device every slot is V times "
-        "shorter.",
-        "Check the arguments first (all at least 1; M a multiple of P, else ValueError); "
-        "then one division.",
-        "if n_microbatches % n_stages:\n    raise ValueError(...)\nreturn (n_stages - 1) / "
-        "(n_chunks * n_microbatches)"),
-       WARM_UP),
 )
 
 PREDICTIONS = (
@@ -61,17 +52,7 @@ PREDICTIONS = (
         why=("Full recomputation runs every layer's forward a second time during backward. "
              "Forward is about a third of forward + backward (backward costs twice the "
              "FLOPs), so the step gets about a third longer; communication and the optimizer "
-             "are not recomputed, so a little less than that.")),
-    Prediction(
-        key="09.interleaved",
-        question=("4 stages, 8 microbatches: 1F1B loses (P-1)/M = 37.5% of the compute time "
-                  "to the bubble. Interleaved 1F1B with 2 chunks per device loses:"),
-        choices=("the same 37.5%", "about half: 18.75%", "about a quarter: 9.4%", "nothing"),
-        answer=1,
-        why=("Each device's chunk steps do half a stage's work each, so the fill and drain "
-             "take half as long: half the bubble (exercise 9.3 asks for the formula). The "
-             "price: more messages between the devices (P V - 1 hops per microbatch instead "
-             "of P - 1: 7 instead of 3 here), and more microbatch-chunks held at once.")),)
+             "are not recomputed, so a little less than that.")),)
 
 LESSON = Lesson(9, 'memory for time', 'ex09_memory_for_time',
                 'notebooks/09_memory_for_time.ipynb', EXERCISES, PREDICTIONS,

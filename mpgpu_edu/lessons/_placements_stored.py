@@ -1,10 +1,10 @@
-"""Lesson 07's placement study, simulated once: ``many_machines.placement_rows`` reads these
+"""Lesson 10's placement study, simulated once: ``planning.placement_rows`` reads these
 instead of simulating LLaMA-7B four times (about a minute) each time the notebook runs.
 
-Keys are ``many_machines.placement_key``; values ``simulate_placement``'s numbers.
+Keys are ``estimate.placements.placement_key``; values ``simulate_placement``'s numbers.
 ``tests/test_placements_stored.py`` holds every entry to a fresh simulation. Regenerate
 after a change to the simulator, the presets or the placements:
-``python -m mpgpu_edu.lessons.many_machines --placements``.
+``python -m mpgpu_edu.lessons.planning --placements``.
 """
 
 ROWS: dict[str, dict] = {

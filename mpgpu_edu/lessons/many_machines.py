@@ -7,36 +7,24 @@
   all-reduce, on the simulator, each against its closed form (additions free, and with
   ``cost``'s additions: a kernel launch and memory traffic); ``hierarchy_explorer``: both at
   any size. Their figure is ``mpgpu_edu.viz.hierarchical``'s.
-- ``placement_rows``: where each kind of parallelism goes on a 2-node mesh, by simulated step
-  time (``mpgpu_edu.estimate.step``); the notebook's four are stored in
-  ``_placements_stored``; their figure is ``mpgpu_edu.viz.placements``'s.
 
 Run as ``python -m mpgpu_edu.lessons.many_machines`` it is the worker that each rank of the
-torchrun demo runs (it reads torchrun's environment variables); with ``--placements`` it
-prints ``_placements_stored.ROWS`` freshly simulated. So that a rank starts fast, this module
+torchrun demo runs (it reads torchrun's environment variables). So that a rank starts fast, this module
 imports the package's layers and the figures (matplotlib) only when they are used.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mpgpu_edu.runtime import torchrun
 from mpgpu_edu.runtime.torchrun import TorchrunResult, check_reports, torchrun_table
 
-if TYPE_CHECKING:
-    from mpgpu_edu.estimate.placements import Placement
-
 WORKER = "mpgpu_edu.lessons.many_machines"  # what every rank of the torchrun demo runs
-# What the notebook (and the rest of this module) takes from other modules, imported on first
-# use: the placements of a 2-node mesh and the figures.
-_ELSEWHERE = dict.fromkeys(["Placement", "PLACEMENTS", "SPREAD", "TP_16", "placement_key",
-                            "simulate_placement"], "mpgpu_edu.estimate.placements")
-_ELSEWHERE.update(dict.fromkeys(["plot_allreduce_timelines"], "mpgpu_edu.viz.hierarchical"))
-_ELSEWHERE.update(dict.fromkeys(["plot_placements"], "mpgpu_edu.viz.placements"))
+# What the notebook takes from other modules, imported on first use: the figure.
+_ELSEWHERE = dict.fromkeys(["plot_allreduce_timelines"], "mpgpu_edu.viz.hierarchical")
 
 
 def __getattr__(name: str) -> Any:
@@ -159,43 +147,5 @@ def hierarchy_explorer(hierarchical: Callable | None = None, log2_bytes: int = 2
     return Explorer(hierarchy_view, controls, _describe, fixed=fixed)
 
 
-# ---- where each kind of parallelism goes on a 2-node mesh ---------------------------------------
-
-def placement_rows(model: str = "llama-7b", preset: str = "2x8xH100-ib", seq: int = 2048,
-                   placements: tuple[Placement, ...] | None = None,
-                   stored: bool = True) -> list[dict]:
-    """``simulate_placement``'s numbers for every placement (by default ``PLACEMENTS``), with
-    its name and reason. With ``stored`` a placement whose numbers ``_placements_stored.ROWS``
-    holds (the notebook's four, simulated once; a test holds them to a fresh simulation) is
-    not simulated again."""
-    from mpgpu_edu.estimate.placements import PLACEMENTS, placement_key, simulate_placement
-    from mpgpu_edu.lessons._placements_stored import ROWS
-
-    rows = []
-    for p in PLACEMENTS if placements is None else placements:
-        key = placement_key(model, preset, seq, p)
-        numbers = ROWS[key] if stored and key in ROWS else simulate_placement(model, preset,
-                                                                              seq, p)
-        rows.append({"name": p.name, "why": p.why, **numbers})
-    return rows
-
-
-def stored_rows_source(model: str = "llama-7b", preset: str = "2x8xH100-ib",
-                       seq: int = 2048) -> str:
-    """The text of ``_placements_stored.ROWS`` for ``PLACEMENTS``, freshly simulated."""
-    from mpgpu_edu.estimate.placements import PLACEMENTS, placement_key, simulate_placement
-
-    lines = ["ROWS = {"]
-    for p in PLACEMENTS:
-        numbers = simulate_placement(model, preset, seq, p)
-        lines.append(f"    {placement_key(model, preset, seq, p)!r}: {{")
-        lines += [f"        {k!r}: {v!r}," for k, v in numbers.items()]
-        lines.append("    },")
-    return "\n".join(lines + ["}"])
-
-
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--placements"]:  # regenerate _placements_stored.py's ROWS
-        print(stored_rows_source())
-    else:
-        torchrun.report_rank()
+    torchrun.report_rank()

@@ -1,6 +1,6 @@
-"""Lesson 09, memory for time: what each remedy for a model that does not fit costs.
-Recomputation and accumulation on a simulated GPT-2 step, the learner's recomputation measured
-on a real model here, mixed precision's master copy, and interleaved 1F1B's bubble.
+"""Lesson 09, memory for time: what each remedy for the activations costs. Recomputation and
+accumulation on a simulated GPT-2 step, and the learner's recomputation measured on a real
+model here.
 
 The recomputation demos take a function with lesson 09's contract (``wrap(model, segments)``:
 the learner's ``checkpointed`` once its check passes, else the package's
@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from mpgpu_edu.cluster.trace import Trace
 from mpgpu_edu.comm.torch_threads import one_torch_thread
 from mpgpu_edu.estimate.step import StepSetup, simulate_step
-from mpgpu_edu.explore.live import Explorer, dropdown, percent, slider
 from mpgpu_edu.memory.models import DecoderSpec, layer_activation_bytes
 from mpgpu_edu.memory.recompute import checkpointed, segment_bounds
-from mpgpu_edu.pipeline import interleaved_1f1b, one_f_one_b
-from mpgpu_edu.pipeline.timing import schedule_timeline, timed_bubble_overhead, timeline_trace
 from mpgpu_edu.viz.palette import SERIES_COLORS, SERIES_MARKERS, new_figure, style
-from mpgpu_edu.viz.timeline import plot_timelines_side_by_side
 
 Wrap = Callable[[nn.Sequential, int], Callable[[torch.Tensor], torch.Tensor]]
 
@@ -210,96 +204,3 @@ def plot_recompute_measured(rows: Sequence[dict[str, Any]]) -> Figure:
         ax.set_xticks(list(xs), [str(r["segments"]) for r in mine])
         ax.set_xlabel("segments")
     return fig
-
-
-# ---- mixed precision: why a master copy -------------------------------------------------------
-
-def master_copy_demo(steps: int = 200, update: float = 1e-3) -> dict[str, list[float]]:
-    """A weight of 1.0 receives ``steps`` updates of ``+update``: kept in bf16 only, in an
-    fp32 master copy (rounded to bf16 for use, as mixed precision does), and in fp32."""
-    bf16 = torch.tensor(1.0, dtype=torch.bfloat16)
-    master = torch.tensor(1.0)
-    out: dict[str, list[float]] = {"bf16 only": [], "fp32 master, bf16 copy": [], "fp32": []}
-    for _ in range(steps):
-        bf16 = bf16 + torch.tensor(update, dtype=torch.bfloat16)
-        master = master + update
-        out["bf16 only"].append(bf16.item())
-        out["fp32 master, bf16 copy"].append(master.to(torch.bfloat16).item())
-        out["fp32"].append(master.item())
-    return out
-
-
-def plot_master_copy(curves: dict[str, list[float]]) -> Figure:
-    fig = new_figure(8, 3.4)
-    ax = style(fig.add_subplot())
-    for i, (name, values) in enumerate(curves.items()):
-        ax.plot(range(1, len(values) + 1), values, color=SERIES_COLORS[i], label=name,
-                linestyle="-" if i < 2 else ":")
-    ax.set_xlabel("optimizer steps of +0.001")
-    ax.set_ylabel("weight")
-    ax.legend()
-    ax.set_title("a bf16 weight cannot grow by 0.001: bf16 keeps 8 significant bits",
-                 loc="left")
-    return fig
-
-
-# ---- interleaved 1F1B -----------------------------------------------------------------------
-
-def schedule_traces(n_stages: int, n_microbatches: int, n_chunks: int, forward_s: float = 1e-3,
-                    backward_s: float = 2e-3) -> dict[str, Trace]:
-    """1F1B and interleaved 1F1B as timelines, free sends, equal stages: a chunk step takes
-    1/V of a stage's forward or backward."""
-    plain = one_f_one_b(n_stages, n_microbatches)
-    inter = interleaved_1f1b(n_stages, n_microbatches, n_chunks)
-    v = n_chunks
-    out = {}
-    for name, schedule, f, b in (("1F1B", plain, forward_s, backward_s),
-                                 (f"interleaved, {v} chunks", inter, forward_s / v,
-                                  backward_s / v)):
-        overhead = timed_bubble_overhead(schedule, f, b)
-        label = f"{name}: idle = {overhead:.2%} of compute time (right: of the makespan)"
-        out[label] = _shade_odd_chunks(timeline_trace(schedule_timeline(schedule, f, b),
-                                                      n_stages), schedule)
-    return out
-
-
-def _shade_odd_chunks(trace: Trace, schedule: Any) -> Trace:
-    """Steps of odd model chunks as the kinds "forward, odd chunk" and "backward, odd chunk"
-    (a lighter shade), so that a microbatch's passes through the chunks can be told apart."""
-    if schedule.n_chunks == 1:
-        return trace
-    odd = {(s.stage, s.token) for row in schedule.grid for s in row if s and s.chunk % 2}
-    events = [replace(e, kind=f"{e.kind}, odd chunk") if (e.device, e.label) in odd else e
-              for e in trace.events]
-    return Trace(trace.n_devices, events, trace.memory, trace.source, dict(trace.meta))
-
-
-def interleaved_view(stages: int = 4, rounds: int = 2, chunks: int = 2) -> tuple[Figure, dict]:
-    """The explorer's view: 1F1B against interleaved 1F1B for P stages, M = rounds x P
-    microbatches and V chunks; ``info`` has both overheads (idle time over compute time),
-    the closed form, and both idle shares of the makespan (``idle_1f1b``,
-    ``idle_interleaved``)."""
-    m = rounds * stages
-    traces = schedule_traces(stages, m, chunks)
-    plain = timed_bubble_overhead(one_f_one_b(stages, m), 1.0, 2.0)
-    inter = timed_bubble_overhead(interleaved_1f1b(stages, m, chunks), 1 / chunks, 2 / chunks)
-    info = {"stages": stages, "microbatches": m, "chunks": chunks, "overhead_1f1b": plain,
-            "overhead_interleaved": inter, "formula": (stages - 1) / (chunks * m),
-            # the same idle time against the makespan (busy + idle), as each row's end says
-            "idle_1f1b": plain / (1 + plain), "idle_interleaved": inter / (1 + inter)}
-    return plot_timelines_side_by_side(traces, streams=("compute",)), info
-
-
-def describe_interleaved(info: dict) -> str:
-    return (f"<b>P</b> {info['stages']}, <b>M</b> {info['microbatches']}, <b>V</b> "
-            f"{info['chunks']}: bubble 1F1B {percent(info['overhead_1f1b'])}, interleaved "
-            f"{percent(info['overhead_interleaved'])} of compute (formula (P-1)/(V M) = "
-            f"{percent(info['formula'])})")
-
-
-def interleaved_explorer() -> Explorer:
-    """Sliders for stages, microbatch rounds and chunks; both timelines redraw."""
-    controls = {"stages": slider("stages P", 4, 2, 6),
-                "rounds": slider("microbatches M / P", 2, 1, 4),
-                "chunks": dropdown("chunks V", [1, 2, 3, 4], 2)}
-    return Explorer(interleaved_view, controls, describe_interleaved)

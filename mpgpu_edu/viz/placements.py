@@ -1,5 +1,5 @@
 """Lesson 07's placements on a 2-node mesh: simulated step times as bars with the reason
-beside each (``plot_placements``), of the rows ``mpgpu_edu.lessons.many_machines.placement_rows``
+beside each (``plot_placements``), of the rows ``mpgpu_edu.lessons.planning.placement_rows``
 makes.
 """
 

@@ -194,41 +194,10 @@ def recompute_with_torch(model: nn.Sequential, segments: int) -> Any:
     return lambda x: checkpoint_sequential(model, segments, x, use_reentrant=False)
 
 
-# ---- 9.3 ----------------------------------------------------------------------------------
-
-def bubble_unchecked(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """Checks that M is a multiple of P but not that V and P are at least 1: V=0 divides by
-    zero."""
-    if n_microbatches % max(n_stages, 1):
-        raise ValueError("bad sizes")
-    return (n_stages - 1) / (n_chunks * n_microbatches)
-
-
-def bubble_idle_fraction(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """The idle share of the makespan, (P-1)/(V M + P - 1), not the share of compute time."""
-    if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
-        raise ValueError("bad sizes")
-    return (n_stages - 1) / (n_chunks * n_microbatches + n_stages - 1)
-
-
-def bubble_ignores_chunks(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """1F1B's (P-1)/M: forgets that chunk steps are V times shorter."""
-    if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
-        raise ValueError("bad sizes")
-    return (n_stages - 1) / n_microbatches
-
-
-def bubble_never_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
-    """The right formula, but sizes the schedule cannot run (M not a multiple of P) pass."""
-    return (n_stages - 1) / max(1, n_chunks * n_microbatches)
-
-
 MUTANTS: dict[str, list[str]] = {
     "9.1": ["bytes_without_scores", "bytes_full_keeps_everything_else",
             "bytes_scores_per_head_dim", "bytes_never_refuses"],
     "9.2": ["recompute_nothing", "recompute_one_segment", "recompute_without_parameters",
             "recompute_keeps_outputs", "recompute_overwrites_grad", "recompute_from_the_start",
             "recompute_with_torch"],
-    "9.3": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses",
-            "bubble_unchecked"],
 }

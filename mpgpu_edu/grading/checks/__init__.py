@@ -16,7 +16,7 @@ optimizer state per rank. The reference is the package's own implementation. Cas
 ``hidden`` run on reproducible examples (``_support.examples``, seeded, smallest first): the
 learner sees their name and, on failure, the first failing example.
 
-Modules: ``lesson_00`` .. ``lesson_08``, each with ``CASES: dict[str, list[Case]]`` (and
+Modules: ``lesson_00`` .. ``lesson_10``, each with ``CASES: dict[str, list[Case]]`` (and
 ``REFERENCES`` where the package's own implementation must not run while an exercise is
 checked). A lesson with many cases is a package: its ``__init__`` holds ``CASES``, its
 modules the halves of one exercise or of a few that share them. What lessons share is in

@@ -174,6 +174,21 @@ def showing(evidence: Evidence) -> Iterator[Evidence]:
 
 # ---- comparisons -------------------------------------------------------------------------------
 
+def refusal(call: Callable[[], Any]) -> str:
+    """What ``call()`` did with input it should refuse: "ValueError", another exception's type
+    name (ZeroDivisionError: it divided before checking), or "returned". A stub's
+    NotImplementedError passes through: not implemented, not a wrong answer."""
+    try:
+        call()
+    except ValueError:
+        return "ValueError"
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as what it is, with its input
+        return type(exc).__name__
+    return "returned"
+
+
 def expect(condition: bool, message: str) -> None:
     """Fail the case with ``message`` unless ``condition``."""
     if not condition:

@@ -1,5 +1,5 @@
-"""Checks of lesson 09: what a transformer layer keeps for backward, the capstone (activation
-recomputation built on ``torch.autograd.Function``), and interleaved 1F1B's bubble.
+"""Checks of lesson 09: what a transformer layer keeps for backward, and the capstone (activation
+recomputation built on ``torch.autograd.Function``).
 
 Every case has two halves. *compute* calls the learner's function and returns plain data: byte
 counts; for the capstone, the output and gradients of a small model, the shapes of what
@@ -7,13 +7,12 @@ autograd packed for backward during the forward (``saved_tensors_hooks``), which
 were still alive after it (weak references), and how often each layer's forward ran.
 *judge* rebuilds the reference in the grader: the byte counts from
 ``memory.models.layer_activation_bytes`` (Korthikanti et al. 2022), the gradients from plain
-autograd on the same model and data, the segments from its own split, the bubble from the
-simulated schedule (``pipeline.interleaved_1f1b``).
+autograd on the same model and data, and the segments from its own split.
 
 The package's activation formulas and recomputation (``memory.recompute``) and torch's
 ``torch.utils.checkpoint`` are out of reach while the learner's code runs (``REFERENCES``).
 
-Modules: ``activations`` (9.1), ``recompute`` (9.2), ``bubble`` (9.3)."""
+Modules: ``activations`` (9.1), ``recompute`` (9.2)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,6 @@ from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks.lesson_09.activations import (_bytes, _bytes_hidden, _bytes_judge,
                                                             _judge_bytes_hidden, _judge_modes,
                                                             _modes)
-from mpgpu_edu.grading.checks.lesson_09.bubble import (_bubble_hidden, _bubble_judge, _bubbles,
-                                                       _judge_bubble_hidden, _judge_refusals,
-                                                       _refusals)
 from mpgpu_edu.grading.checks.lesson_09.recompute import (_accumulate, _basic, _judge_accumulate,
                                                           _judge_calls, _judge_kept,
                                                           _judge_recompute_hidden, _judge_values,
@@ -59,13 +55,5 @@ CASES: dict[str, list[Case]] = {
              _accumulate, _judge_accumulate),
         Case("hidden: other depths, widths and segments", 1, _recompute_hidden,
              _judge_recompute_hidden, hidden=True),
-    ],
-    "9.3": [
-        Case("the docstring's example", 1, _bubbles([(4, 8, 1)]), _bubble_judge([(4, 8, 1)])),
-        Case("agrees with the simulated schedule; V=1 is 1F1B", 1,
-             _bubbles([(2, 4, 3), (3, 9, 2), (4, 4, 1)]),
-             _bubble_judge([(2, 4, 3), (3, 9, 2), (4, 4, 1)])),
-        Case("refuses sizes the schedule cannot run", 1, _refusals, _judge_refusals),
-        Case("hidden: other sizes", 1, _bubble_hidden, _judge_bubble_hidden, hidden=True),
     ],
 }

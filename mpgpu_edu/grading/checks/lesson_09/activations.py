@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from mpgpu_edu.grading.checks import CheckFailure
-from mpgpu_edu.grading.checks._support import compute_examples, examples, expect, judge_examples
+from mpgpu_edu.grading.checks._support import (compute_examples, examples, expect, judge_examples,
+                                               refusal)
 
 Impl = Callable[..., Any]
 
@@ -50,21 +51,6 @@ BYTE_CASES = [(2048, 4, 4096, 32, m) for m in MODES] + [(512, 2, 768, 12, m) for
 
 BAD_SIZES = {"recompute='some'": (1024, 1, 1024, 16, "some"), "seq=0": (0, 1, 1024, 16, "none"),
              "n_heads=0": (1024, 1, 1024, 0, "selective")}
-
-
-def refusal(call: Callable[[], Any]) -> str:
-    """What ``call()`` did with input it should refuse: "ValueError", another exception's type
-    name (ZeroDivisionError: it divided before checking), or "returned". A stub's
-    NotImplementedError passes through: not implemented, not a wrong answer."""
-    try:
-        call()
-    except ValueError:
-        return "ValueError"
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - reported as what it is, with its input
-        return type(exc).__name__
-    return "returned"
 
 
 def _bytes_refusals(impl: Impl) -> dict[str, str]:

@@ -16,7 +16,7 @@ from torch import nn
 from mpgpu_edu.grading.checks import CheckFailure
 from mpgpu_edu.grading.checks._support import (compute_examples, examples, expect, expect_close,
                                                judge_examples)
-from mpgpu_edu.grading.checks.lesson_09.activations import refusal
+from mpgpu_edu.grading.checks._support import refusal
 
 Impl = Callable[..., Any]
 

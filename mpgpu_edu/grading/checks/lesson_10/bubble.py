@@ -1,4 +1,4 @@
-"""Exercise 9.3, interleaved 1F1B's bubble in closed form: both halves. The reference is the
+"""Exercise 10.1, interleaved 1F1B's bubble in closed form: both halves. The reference is the
 simulated schedule, ``pipeline.interleaved_1f1b``."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mpgpu_edu.grading.checks._support import compute_examples, examples, expect, judge_examples
-from mpgpu_edu.grading.checks.lesson_09.activations import refusal
+from mpgpu_edu.grading.checks._support import (compute_examples, examples, expect, judge_examples,
+                                               refusal)
 
 Impl = Callable[..., Any]
 

@@ -1,0 +1,79 @@
+"""Lesson 10 exercises: planning a large run.
+
+A pipeline that crosses nodes needs many stages, and 1F1B's bubble grows with them; interleaved
+1F1B gives each device several smaller chunks of the model to shrink it. 10.1 prices that
+bubble in closed form, checked against the simulated schedule; 10.2 builds the schedule itself,
+as lesson 04's 4.3 built 1F1B: a ``Step`` list per device (``mpgpu_edu.pipeline``), here with
+a ``chunk``.
+"""
+
+from __future__ import annotations
+
+from mpgpu_edu.pipeline import Step
+
+
+def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """The bubble of interleaved 1F1B as a share of the ideal compute time: P stages (devices),
+    M microbatches, V model chunks per device, equal stages and free sends. 1F1B's is
+    (P-1)/M (lesson 04); work out what V chunks per device change from section 3's timelines.
+    The schedule runs microbatches in rounds of P: raise ``ValueError`` when M is not a
+    multiple of P, or any argument is below 1.
+
+    >>> interleaved_bubble_overhead(4, 8, 1)  # one chunk per device: plain 1F1B
+    0.375
+    """
+    ### BEGIN SOLUTION 10.1
+    if min(n_stages, n_microbatches, n_chunks) < 1:
+        raise ValueError("stages, microbatches and chunks must each be at least 1")
+    if n_microbatches % n_stages:
+        raise ValueError(f"{n_microbatches} microbatches are not a multiple of {n_stages}")
+    return (n_stages - 1) / (n_chunks * n_microbatches)
+    ### END SOLUTION
+
+
+def interleaved_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> list[list[Step]]:
+    """Interleaved 1F1B (Narayanan et al. 2021) as each device's step order: device p holds the
+    model chunks p, p + P, ..., p + (V-1)P; ``Step(p, microbatch, op, chunk)`` runs its chunk
+    ``chunk`` (chunk 0 first in forward). Return one list of Steps per device, like lesson
+    04's ``one_f_one_b_orders``.
+
+    - **The order of the work.** Device p runs its M x V forwards in rounds of P microbatches:
+      microbatches 0 .. P-1 through chunk 0, the same P through chunk 1, ..., through chunk
+      V-1, then microbatches P .. 2P-1 the same way, and so on. Its backwards go in the same
+      rounds, with the chunks reversed (chunk V-1 first: backward runs the model backwards).
+    - **1F1B on that order.** A warm-up of ``2(P-1-p) + (V-1)P`` forwards (at most M x V; with
+      V = 1 plain 1F1B's ``P-1-p``), then one forward and one backward in turn, then the
+      backwards that are left.
+    - Raise ``ValueError`` when any argument is below 1 or M is not a multiple of P.
+
+    >>> from mpgpu_edu.pipeline import from_order
+    >>> print(from_order("interleaved", interleaved_orders(2, 2, 2), 2, 2))
+    tick  | 0    1    2    3    4    5    6    7    8    9    |
+    dev 0 | F0.0 F1.0 F0.1 F1.1 .    B0.1 .    B1.1 B0.0 B1.0 |
+    dev 1 | .    F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 B0.0 B1.0 .    |
+    """
+    ### BEGIN SOLUTION 10.2
+    if min(n_stages, n_microbatches, n_chunks) < 1:
+        raise ValueError("stages, microbatches and chunks must each be at least 1")
+    if n_microbatches % n_stages:
+        raise ValueError(f"{n_microbatches} microbatches are not a multiple of {n_stages}")
+    total = n_microbatches * n_chunks
+    orders = []
+    for p in range(n_stages):
+        def nth(k: int, op: str) -> Step:  # the k-th forward (or backward) of device p
+            round_, within = divmod(k, n_stages * n_chunks)
+            chunk = within // n_stages
+            if op == "B":
+                chunk = n_chunks - 1 - chunk
+            return Step(p, round_ * n_stages + within % n_stages, op, chunk)
+
+        if n_chunks == 1:
+            warmup = min(n_stages - 1 - p, total)
+        else:
+            warmup = min(2 * (n_stages - 1 - p) + (n_chunks - 1) * n_stages, total)
+        forwards = [nth(k, "F") for k in range(total)]
+        backwards = [nth(k, "B") for k in range(total)]
+        steady = [step for pair in zip(forwards[warmup:], backwards) for step in pair]
+        orders.append(forwards[:warmup] + steady + backwards[total - warmup:])
+    return orders
+    ### END SOLUTION
