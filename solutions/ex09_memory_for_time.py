@@ -82,14 +82,14 @@ def checkpointed(model: nn.Sequential, segments: int) -> Callable[[torch.Tensor]
       segment one node of the graph with a ``torch.autograd.Function`` of your own (write
       it inside this function or beside it).
     - Backward, segment by segment from the last: run the segment's forward again from its
-      kept input with autograd on (``torch.enable_grad()``, the input detached and made to
-      require a gradient), back-propagate the incoming gradient through it
+      kept input with autograd on (``torch.enable_grad()``, the input detached, and made to
+      require a gradient when forward's did: ``ctx.needs_input_grad[0]``), back-propagate the incoming gradient through it
       (``torch.autograd.backward``), and hand back the input's gradient. The parameters'
       gradients are added into their ``.grad`` by that inner backward, as any backward
       does: two backward passes before an optimizer step leave the sum.
     - Think about the data: ``x`` usually needs no gradient. Autograd calls a node's backward
-      only when one of its inputs needs a gradient; what then makes it call the first
-      segment's, so that its parameters get theirs?
+      only when one of its inputs needs a gradient; what then makes it call any segment's
+      backward, so that the parameters get theirs?
     - Every layer's forward runs exactly twice per forward-and-backward: once in forward,
       once in its segment's backward. The layers are stateless (no dropout, no batch norm):
       running one twice gives the same result.

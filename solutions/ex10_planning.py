@@ -12,6 +12,22 @@ from __future__ import annotations
 from mpgpu_edu.pipeline import Step
 
 
+# ---- worked example (solved, not graded) ---------------------------------------------------
+
+def virtual_stages(n_stages: int, n_chunks: int) -> list[list[int]]:
+    """Where interleaved 1F1B puts the model: cut into P x V chunks (virtual stages 0 .. PV-1,
+    in model order), device p holds virtual stages p, p + P, ..., p + (V-1)P; its chunk c is
+    virtual stage c x P + p. A microbatch's forward visits the virtual stages in order, so it
+    goes round the devices V times.
+
+    >>> virtual_stages(4, 2)
+    [[0, 4], [1, 5], [2, 6], [3, 7]]
+    """
+    return [[c * n_stages + p for c in range(n_chunks)] for p in range(n_stages)]
+
+
+# ---- exercises ------------------------------------------------------------------------------
+
 def interleaved_bubble_overhead(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
     """The bubble of interleaved 1F1B as a share of the ideal compute time: P stages (devices),
     M microbatches, V model chunks per device, equal stages and free sends. 1F1B's is
@@ -37,14 +53,21 @@ def interleaved_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> lis
     ``chunk`` (chunk 0 first in forward). Return one list of Steps per device, like lesson
     04's ``one_f_one_b_orders``.
 
-    - **The order of the work.** Device p runs its M x V forwards in rounds of P microbatches:
-      microbatches 0 .. P-1 through chunk 0, the same P through chunk 1, ..., through chunk
-      V-1, then microbatches P .. 2P-1 the same way, and so on. Its backwards go in the same
-      rounds, with the chunks reversed (chunk V-1 first: backward runs the model backwards).
-    - **1F1B on that order.** A warm-up of ``2(P-1-p) + (V-1)P`` forwards (at most M x V; with
-      V = 1 plain 1F1B's ``P-1-p``), then one forward and one backward in turn, then the
-      backwards that are left.
-    - Raise ``ValueError`` when any argument is below 1 or M is not a multiple of P.
+    Three rules make the schedule:
+
+    1. **The order of the work.** Device p runs its M x V forwards in rounds of P
+       microbatches: microbatches 0 .. P-1 through chunk 0, the same P through chunk 1, ...,
+       through chunk V-1, then microbatches P .. 2P-1 the same way, and so on. Its backwards go
+       in the same rounds, with the chunks reversed (chunk V-1 first: backward runs the model
+       backwards).
+    2. **The warm-up**: ``w = min(2(P-1-p) + (V-1)P, M x V)`` forwards; with V = 1 it is
+       plain 1F1B's ``min(P-1-p, M)`` instead (the formula would give 2(P-1-p)).
+    3. **Then** one forward and one backward in turn, and at the end the w backwards that are
+       left.
+
+    Raise ``ValueError`` when any argument is below 1 or M is not a multiple of P. In a
+    drawn grid ``F3.1`` is microbatch 3's forward through chunk 1, and ``F3.0`` through
+    chunk 0:
 
     >>> from mpgpu_edu.pipeline import from_order
     >>> print(from_order("interleaved", interleaved_orders(2, 2, 2), 2, 2))

@@ -13,6 +13,7 @@ from tests.mutants import lesson_09 as mutants
 
 @pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
     ("9.1", "bytes_without_scores", "the docstring's example", ("scores", "missing")),
+    ("9.1", "bytes_as_float", "the docstring's example", ("float", "return an int")),
     ("9.2", "recompute_without_parameters", "data that needs no gradient",
      ("does not require a gradient", "makes autograd call a node's backward")),
     ("9.2", "recompute_overwrites_grad", "gradients accumulate", ("2 backward passes",)),

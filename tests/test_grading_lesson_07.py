@@ -79,6 +79,15 @@ def test_a_wrong_closed_form_names_its_example_once() -> None:
     assert f"expected {want:.6g} s" in message
 
 
+@pytest.mark.parametrize(("mutant", "words"), [
+    (wrong.seconds_rail_chunk_unsplit, "splits that chunk M ways"),
+    (wrong.seconds_one_way_only, "phases 1 and 3 are G-1 steps each"),
+])
+def test_the_usual_slips_in_the_closed_form_are_named(mutant: Any, words: str) -> None:
+    status, message = verdicts("7.2", mutant)["2 x 8 H100-like, 4 x 2, one node, one GPU per node"]
+    assert status == "failed" and words in message, message
+
+
 def test_the_hidden_closed_form_case_keeps_its_sizes_and_links_hidden() -> None:
     status, message = verdicts("7.2", wrong.seconds_one_way_only)[
         "hidden: random clusters and sizes"]

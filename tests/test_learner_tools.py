@@ -126,8 +126,15 @@ def test_yours_uses_the_learners_code_only_while_it_passes_as_it_is(course: Path
     file = course / "exercises" / EXERCISES["1.3"].filename
     file.write_text(file.read_text().replace("def ring_all_reduce(", "def ring_all_reduce(  ",
                                              1))
-    assert not mp.yours("1.3", reference=all_reduce_ring).is_yours  # edited since its check
+    edited = mp.yours("1.3", reference=all_reduce_ring, what="ring")
+    assert not edited.is_yours  # edited since its check, and it says so
+    assert edited.label == "reference ring (yours: changed since it passed)"
     assert mp.progress().entries["1.3"]["status"] == "changed since its check"
+    file.write_text(file.read_text().replace("def ring_all_reduce(  ", "def ring_all_reduce(",
+                                             1).replace("incoming.add_(", "incoming.sub_(", 1))
+    assert not mp.check("1.3").passed  # a variant tried after passing
+    assert mp.yours("1.3", reference=all_reduce_ring, what="ring").note.startswith(
+        "reference ring; yours: its last check did not pass")
 
 
 # ---- plain data between a check's halves ----------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import cost
 from mpgpu_edu.estimate import StepSetup, simulate_step
+from mpgpu_edu.estimate.placements import SPREAD
 from mpgpu_edu.lessons import many_machines as mm
 
 
@@ -44,7 +45,7 @@ def test_tp_groups_keep_their_all_reduces_inside_the_group() -> None:
     assert {(e.device % 8, e.peer % 8) for e in across} == {(i, i) for i in range(8)}  # rails
     assert report["tokens_per_step"] == 2 * 128  # two replicas of one sequence each
     spread = StepSetup("gpt2-small", "2x8xH100-ib", "tensor", micro_batch=1, seq=128, tp=8,
-                       visible=mm.SPREAD)
+                       visible=SPREAD)
     slower, _ = simulate_step(spread)
     assert slower["step_s"] > report["step_s"]
 

@@ -52,7 +52,21 @@ PREDICTIONS = (
         why=("Full recomputation runs every layer's forward a second time during backward. "
              "Forward is about a third of forward + backward (backward costs twice the "
              "FLOPs), so the step gets about a third longer; communication and the optimizer "
-             "are not recomputed, so a little less than that.")),)
+             "are not recomputed, so a little less than that.")),
+    Prediction(
+        key="09.segments-peak",
+        question=("An MLP of 32 layers, recomputed in 1, 2, 4, 8 or 16 segments: which keeps "
+                  "the lowest peak of activations, counting the segment being recomputed in "
+                  "backward?"),
+        choices=("1 segment: it keeps only the model's input after forward",
+                 "4 segments, in between",
+                 "16 segments: the smallest pieces to recompute",
+                 "all the same: recomputation moves the memory, it does not save it"),
+        answer=1,
+        why=("After forward k segments keep k inputs; in backward the segment being recomputed "
+             "keeps all of its L/k layers' activations again. The peak is about k + L/k "
+             "layers' worth: one segment recomputes the whole model at once, 16 keep 16 "
+             "inputs. The lowest is near k = sqrt(L), about 4-6 here.")),)
 
 LESSON = Lesson(9, 'memory for time', 'ex09_memory_for_time',
                 'notebooks/09_memory_for_time.ipynb', EXERCISES, PREDICTIONS,

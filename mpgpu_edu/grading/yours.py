@@ -93,8 +93,7 @@ def yours(exercise_id: str, reference: Callable[..., Any], *, what: str | None =
     if not sha:
         return Chosen(reference, exercise, False, what, f"not found in {file.name}")
     if not _passed(folder, file, exercise, sha):
-        return Chosen(reference, exercise, False, what,
-                      f'not yet (mp.check("{exercise.id}") to use yours)')
+        return Chosen(reference, exercise, False, what, _why_not(folder, exercise, sha))
     try:
         fn = _load(file, exercise.function)
     except Exception as exc:  # noqa: BLE001 - the demo goes on with the reference
@@ -125,6 +124,26 @@ def _passed(folder: Path, file: Path, exercise: Exercise, sha: str) -> bool:
         return False
     entry = load(root).get(exercise.id, {})
     return entry.get("status") == "passed" and entry.get("source_sha256") == sha
+
+
+def _why_not(folder: Path, exercise: Exercise, sha: str) -> str:
+    """Why the learner's function is not used: never passed, its last check failed, or it
+    changed since it passed (a learner trying a variant after passing sees their own
+    function leave the figures, and should know why)."""
+    from mpgpu_edu.grading.progress import CourseNotFound, find_root, load
+
+    check = f'mp.check("{exercise.id}")'
+    try:
+        root = find_root()
+        entry = (load(root).get(exercise.id, {})
+                 if folder.resolve() == (root / "exercises").resolve() else {})
+    except CourseNotFound:
+        entry = {}
+    if entry.get("status") == "passed" and entry.get("source_sha256") != sha:
+        return f"changed since it passed ({check} again to use yours)"
+    if entry.get("status") in ("failed", "error", "timeout"):
+        return f"its last check did not pass ({check} to use yours once it does)"
+    return f"not yet ({check} to use yours)"
 
 
 def _load(file: Path, function: str) -> Callable[..., Any]:

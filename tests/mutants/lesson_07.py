@@ -63,6 +63,14 @@ def seconds_one_way_only(nodes: int, per_node: int, nbytes: float, intra_alpha_s
     return inside + 2 * (nodes - 1) * (inter_alpha_s + chunk / (nodes * inter_beta_Bps))
 
 
+def seconds_rail_chunk_unsplit(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
+                               intra_beta_Bps: float, inter_alpha_s: float,
+                               inter_beta_Bps: float) -> float:
+    """Each rail step moves the node's whole chunk, S / per_node, not split over the nodes."""
+    inside = 2 * (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))
+    return inside + 2 * (nodes - 1) * (inter_alpha_s + nbytes / (per_node * inter_beta_Bps))
+
+
 # ---- 7.3 the hierarchical all-reduce -------------------------------------------------------------
 
 def _step(comm: Any, send: torch.Tensor, recv: torch.Tensor) -> None:
@@ -196,7 +204,8 @@ def hier_calls_the_package(comm: Any, tensor: torch.Tensor, per_node: int,
 
 MUTANTS = {
     "7.1": ["groups_swapped", "groups_node_major_rails", "groups_never_raise"],
-    "7.2": ["seconds_whole_tensor_across", "seconds_flat_ring", "seconds_one_way_only"],
+    "7.2": ["seconds_whole_tensor_across", "seconds_flat_ring", "seconds_one_way_only",
+            "seconds_rail_chunk_unsplit"],
     "7.3": ["hier_flat_ring", "hier_whole_tensor_across", "hier_groups_swapped",
             "hier_mean_over_node", "hier_wrong_chunk_on_the_rail", "hier_lesson01_loops",
             "hier_calls_the_package"],

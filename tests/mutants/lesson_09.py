@@ -27,6 +27,15 @@ def bytes_without_scores(seq: int, batch: int, d_model: int, n_heads: int,
     return 2 * sbh if recompute == "full" else 34 * sbh
 
 
+def bytes_as_float(seq: int, batch: int, d_model: int, n_heads: int,
+                   recompute: str = "none") -> float:
+    """The right bytes as a float, s b h (34 + 5 a s / h), where bytes are a whole number."""
+    sbh = _sizes(seq, batch, d_model, n_heads, recompute)
+    if recompute == "full":
+        return 2.0 * sbh
+    return sbh * (34 + (5 * n_heads * seq / d_model if recompute == "none" else 0.0))
+
+
 def bytes_full_keeps_everything_else(seq: int, batch: int, d_model: int, n_heads: int,
                                      recompute: str = "none") -> int:
     """Treats full recomputation like selective: drops the scores, keeps the 34 sbh."""
@@ -195,7 +204,7 @@ def recompute_with_torch(model: nn.Sequential, segments: int) -> Any:
 
 
 MUTANTS: dict[str, list[str]] = {
-    "9.1": ["bytes_without_scores", "bytes_full_keeps_everything_else",
+    "9.1": ["bytes_without_scores", "bytes_as_float", "bytes_full_keeps_everything_else",
             "bytes_scores_per_head_dim", "bytes_never_refuses"],
     "9.2": ["recompute_nothing", "recompute_one_segment", "recompute_without_parameters",
             "recompute_keeps_outputs", "recompute_overwrites_grad", "recompute_from_the_start",

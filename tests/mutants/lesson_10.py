@@ -89,6 +89,23 @@ def orders_all_forwards_first(n_stages: int, n_microbatches: int,
     return _orders(n_stages, n_microbatches, n_chunks, lambda p, p_, v: 10**9, _rounds)
 
 
+def orders_uncapped_warmup(n_stages: int, n_microbatches: int,
+                           n_chunks: int) -> list[list[Step]]:
+    """The warm-up formula without its cap at M x V: when it is longer than the work, the
+    drain's slice starts below zero and drops backwards."""
+    if min(n_stages, n_microbatches, n_chunks) < 1 or n_microbatches % n_stages:
+        raise ValueError("bad sizes")
+    orders = []
+    for p in range(n_stages):
+        forwards = [Step(p, mb, "F", c) for mb, c in _rounds(n_stages, n_microbatches, n_chunks)]
+        backwards = [Step(p, mb, "B", n_chunks - 1 - c)
+                     for mb, c in _rounds(n_stages, n_microbatches, n_chunks)]
+        w, total = _megatron(p, n_stages, n_chunks), len(forwards)
+        steady = [s for pair in zip(forwards[w:], backwards) for s in pair]
+        orders.append(forwards[:w] + steady + backwards[total - w:])
+    return orders
+
+
 def orders_never_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> list[list[Step]]:
     """The right orders, but M that is not a multiple of P (a last, partial round) passes."""
     def order(p_: int, m: int, v: int) -> list[tuple[int, int]]:
@@ -109,5 +126,5 @@ MUTANTS: dict[str, list[str]] = {
     "10.1": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses",
              "bubble_unchecked"],
     "10.2": ["orders_plain_warmup", "orders_microbatch_major", "orders_chunks_not_reversed",
-             "orders_all_forwards_first", "orders_never_refuses"],
+             "orders_all_forwards_first", "orders_uncapped_warmup", "orders_never_refuses"],
 }

@@ -215,8 +215,10 @@ def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> 
     twice, a mean divided twice, a sign flipped), else ''."""
     if not bool(want.ne(0).any()):
         return ""
-    for factor, note in ((2.0, "exactly twice the expected values: added twice?"),
-                         (0.5, "exactly half the expected values: divided twice?"),
+    for factor, note in ((2.0, "exactly twice the expected values: added twice, or divided "
+                               "by half as many?"),
+                         (0.5, "exactly half the expected values: divided twice, or by "
+                               "twice as many?"),
                          (-1.0, "the expected values with the sign flipped")):
         if torch.allclose(got, factor * want, rtol=rtol, atol=atol):
             return f" ({note})"

@@ -33,16 +33,34 @@ def _form_agree(got: Any, nodes: int, per_node: int, nbytes: float, alphas: tupl
 
 def _diagnosis(got: float, nodes: int, per_node: int, nbytes: float, alphas: tuple,
                betas: tuple) -> str:
-    """Name the usual slip when ``got`` equals it: the rail's all-reduce charged for the
-    whole tensor instead of its node's chunk (1/per_node of it)."""
+    """Name the usual slip when ``got`` equals it: the rail's all-reduce charged for the whole
+    tensor, or for its chunk without splitting it over the nodes; a ring phase counted once
+    where the ring all-reduce has two (reduce-scatter, then all-gather)."""
     (a, a2), (b, b2) = alphas, betas
-    inside = 2 * (per_node - 1) * (a + nbytes / (per_node * b))
-    whole = 2 * (nodes - 1) * (a2 + nbytes / (nodes * b2))
-    if isinstance(got, (int, float)) and per_node > 1 and nodes > 1 \
-            and abs(got - (inside + whole)) <= 1e-9 * abs(inside + whole):
-        return (": your network term moves the whole tensor across; each rail's all-reduce "
-                "carries only its node's chunk, S / per_node, so its ring steps move "
-                "S / (per_node x nodes)")
+    g, m, s = per_node, nodes, nbytes
+    inside = 2 * (g - 1) * (a + s / (g * b))
+    rail = 2 * (m - 1) * (a2 + s / (g * m * b2))
+    slips = [
+        (inside + 2 * (m - 1) * (a2 + s / (m * b2)),
+         "your network term moves the whole tensor across; each rail's all-reduce carries "
+         "only its node's chunk, S / per_node, so its ring steps move S / (per_node x nodes)"),
+        (inside + 2 * (m - 1) * (a2 + s / (g * b2)),
+         "your network term moves the node's whole chunk in every ring step; a ring over the "
+         "M nodes splits that chunk M ways, so each step moves S / (per_node x nodes)"),
+        ((inside + rail) / 2,
+         "half the expected time: a ring all-reduce is two phases of N-1 steps (reduce-"
+         "scatter, then all-gather), 2(N-1) steps in all, inside the node and on the rail"),
+        (inside / 2 + rail,
+         "your NVLink term counts G-1 steps; phases 1 and 3 are G-1 steps each, 2(G-1) in "
+         "all"),
+        (inside + rail / 2,
+         "your network term counts M-1 steps; the rail's ring all-reduce takes 2(M-1)"),
+    ]
+    if not isinstance(got, (int, float)) or per_node < 2 or nodes < 2:
+        return ""
+    for value, why in slips:
+        if abs(got - value) <= 1e-9 * abs(value):
+            return f": {why}"
     return ""
 
 

@@ -51,7 +51,7 @@ CASES: dict[str, list[Case]] = {
              lambda d: _judge_calls(d, 8)),
         Case("data that needs no gradient: the first segment's parameters still get theirs", 1,
              _no_input_grad, lambda d: _judge_values(d, 7, 5, input_grad=False, seed=1)),
-        Case("gradients accumulate over two backward passes; a bad segments raises", 1,
+        Case("gradients accumulate over two backward passes; bad segment counts raise", 1,
              _accumulate, _judge_accumulate),
         Case("hidden: other depths, widths and segments", 1, _recompute_hidden,
              _judge_recompute_hidden, hidden=True),

@@ -36,6 +36,10 @@ def _bytes_judge(cases: list[tuple[int, int, int, int, str]]) -> Callable[[list]
             expect(isinstance(value, (int, float)) and not isinstance(value, bool),
                    f"seq={s}, batch={b}, d_model={h}, n_heads={a}, {mode!r}: returned "
                    f"{type(value).__name__}, expected a number of bytes")
+            expect(isinstance(value, int),
+                   f"seq={s}, batch={b}, d_model={h}, n_heads={a}, {mode!r}: returned the "
+                   f"float {value!r}; bytes are a whole number: return an int (write the "
+                   f"scores as 5 * a * s * s * b, not s * b * h * 5 * a * s / h)")
             hint = ""
             if mode == "none" and value == 34 * s * b * h:
                 hint = " (the attention scores, 5 a s^2 b bytes, are missing)"

@@ -55,6 +55,12 @@ def _schedule(record: dict) -> Schedule:
         for item in row:
             expect(isinstance(item, list), f"{call}: device {device}'s order holds {item}, "
                                            "not a Step")
+        for op, name in (("F", "forwards"), ("B", "backwards")):
+            count = sum(1 for item in row if item[2] == op)
+            expect(count == m * v,
+                   f"{call}: device {device} runs {count} {name}; it needs M x V = {m * v}, "
+                   f"one per microbatch and chunk (is the warm-up capped at M x V, and does "
+                   f"the drain take the last w backwards?)")
     orders = [[Step(s, mb, op, c) for s, mb, op, c in row] for row in rows]
     try:
         schedule = from_order("yours", orders, m, v)
@@ -86,10 +92,11 @@ def _judge_memory(records: list[dict]) -> None:
         p, m, v = r["sizes"]
         schedule = _schedule(r)
         got, bound = peak_activations(schedule), peak_activations(interleaved_1f1b(p, m, v))
+        warmup = "P-1-p" if v == 1 else "2(P-1-p) + (V-1)P"
         expect(all(a <= b for a, b in zip(got, bound)),
                f"P={p}, M={m}, V={v}: your devices hold {got} microbatch-chunks' activations "
-               f"at most; interleaved 1F1B's warm-up of 2(P-1-p) + (V-1)P forwards holds "
-               f"{bound}. A longer warm-up keeps more activations for no gain\n"
+               f"at most; interleaved 1F1B's warm-up ({warmup} forwards, at most M x V) "
+               f"holds {bound}. A longer warm-up keeps more activations for no gain\n"
                f"yours:\n{render(schedule)}")
 
 
