@@ -117,8 +117,10 @@ def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, per_node: 
     node over ``torch.tensor_split(flat, per_node)``'s chunks, after which local rank i
     holds its node's sum of one chunk (the same one on every node: with
     ``ring_reduce_scatter``, chunk (i + 1) % per_node); a ring all-reduce of that chunk
-    among the ranks of rail i
-    (local rank i of every node); a ring all-gather of the chunks inside the node.
+    (``ring_all_reduce`` on the rail's group, not on ``comm``) among the ranks of rail i
+    (local rank i of every node); a ring all-gather of the chunks inside the node. Every
+    rank calls ``comm.group`` for its own node's group and then its own rail's, in that
+    order.
     Traffic per rank: 2 (G - 1) / G S bytes to ranks of its own node and 2 (M - 1) / (G M) S
     across the network, only to its own rail (G = ``per_node``, M nodes, S the tensor's
     bytes). Cost: ``hierarchical_seconds``.

@@ -13,6 +13,12 @@ from tests.mutants import failures
 from tests.mutants import lesson_08 as mutants
 
 
+def test_a_finish_that_never_clears_is_named_where_the_gradients_first_go_wrong() -> None:
+    failed = failures("8.2", mutants.fsdp_never_clears)
+    message = next(m for c, m in failed.items() if c.startswith("3 ranks"))
+    assert "step 1" in message and "finish() clear self.reducing" in message, message
+
+
 @pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
     ("8.1", "shard_view_of_padded", "each a tensor of its own", ("storage", "48 bytes")),
     ("8.2", "fsdp_overwrites_grad", "gradients accumulate", ("only batch 1's gradient",)),

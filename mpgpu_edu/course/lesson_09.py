@@ -26,8 +26,9 @@ EXERCISES = (
         "under no_grad; backward(ctx, grad_out) detaches x, requires_grad_(ctx."
         "needs_input_grad[0]), reruns the layers under enable_grad, torch.autograd.backward"
         "(out, grad_out), returns x.grad and one None per other input. Pass the segment's "
-        "parameters as inputs: otherwise, when x needs no gradient (the data), autograd "
-        "never calls the first segment's backward and its parameters get no gradient.",
+        "parameters as inputs: otherwise, when x needs no gradient (the data), no segment's "
+        "output needs one, autograd calls no segment's backward, and no parameter gets a "
+        "gradient.",
         "@staticmethod\ndef forward(ctx, x, start, stop, *params):\n    ctx.save_for_backward(x)\n"
         "    ctx.span = (start, stop)\n    with torch.no_grad():\n        return run(start, "
         "stop, x)\n\n@staticmethod\ndef backward(ctx, grad_out):\n    (x,) = ctx.saved_tensors\n    x = "

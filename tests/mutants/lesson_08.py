@@ -65,7 +65,7 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
           use_prefetch: bool = True, regather: bool = True, all_reduce_grads: bool = False,
           autograd_keeps: bool = False, accumulate: bool = True, stream: bool = True,
           hold: bool = False, prefetch_backward: str = "before",
-          after_compute: bool = False) -> Any:
+          after_compute: bool = False, clear: bool = True) -> Any:
     """The solution's wrapper, with one switch per mistake."""
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
@@ -114,7 +114,8 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
                 if accumulate and shards[i].grad is not None:
                     grad = shards[i].grad + grad
                 shards[i].grad = grad
-            self.reducing.clear()
+            if clear:
+                self.reducing.clear()
 
         def parameters(self) -> list[nn.Parameter]:
             return [s for s in shards if s is not None]
@@ -251,6 +252,12 @@ def fsdp_overwrites_grad(comm: Any, module: nn.Sequential, prefetch: bool = Fals
     return _wrap(comm, module, prefetch, accumulate=False)
 
 
+def fsdp_never_clears(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """finish() never empties self.reducing: the next step adds the old reduce-scatters
+    again."""
+    return _wrap(comm, module, prefetch, clear=False)
+
+
 def fsdp_synchronous(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
     """Runs every collective in the rank's program, not on the comm stream: right values
     and collectives, but nothing overlaps, so prefetch gains nothing."""
@@ -280,5 +287,5 @@ MUTANTS: dict[str, list[str]] = {
     "8.2": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
             "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights",
             "fsdp_overwrites_grad", "fsdp_synchronous", "fsdp_holds_gathered",
-            "fsdp_prefetches_forward_only", "fsdp_prefetches_after_reduce"],
+            "fsdp_prefetches_forward_only", "fsdp_prefetches_after_reduce", "fsdp_never_clears"],
 }

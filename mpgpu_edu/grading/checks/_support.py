@@ -222,6 +222,16 @@ def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> 
                          (-1.0, "the expected values with the sign flipped")):
         if torch.allclose(got, factor * want, rtol=rtol, atol=atol):
             return f" ({note})"
+    index = int(want.ne(0).reshape(-1).nonzero()[0])
+    ratio = float(got.reshape(-1)[index] / want.reshape(-1)[index])
+    for k in range(3, 65):  # a sum where the mean was asked, or the wrong count divided by
+        for factor, words in ((float(k), f"exactly {k} times the expected values: a sum "
+                                          "where the mean was asked, or divided by too few?"),
+                              (1 / k, f"exactly 1/{k} of the expected values: divided by "
+                                      "too many, or twice?")):
+            if abs(ratio - factor) <= 1e-6 * factor and torch.allclose(
+                    got, factor * want, rtol=rtol, atol=atol):
+                return f" ({words})"
     return ""
 
 

@@ -49,7 +49,7 @@ CASES: dict[str, list[Case]] = {
              lambda d: _judge_kept(d, 8, 6, 2)),
         Case("every layer's forward runs twice: once more in backward", 1, _basic,
              lambda d: _judge_calls(d, 8)),
-        Case("data that needs no gradient: the first segment's parameters still get theirs", 1,
+        Case("data that needs no gradient: every parameter still gets its gradient", 1,
              _no_input_grad, lambda d: _judge_values(d, 7, 5, input_grad=False, seed=1)),
         Case("gradients accumulate over two backward passes; bad segment counts raise", 1,
              _accumulate, _judge_accumulate),

@@ -43,6 +43,9 @@ def _bytes_judge(cases: list[tuple[int, int, int, int, str]]) -> Callable[[list]
             hint = ""
             if mode == "none" and value == 34 * s * b * h:
                 hint = " (the attention scores, 5 a s^2 b bytes, are missing)"
+            elif mode == "none" and value == s * b * h * (34 + 5 * a * s // h) != want:
+                hint = (" (integer division: 5 a s // h drops a fraction; write the scores as "
+                        "5 * a * s * s * b)")
             elif mode == "full" and value == 34 * s * b * h:
                 hint = " (full recomputation keeps only the layer's input)"
             expect(value == want, f"seq={s}, batch={b}, d_model={h}, n_heads={a}, {mode!r}: "
