@@ -19,6 +19,13 @@ def test_a_finish_that_never_clears_is_named_where_the_gradients_first_go_wrong(
     assert "step 1" in message and "finish() clear self.reducing" in message, message
 
 
+def test_a_backward_that_waits_for_its_reduce_scatter_fails_the_timeline() -> None:
+    failed = failures("8.2", mutants.fsdp_waits_on_reduce_scatter)
+    assert list(failed) == [next(c.name for c in cases_for("8.2")
+                                 if c.name.startswith("timeline"))], failed
+    assert "wait for its own reduce-scatter" in next(iter(failed.values()))
+
+
 @pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
     ("8.1", "shard_view_of_padded", "each a tensor of its own", ("storage", "48 bytes")),
     ("8.2", "fsdp_overwrites_grad", "gradients accumulate", ("only batch 1's gradient",)),

@@ -33,7 +33,7 @@ def test_the_wrong_answer_fails_a_case_that_names_it(exercise_id: str, name: str
                                                  "rounds of P microbatches")),
     ("orders_all_forwards_first", "memory", ("[16, 16, 16, 16]", "[11, 9, 7, 5]")),
     ("orders_never_refuses", "refuses sizes", ("interleaved_orders(4, 6, 2)", "ValueError")),
-    ("orders_uncapped_warmup", "memory", ("interleaved_orders(3, 3, 2): device 0 runs",
+    ("orders_uncapped_warmup", "memory", ("interleaved_orders(3, 3, 2): device 0 runs 1 b",
                                           "capped at M x V")),
 ])
 def test_each_wrong_schedule_fails_the_case_that_names_its_mistake(name: str, case: str,

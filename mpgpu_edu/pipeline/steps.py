@@ -149,10 +149,14 @@ def _check_finished(orders: Sequence[Sequence[Step]], done: list[int], end: dict
     stuck = [(device, order[done[device]]) for device, order in enumerate(orders)
              if done[device] < len(order)]
     if stuck:
+        def name(step: Step) -> str:  # chunk 0 named too when there are several
+            return (f"{step.op}(stage {step.stage}, mb {step.microbatch}, chunk {step.chunk})"
+                    if n_chunks > 1 else str(step))
+
         waits = "; ".join(
-            f"dev {device} cannot run {step}: it waits for "
-            + ", ".join(str(need) for need in dependencies(step, len(orders), n_chunks)
-                       if need not in end)
+            f"dev {device} cannot run {name(step)}: it waits for "
+            + ", ".join(name(need) for need in dependencies(step, len(orders), n_chunks)
+                        if need not in end)
             for device, step in stuck)
         raise ScheduleError(f"the step order can never finish: {waits}")
 

@@ -65,7 +65,7 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
           use_prefetch: bool = True, regather: bool = True, all_reduce_grads: bool = False,
           autograd_keeps: bool = False, accumulate: bool = True, stream: bool = True,
           hold: bool = False, prefetch_backward: str = "before",
-          after_compute: bool = False, clear: bool = True) -> Any:
+          after_compute: bool = False, clear: bool = True, wait_reduce: bool = False) -> Any:
     """The solution's wrapper, with one switch per mistake."""
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
@@ -165,6 +165,8 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
                 owner.reducing.append((i, run(_all_reduce_mean, comm, padded)))
             else:
                 owner.reducing.append((i, run(reduce_scatter, comm, padded, op)))
+            if wait_reduce:  # the layer's backward waits for its own reduce-scatter
+                owner.reducing[-1] = (i, _Done(owner.reducing[-1][1].wait()))
             if prefetch and prefetch_backward == "after":  # queued behind the reduce-scatter
                 j = i - 1
                 while 0 <= j and not sizes[j]:
@@ -258,6 +260,13 @@ def fsdp_never_clears(comm: Any, module: nn.Sequential, prefetch: bool = False) 
     return _wrap(comm, module, prefetch, clear=False)
 
 
+def fsdp_waits_on_reduce_scatter(comm: Any, module: nn.Sequential,
+                                 prefetch: bool = False) -> Any:
+    """Each layer's backward waits for its own reduce-scatter before handing back its input's
+    gradient: right values, but the next layer's backward cannot compute meanwhile."""
+    return _wrap(comm, module, prefetch, wait_reduce=True)
+
+
 def fsdp_synchronous(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
     """Runs every collective in the rank's program, not on the comm stream: right values
     and collectives, but nothing overlaps, so prefetch gains nothing."""
@@ -287,5 +296,6 @@ MUTANTS: dict[str, list[str]] = {
     "8.2": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
             "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights",
             "fsdp_overwrites_grad", "fsdp_synchronous", "fsdp_holds_gathered",
-            "fsdp_prefetches_forward_only", "fsdp_prefetches_after_reduce", "fsdp_never_clears"],
+            "fsdp_prefetches_forward_only", "fsdp_prefetches_after_reduce", "fsdp_never_clears",
+            "fsdp_waits_on_reduce_scatter"],
 }

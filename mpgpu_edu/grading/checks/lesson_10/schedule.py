@@ -59,8 +59,8 @@ def _schedule(record: dict) -> Schedule:
             count = sum(1 for item in row if item[2] == op)
             expect(count == m * v,
                    f"{call}: device {device} runs {count} {name}; it needs M x V = {m * v}, "
-                   f"one per microbatch and chunk (is the warm-up capped at M x V, and does "
-                   f"the drain take the last w backwards?)")
+                   "one per microbatch and chunk (is the warm-up capped at M x V, and does the "
+                   "drain take the last w backwards?)")
     orders = [[Step(s, mb, op, c) for s, mb, op, c in row] for row in rows]
     try:
         schedule = from_order("yours", orders, m, v)
