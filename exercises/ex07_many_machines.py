@@ -84,9 +84,8 @@ def hierarchical_seconds(nodes: int, per_node: int, nbytes: float, intra_alpha_s
                          intra_beta_Bps: float, inter_alpha_s: float,
                          inter_beta_Bps: float) -> float:
     """The time of the hierarchical all-reduce of an ``nbytes`` tensor on ``nodes`` nodes of
-    ``per_node`` GPUs, in the alpha-beta model (additions free): a ring reduce-scatter
-    inside every node, then a ring all-reduce of each GPU's chunk among the GPUs of its rail
-    (all rails at once, each on its own NIC), then a ring all-gather inside every node.
+    ``per_node`` GPUs, in the alpha-beta model (additions free), its three phases as section 3
+    lists them (all rails at once, each on its own NIC).
 
     ``intra_*``: one message between two GPUs of a node; ``inter_*``: one message between
     two GPUs of one rail on different nodes. A ring phase over R ranks on S' bytes takes R - 1
@@ -109,8 +108,7 @@ def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, per_node: 
     ``ring_reduce_scatter``, chunk (i + 1) % per_node); a ring all-reduce of that chunk
     (``ring_all_reduce`` on the rail's group, not on ``comm``) among the ranks of rail i
     (local rank i of every node); a ring all-gather of the chunks inside the node. Every
-    rank calls ``comm.group`` for its own node's group and then its own rail's, in that
-    order.
+    rank calls ``comm.group`` for its own node's group and its own rail's.
     Traffic per rank: 2 (G - 1) / G S bytes to ranks of its own node and 2 (M - 1) / (G M) S
     across the network, only to its own rail (G = ``per_node``, M nodes, S the tensor's
     bytes). Cost: ``hierarchical_seconds``.

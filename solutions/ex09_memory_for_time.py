@@ -51,6 +51,7 @@ def layer_activation_bytes(seq: int, batch: int, d_model: int, n_heads: int,
       34 s b h;
     - ``"full"``: keep only the layer's input, 2 s b h, and run its forward again in backward.
 
+    Return an ``int`` (bytes are whole: write the scores as 5 a s s b, not s b h 5 a s / h).
     Raise ``ValueError`` for any size below 1 or another ``recompute``.
 
     >>> layer_activation_bytes(1024, 1, 1024, 16)

@@ -41,11 +41,11 @@ def test_interleaved_explorer_redraws() -> None:
 
 
 def test_placements_put_tensor_parallelism_inside_a_node() -> None:
-    rows = pl.placement_rows("gpt2-medium", seq=512, placements=pl.PLACEMENTS[:2])
+    rows = pl.placement_rows("gpt2-small", seq=256, placements=pl.PLACEMENTS[:2])
     inside, spread = rows
     assert inside["step_s"] < spread["step_s"]
     assert inside["across_bytes"] < spread["across_bytes"] / 4
-    assert inside["tokens_per_step"] == spread["tokens_per_step"] == 16 * 512
+    assert inside["tokens_per_step"] == spread["tokens_per_step"] == 16 * 256
     fig = pl.plot_placements(rows)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert any("NVLink" in t for t in texts) and any("across the network" in t for t in texts)
