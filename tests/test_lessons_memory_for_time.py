@@ -87,3 +87,21 @@ def test_the_notebooks_setting_needs_a_remedy_to_fit() -> None:
     assert fits == {("none", 1): False, ("selective", 1): True, ("full", 1): True,
                     ("none", 2): True, ("selective", 2): True, ("full", 2): True}
     assert all(r["fits"] == (r["total"] <= r["capacity"]) for r in rows)
+
+
+def test_the_activation_explorer_counts_every_layer_with_the_function_it_is_given() -> None:
+    from mpgpu_edu.explore.live import Explorer
+    from mpgpu_edu.memory.models import get_preset
+
+    spec = get_preset("gpt2-medium")
+    figure, info = mt.activation_view(11, "gpt2-medium")
+    assert isinstance(figure, Figure) and info["seq"] == 2048
+    for mode in mt.RECOMPUTE:
+        assert info[mode] == spec.n_layers * mt.reference_layer_bytes(
+            2048, 1, spec.d_model, spec.n_heads, mode)
+    assert info["none"] > info["selective"] > info["full"]
+    calls = []
+    explorer = mt.activation_explorer(lambda *a: calls.append(a) or 1)
+    assert isinstance(explorer, Explorer) and explorer.info["none"] == spec.n_layers
+    explorer.controls["log2_seq"].value = 12
+    assert explorer.renders == 2 and calls[-1][0] == 4096

@@ -19,6 +19,7 @@ from torch import nn
 
 from mpgpu_edu.comm.torch_threads import one_torch_thread
 from mpgpu_edu.estimate.step import StepSetup, simulate_step
+from mpgpu_edu.explore.live import Explorer, dropdown, slider
 from mpgpu_edu.memory.models import DecoderSpec, layer_activation_bytes
 from mpgpu_edu.memory.recompute import checkpointed, segment_bounds
 from mpgpu_edu.viz.palette import SERIES_COLORS, SERIES_MARKERS, new_figure, style
@@ -204,3 +205,51 @@ def plot_recompute_measured(rows: Sequence[dict[str, Any]]) -> Figure:
         ax.set_xticks(list(xs), [str(r["segments"]) for r in mine])
         ax.set_xlabel("segments")
     return fig
+
+
+# ---- what a model keeps, as the sequence grows ------------------------------------------------
+
+def activation_view(log2_seq: int = 10, model: str = "gpt2-medium",
+                    layer_bytes: Callable[..., int] | None = None) -> tuple[Figure, dict]:
+    """One sequence of 2**log2_seq tokens through every layer of ``model``: the bytes kept for
+    backward without recomputation, with selective and with full recomputation, counted by
+    ``layer_bytes`` (lesson 09's contract: the learner's ``layer_activation_bytes`` once 9.1
+    passes, else ``reference_layer_bytes``)."""
+    from mpgpu_edu.memory.models import get_preset
+
+    spec, seq = get_preset(model), 2 ** log2_seq
+    count = layer_bytes or reference_layer_bytes
+    kept = {mode: spec.n_layers * int(count(seq, 1, spec.d_model, spec.n_heads, mode))
+            for mode in RECOMPUTE}
+    fig = new_figure(7.5, 2.6)
+    ax = style(fig.add_subplot(), grid="x")
+    names = list(kept)[::-1]
+    ax.barh(names, [kept[n] / 2**30 for n in names], color=SERIES_COLORS[:3][::-1])
+    for y, name in enumerate(names):
+        ax.text(kept[name] / 2**30, y, f"  {kept[name] / 2**30:.2f} GiB", va="center")
+    ax.set_xlim(0, max(kept.values()) / 2**30 * 1.3)
+    ax.set_xlabel("GiB kept for backward: one sequence, every layer")
+    whose = getattr(layer_bytes, "label", "reference activation count")
+    ax.set_title(f"{spec.name}, {seq:,} tokens ({whose})", loc="left")
+    return fig, {"model": model, "seq": seq, **kept}
+
+
+def describe_activations(info: dict) -> str:
+    from mpgpu_edu.viz.palette import format_bytes
+
+    return (f"<b>{info['seq']:,}</b> tokens of {info['model']}: none "
+            f"{format_bytes(info['none'])}, selective {format_bytes(info['selective'])}, full "
+            f"{format_bytes(info['full'])} (selective / none: "
+            f"{info['selective'] / info['none']:.0%})")
+
+
+def activation_explorer(layer_bytes: Callable[..., int] | None = None,
+                        model: str = "gpt2-medium") -> Explorer:
+    """A slider for the sequence length (2**k tokens) and a model menu over
+    ``activation_view``, counted by ``layer_bytes`` (the learner's once 9.1 passes)."""
+    from mpgpu_edu.memory.models import PRESETS
+
+    controls = {"log2_seq": slider("tokens: 2^k, k =", 10, 7, 15),
+                "model": dropdown("model", list(PRESETS), model)}
+    return Explorer(activation_view, controls, describe_activations,
+                    fixed={"layer_bytes": layer_bytes})
