@@ -111,18 +111,24 @@ def _folder(impl: str | Path | None) -> Path:
     return resolve_impl(impl, root)
 
 
-def _passed(folder: Path, file: Path, exercise: Exercise, sha: str) -> bool:
-    if _PASSED.get((str(file.resolve()), exercise.id)) == sha:
-        return True
+def _recorded(folder: Path, exercise: Exercise) -> dict:
+    """The exercise's entry in the course's progress file (empty when ``folder`` is not the
+    course's ``exercises/``, whose checks alone are recorded, or when there is no course)."""
     from mpgpu_edu.grading.progress import CourseNotFound, find_root, load
 
     try:
         root = find_root()
     except CourseNotFound:
-        return False
+        return {}
     if folder.resolve() != (root / "exercises").resolve():
-        return False
-    entry = load(root).get(exercise.id, {})
+        return {}
+    return load(root).get(exercise.id, {})
+
+
+def _passed(folder: Path, file: Path, exercise: Exercise, sha: str) -> bool:
+    if _PASSED.get((str(file.resolve()), exercise.id)) == sha:
+        return True
+    entry = _recorded(folder, exercise)
     return entry.get("status") == "passed" and entry.get("source_sha256") == sha
 
 
@@ -130,15 +136,8 @@ def _why_not(folder: Path, exercise: Exercise, sha: str) -> str:
     """Why the learner's function is not used: never passed, its last check failed, or it
     changed since it passed (a learner trying a variant after passing sees their own
     function leave the figures, and should know why)."""
-    from mpgpu_edu.grading.progress import CourseNotFound, find_root, load
-
     check = f'mp.check("{exercise.id}")'
-    try:
-        root = find_root()
-        entry = (load(root).get(exercise.id, {})
-                 if folder.resolve() == (root / "exercises").resolve() else {})
-    except CourseNotFound:
-        entry = {}
+    entry = _recorded(folder, exercise)
     if entry.get("status") == "passed" and entry.get("source_sha256") != sha:
         return f"changed since it passed ({check} again to use yours)"
     if entry.get("status") in ("failed", "error", "timeout"):

@@ -107,10 +107,10 @@ def schedule_traces(n_stages: int, n_microbatches: int, n_chunks: int, forward_s
     v = n_chunks
     out = {}
     for name, schedule, f, b in (("1F1B", plain, forward_s, backward_s),
-                                 (f"{label}, {v} chunks", inter, forward_s / v,
+                                 (f"{label}, V={v}", inter, forward_s / v,
                                   backward_s / v)):
         overhead = timed_bubble_overhead(schedule, f, b)
-        title = f"{name}: idle = {overhead:.2%} of the compute time"
+        title = f"{name}: idle {overhead:.2%} of compute"
         out[title] = _shade_odd_chunks(timeline_trace(schedule_timeline(schedule, f, b),
                                                       n_stages), schedule)
     return out
@@ -134,7 +134,7 @@ def interleaved_view(stages: int = 4, rounds: int = 2, chunks: int = 2,
     time over compute time), the closed form, and both idle shares of the makespan
     (``idle_1f1b``, ``idle_interleaved``)."""
     m = rounds * stages
-    label = getattr(orders, "label", "interleaved") if orders is not None else "interleaved"
+    label = getattr(orders, "label", "interleaved")  # mp.yours's Chosen names itself
     traces = schedule_traces(stages, m, chunks, orders=orders, label=label)
     plain = timed_bubble_overhead(one_f_one_b(stages, m), 1.0, 2.0)
     inter = timed_bubble_overhead(interleaved_schedule(stages, m, chunks, orders),

@@ -37,7 +37,8 @@ def bubble_never_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> f
 # ---- 10.2 ---------------------------------------------------------------------------------
 
 def _orders(p_: int, m: int, v: int, warmup, forward_order, backward_reversed: bool = True,
-            refuse: bool = True) -> list[list[Step]]:
+            refuse: bool = True, capped: bool = True) -> list[list[Step]]:
+    """The solution's orders, with one switch per mistake."""
     if refuse and (min(p_, m, v) < 1 or m % p_):
         raise ValueError("bad sizes")
     total = m * v
@@ -46,7 +47,7 @@ def _orders(p_: int, m: int, v: int, warmup, forward_order, backward_reversed: b
         forwards = [Step(p, mb, "F", c) for mb, c in forward_order(p_, m, v)]
         backwards = [Step(p, mb, "B", (v - 1 - c) if backward_reversed else c)
                      for mb, c in forward_order(p_, m, v)]
-        w = min(warmup(p, p_, v), total)
+        w = min(warmup(p, p_, v), total) if capped else warmup(p, p_, v)
         steady = [s for pair in zip(forwards[w:], backwards) for s in pair]
         orders.append(forwards[:w] + steady + backwards[total - w:])
     return orders
@@ -93,17 +94,7 @@ def orders_uncapped_warmup(n_stages: int, n_microbatches: int,
                            n_chunks: int) -> list[list[Step]]:
     """The warm-up formula without its cap at M x V: when it is longer than the work, the
     drain's slice starts below zero and drops backwards."""
-    if min(n_stages, n_microbatches, n_chunks) < 1 or n_microbatches % n_stages:
-        raise ValueError("bad sizes")
-    orders = []
-    for p in range(n_stages):
-        forwards = [Step(p, mb, "F", c) for mb, c in _rounds(n_stages, n_microbatches, n_chunks)]
-        backwards = [Step(p, mb, "B", n_chunks - 1 - c)
-                     for mb, c in _rounds(n_stages, n_microbatches, n_chunks)]
-        w, total = _megatron(p, n_stages, n_chunks), len(forwards)
-        steady = [s for pair in zip(forwards[w:], backwards) for s in pair]
-        orders.append(forwards[:w] + steady + backwards[total - w:])
-    return orders
+    return _orders(n_stages, n_microbatches, n_chunks, _megatron, _rounds, capped=False)
 
 
 def orders_never_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> list[list[Step]]:

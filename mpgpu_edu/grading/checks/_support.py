@@ -235,6 +235,25 @@ def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> 
     return ""
 
 
+def step_rows(got: Any) -> Any:
+    """A learner's step orders as plain data: per device, rows of ``[stage, microbatch, op,
+    chunk]`` (a ``pipeline.Step``) or the repr of anything else; the type name of what is not
+    a list of lists. A returned ``Schedule`` is read device by device."""
+    from mpgpu_edu.pipeline import Schedule, Step, steps_of
+
+    if isinstance(got, Schedule):
+        got = [steps_of(got, d) for d in range(got.n_stages)]
+    if not isinstance(got, (list, tuple)):
+        return type(got).__name__
+    rows = []
+    for row in got:
+        if not isinstance(row, (list, tuple)):
+            return type(row).__name__
+        rows.append([[int(s.stage), int(s.microbatch), str(s.op), int(s.chunk)]
+                     if isinstance(s, Step) else repr(s) for s in row])
+    return rows
+
+
 def rank_inputs(world_size: int, numel: int, seed: int = 0) -> list[torch.Tensor]:
     """One small-integer float tensor per rank (sums are exact in float32)."""
     generator = torch.Generator().manual_seed(seed)

@@ -1,6 +1,7 @@
 """Checks of exercises 4.2 (GPipe) and 4.3 (1F1B): step orders, read as ``[stage,
-microbatch, op]`` triples, against the package's ``gpipe`` and ``one_f_one_b``: valid, in
-the reference's order, as fast, and holding no more microbatches than the schedule allows."""
+microbatch, op, chunk]`` rows (``_support.step_rows``; the chunk is not used here), against
+the package's ``gpipe`` and ``one_f_one_b``: valid, in the reference's order, as fast, and
+holding no more microbatches than the schedule allows."""
 
 from __future__ import annotations
 
@@ -8,31 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
-from mpgpu_edu.grading.checks._support import compute_examples, examples, expect, judge_examples
+from mpgpu_edu.grading.checks._support import (compute_examples, examples, expect, judge_examples,
+                                               step_rows)
 from mpgpu_edu.pipeline import (Schedule, ScheduleError, Step, from_order, makespan_ticks,
                                 peak_activations, render, steps_of, validate)
 
 Impl = Callable[..., Any]
 
 
-def _orders_data(got: Any) -> Any:
-    """The learner's orders as plain data: rows of [stage, microbatch, op] (a Step) or the
-    type name of anything else. A returned Schedule is read row by row."""
-    if isinstance(got, Schedule):
-        got = [steps_of(got, d) for d in range(got.n_stages)]
-    if not isinstance(got, (list, tuple)):
-        return type(got).__name__
-    rows = []
-    for row in got:
-        if not isinstance(row, (list, tuple)):
-            return type(row).__name__
-        rows.append([[int(s.stage), int(s.microbatch), str(s.op)] if isinstance(s, Step)
-                     else repr(s) for s in row])
-    return rows
-
-
 def _compute_orders(impl: Impl, sizes: list[tuple[int, int]]) -> list[dict]:
-    return [{"p": p, "m": m, "orders": _orders_data(impl(p, m))} for p, m in sizes]
+    return [{"p": p, "m": m, "orders": step_rows(impl(p, m))} for p, m in sizes]
 
 
 def _schedule(data: dict, name: str, function: str) -> Schedule:
@@ -44,7 +30,7 @@ def _schedule(data: dict, name: str, function: str) -> Schedule:
         for item in row:
             expect(isinstance(item, list), f"{call}: device {device}'s order holds {item}, "
                                            "not a Step")
-    orders = [[Step(s, mb, op) for s, mb, op in row] for row in rows]
+    orders = [[Step(s, mb, op) for s, mb, op, _chunk in row] for row in rows]
     try:
         schedule = from_order(name, orders, m)
         validate(schedule)
@@ -105,7 +91,7 @@ def _one_f_one_b_memory(records: list[dict]) -> None:
 
 
 def _hidden_orders(impl: Impl) -> list[dict]:
-    return compute_examples(lambda p, m: _orders_data(impl(p, m)),
+    return compute_examples(lambda p, m: step_rows(impl(p, m)),
                             examples(30, seed=43, p=(1, 6), m=(1, 9)))
 
 

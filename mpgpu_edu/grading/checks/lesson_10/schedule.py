@@ -15,7 +15,7 @@ from typing import Any
 
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
 from mpgpu_edu.grading.checks._support import (compute_examples, examples, expect, judge_examples,
-                                               refusal)
+                                               refusal, step_rows)
 from mpgpu_edu.pipeline import (Schedule, ScheduleError, Step, from_order, interleaved_1f1b,
                                 one_f_one_b, peak_activations, render, steps_of, validate)
 from mpgpu_edu.pipeline.timing import timed_bubble_overhead
@@ -24,25 +24,9 @@ Impl = Callable[..., Any]
 Sizes = tuple[int, int, int]
 
 
-def _rows(got: Any) -> Any:
-    """The learner's orders as plain data: rows of [stage, microbatch, op, chunk], or the type
-    name of what is not a list of Steps."""
-    if isinstance(got, Schedule):
-        got = [steps_of(got, d) for d in range(got.n_stages)]
-    if not isinstance(got, (list, tuple)):
-        return type(got).__name__
-    rows = []
-    for row in got:
-        if not isinstance(row, (list, tuple)):
-            return type(row).__name__
-        rows.append([[int(s.stage), int(s.microbatch), str(s.op), int(s.chunk)]
-                     if isinstance(s, Step) else repr(s) for s in row])
-    return rows
-
-
 def _orders(sizes: list[Sizes]) -> Impl:
     def compute(impl: Impl) -> list[dict]:
-        return [{"sizes": [p, m, v], "orders": _rows(impl(p, m, v))} for p, m, v in sizes]
+        return [{"sizes": [p, m, v], "orders": step_rows(impl(p, m, v))} for p, m, v in sizes]
     return compute
 
 
@@ -129,7 +113,7 @@ HIDDEN = examples(10, seed=102, p=(2, 6), rounds=(1, 3), v=(1, 4))
 
 
 def _hidden(impl: Impl) -> list[dict]:
-    return compute_examples(lambda p, rounds, v: _rows(impl(p, p * rounds, v)), HIDDEN)
+    return compute_examples(lambda p, rounds, v: step_rows(impl(p, p * rounds, v)), HIDDEN)
 
 
 def _judge_hidden(records: list[dict]) -> None:
