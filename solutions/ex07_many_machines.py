@@ -2,14 +2,15 @@
 
 On ``nodes`` machines of ``per_node`` GPUs each, torchrun numbers the processes
 ``rank = node * per_node + local_rank``; GPU i of every node sits on network *rail* i (its
-own NIC). The capstone, 7.3, is the all-reduce that large jobs use across machines: the bulk
+own NIC). The capstone, 7.2, is the all-reduce that large jobs use across machines: the bulk
 of the traffic inside each node, only 1/per_node of the tensor per GPU across the network.
 
 Build it from ``comm.send``/``recv``/``isend``/``irecv`` and ``comm.group(ranks)`` (a
 communicator over some ranks, renumbered from 0) only: the package's collectives and
 ``torch.distributed``'s are switched off while it is checked. The ring functions just below
 are solved for you (lesson 01's ring, in two halves), written on point-to-point messages only:
-read their docstrings first. They work on any communicator, a group's too.
+read their docstrings first. They work on any communicator, a group's too. So is the closed
+form of the capstone's time, ``hierarchical_seconds``: section 3 of the notebook derives it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,24 @@ def ring_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
     ring_all_gather(comm, chunks)
 
 
+def hierarchical_seconds(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
+                         intra_beta_Bps: float, inter_alpha_s: float,
+                         inter_beta_Bps: float) -> float:
+    """The time of the hierarchical all-reduce of an ``nbytes`` tensor on ``nodes`` nodes of
+    ``per_node`` GPUs, in the alpha-beta model (additions free), its three phases as section 3
+    lists them (all rails at once, each on its own NIC): the time 7.2's check holds your
+    all-reduce to.
+
+    ``intra_*``: one message between two GPUs of a node; ``inter_*``: one message between
+    two GPUs of one rail on different nodes. A ring phase over R ranks on S' bytes takes R - 1
+    steps of alpha + S' / (R beta); the rail's all-reduce is two such phases.
+    """
+    inside = 2 * (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))
+    chunk = nbytes / per_node
+    across = 2 * (nodes - 1) * (inter_alpha_s + chunk / (nodes * inter_beta_Bps))
+    return inside + across
+
+
 # ---- exercises ------------------------------------------------------------------------------
 
 def node_and_rail_groups(world_size: int, per_node: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -86,25 +105,6 @@ def node_and_rail_groups(world_size: int, per_node: int) -> tuple[list[list[int]
     ### END SOLUTION
 
 
-def hierarchical_seconds(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
-                         intra_beta_Bps: float, inter_alpha_s: float,
-                         inter_beta_Bps: float) -> float:
-    """The time of the hierarchical all-reduce of an ``nbytes`` tensor on ``nodes`` nodes of
-    ``per_node`` GPUs, in the alpha-beta model (additions free), its three phases as section 3
-    lists them (all rails at once, each on its own NIC).
-
-    ``intra_*``: one message between two GPUs of a node; ``inter_*``: one message between
-    two GPUs of one rail on different nodes. A ring phase over R ranks on S' bytes takes R - 1
-    steps of alpha + S' / (R beta); the rail's all-reduce is two such phases.
-    """
-    ### BEGIN SOLUTION 7.2
-    inside = 2 * (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))
-    chunk = nbytes / per_node
-    across = 2 * (nodes - 1) * (inter_alpha_s + chunk / (nodes * inter_beta_Bps))
-    return inside + across
-    ### END SOLUTION
-
-
 def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, per_node: int,
                             op: str = "sum") -> None:
     """All-reduce ``tensor`` (contiguous, any shape) in place over ``comm``'s ranks, which
@@ -123,7 +123,7 @@ def hierarchical_all_reduce(comm: Communicator, tensor: torch.Tensor, per_node: 
     across the network, only to its own rail (G = ``per_node``, M nodes, S the tensor's
     bytes). Cost: ``hierarchical_seconds``.
     """
-    ### BEGIN SOLUTION 7.3
+    ### BEGIN SOLUTION 7.2
     n, g = comm.world_size, per_node
     if g < 1 or n % g:
         raise ValueError(f"{n} ranks cannot run on whole nodes of {g}")

@@ -17,20 +17,7 @@ EXERCISES = (
         "nodes = [[rank(k, i) for i in ...] for k in ...]\n"
         "rails = [[rank(k, i) for k in ...] for i in ...]   # the same cells, by column"),
        WARM_UP),
-    ex('7.2', 'hierarchical_seconds', 'The closed form of the hierarchical all-reduce', 4,
-       ("Three ring phases, one after another. Inside a node the ring has per_node ranks and "
-        "works on the whole tensor; across nodes every rail's ring has `nodes` ranks and "
-        "works on one GPU's chunk only, 1/per_node of the tensor.",
-        "A reduce-scatter (or all-gather) on R ranks of an S'-byte tensor: R - 1 steps, each "
-        "one message of S' / R bytes. The node's two phases use R = per_node, S' = nbytes, "
-        "the intra link; the rail's all-reduce is two phases with R = nodes, S' = nbytes / "
-        "per_node, the inter link.",
-        "inside = 2 * (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))\n"
-        "chunk = nbytes / per_node\n"
-        "across = 2 * (nodes - 1) * (inter_alpha_s + ... / (... * inter_beta_Bps))\n"
-        "return inside + across"),
-       WARM_UP),
-    ex('7.3', 'hierarchical_all_reduce', 'The hierarchical all-reduce, on comm sub-groups', 13,
+    ex('7.2', 'hierarchical_all_reduce', 'The hierarchical all-reduce, on comm sub-groups', 13,
        ("Keep the bulk of the bytes on the fast links. Inside a node, a reduce-scatter leaves "
         "each GPU with the node's sum of one chunk (1/per_node of the tensor). Only that "
         "chunk travels across the network, between the GPUs that hold the same chunk on "
@@ -83,4 +70,4 @@ PREDICTIONS = (
 )
 
 LESSON = Lesson(7, 'many machines', 'ex07_many_machines', 'notebooks/07_many_machines.ipynb',
-                EXERCISES, PREDICTIONS, drives_demos=('7.3',))
+                EXERCISES, PREDICTIONS, drives_demos=('7.2',))

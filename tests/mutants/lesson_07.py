@@ -36,42 +36,7 @@ def groups_never_raise(world_size: int, per_node: int) -> tuple[list[list[int]],
             [[k * per_node + i for k in range(m)] for i in range(per_node)])
 
 
-# ---- 7.2 the closed form -------------------------------------------------------------------------
-
-def seconds_whole_tensor_across(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
-                                intra_beta_Bps: float, inter_alpha_s: float,
-                                inter_beta_Bps: float) -> float:
-    """Sends the whole tensor across the network, not one GPU's 1/per_node chunk."""
-    inside = 2 * (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))
-    return inside + 2 * (nodes - 1) * (inter_alpha_s + nbytes / (nodes * inter_beta_Bps))
-
-
-def seconds_flat_ring(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
-                      intra_beta_Bps: float, inter_alpha_s: float,
-                      inter_beta_Bps: float) -> float:
-    """The flat ring over all ranks at the network's pace."""
-    n = nodes * per_node
-    return 2 * (n - 1) * (inter_alpha_s + nbytes / (n * inter_beta_Bps))
-
-
-def seconds_one_way_only(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
-                         intra_beta_Bps: float, inter_alpha_s: float,
-                         inter_beta_Bps: float) -> float:
-    """Counts the reduce-scatter inside the node but forgets the all-gather."""
-    inside = (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))
-    chunk = nbytes / per_node
-    return inside + 2 * (nodes - 1) * (inter_alpha_s + chunk / (nodes * inter_beta_Bps))
-
-
-def seconds_rail_chunk_unsplit(nodes: int, per_node: int, nbytes: float, intra_alpha_s: float,
-                               intra_beta_Bps: float, inter_alpha_s: float,
-                               inter_beta_Bps: float) -> float:
-    """Each rail step moves the node's whole chunk, S / per_node, not split over the nodes."""
-    inside = 2 * (per_node - 1) * (intra_alpha_s + nbytes / (per_node * intra_beta_Bps))
-    return inside + 2 * (nodes - 1) * (inter_alpha_s + nbytes / (per_node * inter_beta_Bps))
-
-
-# ---- 7.3 the hierarchical all-reduce -------------------------------------------------------------
+# ---- 7.2 the hierarchical all-reduce -------------------------------------------------------------
 
 def _step(comm: Any, send: torch.Tensor, recv: torch.Tensor) -> None:
     n = comm.world_size
@@ -204,9 +169,7 @@ def hier_calls_the_package(comm: Any, tensor: torch.Tensor, per_node: int,
 
 MUTANTS = {
     "7.1": ["groups_swapped", "groups_node_major_rails", "groups_never_raise"],
-    "7.2": ["seconds_whole_tensor_across", "seconds_flat_ring", "seconds_one_way_only",
-            "seconds_rail_chunk_unsplit"],
-    "7.3": ["hier_flat_ring", "hier_whole_tensor_across", "hier_groups_swapped",
+    "7.2": ["hier_flat_ring", "hier_whole_tensor_across", "hier_groups_swapped",
             "hier_mean_over_node", "hier_wrong_chunk_on_the_rail", "hier_lesson01_loops",
             "hier_calls_the_package"],
 }

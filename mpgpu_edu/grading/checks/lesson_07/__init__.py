@@ -1,8 +1,8 @@
-"""Checks of lesson 07: the groups of a 2-level cluster, the hierarchical all-reduce's closed
-form, and the hierarchical all-reduce itself.
+"""Checks of lesson 07: the groups of a 2-level cluster and the hierarchical all-reduce.
 
 Oracles: ``collectives.hierarchical.node_groups`` / ``rail_groups`` for the groups,
-``collectives.cost.hierarchical_allreduce_time`` for the closed form, the sum (or mean) of
+``collectives.cost.hierarchical_allreduce_time`` for the time (the closed form the
+notebook derives and the exercise file gives, solved), the sum (or mean) of
 every rank's tensor for the values, ``cost.hierarchical_bytes_sent`` for the bytes each rank
 sends inside its node and across the network. The capstone runs with every built-in
 collective switched off (``from_scratch``) on a two-level cluster: NVSwitch-like links inside
@@ -10,16 +10,13 @@ each node, one NIC per GPU between nodes, free additions, so that its simulated 
 equal the closed form; a flat ring, or whole tensors sent across, or the groups swapped, send
 the wrong bytes on the wrong links.
 
-Modules: ``groups`` (7.1), ``closed_form`` (7.2), ``hierarchical`` (7.3).
+Modules: ``groups`` (7.1), ``hierarchical`` (7.2).
 """
 
 from __future__ import annotations
 
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._support import each
-from mpgpu_edu.grading.checks.lesson_07.closed_form import (_FORM_MAIN, _form_agree,
-                                                            _form_compute, _form_examples,
-                                                            _judge_forms_hidden)
 from mpgpu_edu.grading.checks.lesson_07.groups import (_groups_agree, _groups_bad_compute,
                                                        _groups_bad_judge, _groups_compute,
                                                        _groups_examples)
@@ -40,13 +37,6 @@ CASES: dict[str, list[Case]] = {
              *each(_groups_examples(), _groups_compute, _groups_agree), hidden=True),
     ],
     "7.2": [
-        Case("2 x 8 H100-like, 4 x 2, one node, one GPU per node", 2,
-             *each(_FORM_MAIN, _form_compute, _form_agree)),
-        Case("hidden: random clusters and sizes", 2,
-             each(_form_examples(), _form_compute, _form_agree)[0], _judge_forms_hidden,
-             hidden=True),
-    ],
-    "7.3": [
         Case("sums and means in place on 2 nodes x 4", 3,
              *each(_HIER_MAIN, _hier_compute, _hier_values)),
         Case("traffic: 2(G-1)/G S inside the node, 2(M-1)/(GM) S across, on its own rail", 3,
@@ -62,5 +52,5 @@ CASES: dict[str, list[Case]] = {
 
 
 # The package's own implementation of each exercise: it must not run while the exercise is
-# checked (``from_scratch`` switches it off, with the other collectives, for 7.3).
-REFERENCES = {"7.3": ["mpgpu_edu.collectives.hierarchical:all_reduce_hierarchical"]}
+# checked (``from_scratch`` switches it off, with the other collectives, for 7.2).
+REFERENCES = {"7.2": ["mpgpu_edu.collectives.hierarchical:all_reduce_hierarchical"]}

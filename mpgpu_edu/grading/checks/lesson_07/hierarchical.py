@@ -1,4 +1,4 @@
-"""Checks of exercise 7.3, the hierarchical all-reduce, run with every built-in collective
+"""Checks of exercise 7.2, the hierarchical all-reduce, run with every built-in collective
 switched off (``from_scratch``) on a two-level cluster: NVSwitch-like links inside each node,
 one NIC per GPU between nodes, free additions, so that its simulated time must equal the
 closed form. Oracles: the sum (or mean) of every rank's tensor for the values,
@@ -45,7 +45,7 @@ def _hier_compute(impl: Impl, nodes: int, per_node: int, numel: int, op: str = "
         impl(comm, tensor, per_node, op)
         return tensor
 
-    with from_scratch(impl, "7.3"):
+    with from_scratch(impl, "7.2"):
         return launch_facts(run_spmd(program, two_level(nodes, per_node)))
 
 
