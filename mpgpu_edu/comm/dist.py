@@ -63,6 +63,8 @@ class DistCommunicator(Communicator):
         self.in_flight: set[DistWork] = set()
         self.t0 = time.perf_counter()
         self._local = threading.local()
+        self._texts: dict[tuple, tuple[str, str]] = {}  # a message's words and board line
+        self._envelopes: dict[tuple, torch.Tensor] = {}  # the envelope of a dtype and shape
         self._stream: Stream | None = None
         self._on_stream_error = on_stream_error
         ledger = MemoryLedger(self.rank, device_capacity(lanes.device), str(lanes.device))
@@ -102,19 +104,40 @@ class DistCommunicator(Communicator):
         """Show what this lane waits in on the board while it waits (read by the launcher on
         a timeout, which rebuilds it as a ``Pending``): ``text`` in words, and for a send or
         receive (``op``) its ``peer`` and ``tag`` as data."""
-        lane = self.lane
-        self.board.set(lane, Pending(self.rank, op, text, peer, tag).to_line())
-        try:
+        with self.waiting(text, Pending(self.rank, op, text, peer, tag).to_line()):
             yield
-        except RuntimeError as exc:
-            words = str(exc).lower()
-            if "timed out" in words or "timeout" in words:
-                raise MessageTimeoutError(self.rank, text, str(exc)) from None
-            if "by peer" in words or "connection closed" in words:
-                raise PeerLostError(self.rank, text, str(exc)) from None
-            raise
-        finally:
-            self.board.set(lane, "running")
+
+    def waiting(self, text: str, line: str) -> _Waiting:
+        """``blocked`` with its board ``line`` made already (``message_text``): what every
+        send, receive and wait uses, so that waiting costs no formatting."""
+        return _Waiting(self, text, line)
+
+    def message_text(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
+                     prefix: str = "") -> tuple[str, str]:
+        """A message's words (``prefix`` + ``describe``) and its board line, made once per
+        kind of message (a ring sends the same few shapes over and over), then looked up."""
+        on_stream = self.lane == STREAM
+        key = (op, tensor.dtype, tensor.shape, peer, tag, on_stream, prefix)
+        found = self._texts.get(key)
+        if found is None:
+            text = prefix + describe(op, tensor, peer, tag, on_stream)
+            found = (text, Pending(self.rank, op, text, peer, tag).to_line())
+            if len(self._texts) >= 4096:
+                self._texts.clear()
+            self._texts[key] = found
+        return found
+
+    def envelope_of(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``envelope(tensor)``, made once per dtype and shape (only ever read: sent, or
+        compared with a received one)."""
+        key = (tensor.dtype, tensor.shape)
+        found = self._envelopes.get(key)
+        if found is None:
+            found = envelope(tensor)
+            if len(self._envelopes) >= 4096:
+                self._envelopes.clear()
+            self._envelopes[key] = found
+        return found
 
     def record_message(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
                        start: float) -> None:
@@ -139,10 +162,10 @@ class DistCommunicator(Communicator):
     def _blocking(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
         self._check(op, tensor, peer, tag)
         start, group = self.now(), self._group()
-        with self.blocked(describe(op, tensor, peer, tag, self.lane == STREAM), op, peer, tag):
+        with self.waiting(*self.message_text(op, tensor, peer, tag)):
             if op == "send":
                 data = tensor.contiguous()
-                head = envelope(data) if self.checked else None
+                head = self.envelope_of(data) if self.checked else None
                 sent = dist.isend(head, peer, group=group, tag=tag) if self.checked else None
                 dist.send(data, peer, group=group, tag=tag)
                 if sent is not None:
@@ -151,7 +174,7 @@ class DistCommunicator(Communicator):
                 if self.checked:
                     head = empty_envelope(self.device)
                     dist.recv(head, peer, group=group, tag=tag)
-                    check_envelope(head, tensor, peer, self.rank, tag)
+                    check_envelope(head, tensor, peer, self.rank, tag, self.envelope_of(tensor))
                 dist.recv(tensor, peer, group=group, tag=tag)
             self.sync()
         self.record_message(op, tensor, peer, tag, start)
@@ -162,14 +185,15 @@ class DistCommunicator(Communicator):
         if op == "send":
             tensor = tensor.contiguous()
             if self.checked:
-                works.append(dist.isend(envelope(tensor), peer, group=group, tag=tag))
+                works.append(dist.isend(self.envelope_of(tensor), peer, group=group, tag=tag))
             works.append(dist.isend(tensor, peer, group=group, tag=tag))
         else:
             if self.checked:
                 head = empty_envelope(self.device)
                 works.append(dist.irecv(head, peer, group=group, tag=tag))
             works.append(dist.irecv(tensor, peer, group=group, tag=tag))
-        handle = DistWork(self, works, op, tensor, peer, tag, start, head)
+        handle = DistWork(self, works, op, tensor, peer, tag, start, head,
+                          self.message_text(op, tensor, peer, tag, "waiting for its "))
         with self.lock:
             self.in_flight.add(handle)
         return handle
@@ -272,3 +296,27 @@ class DistCommunicator(Communicator):
             work.wait()
         self.board.set(MAIN, "finished")
 
+
+
+class _Waiting:
+    """The context of ``DistCommunicator.waiting``: a small class rather than a generator,
+    as it runs around every message. Errors that mean a timeout or a lost peer become
+    ``MessageTimeoutError`` / ``PeerLostError`` naming ``text``."""
+
+    __slots__ = ("comm", "lane", "line", "text")
+
+    def __init__(self, comm: DistCommunicator, text: str, line: str) -> None:
+        self.comm, self.text, self.line = comm, text, line
+        self.lane = comm.lane
+
+    def __enter__(self) -> None:
+        self.comm.board.set(self.lane, self.line)
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        self.comm.board.set(self.lane, "running")
+        if isinstance(exc, RuntimeError):
+            words = str(exc).lower()
+            if "timed out" in words or "timeout" in words:
+                raise MessageTimeoutError(self.comm.rank, self.text, str(exc)) from None
+            if "by peer" in words or "connection closed" in words:
+                raise PeerLostError(self.comm.rank, self.text, str(exc)) from None

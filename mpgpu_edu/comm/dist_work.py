@@ -68,21 +68,25 @@ class DistWork(Work):
     ``envelope`` is the received envelope a receive checks before its data counts."""
 
     def __init__(self, comm: Any, works: list[Any], op: str, tensor: torch.Tensor,
-                 peer: int, tag: int, start: float, envelope: torch.Tensor | None = None
-                 ) -> None:
+                 peer: int, tag: int, start: float, envelope: torch.Tensor | None = None,
+                 text: tuple[str, str] | None = None) -> None:
         self.comm, self.works, self.op, self.tensor = comm, works, op, tensor
         self.peer, self.tag, self.start, self.done = peer, tag, start, False
         self.envelope = envelope
         self.lane = comm.lane
+        # what wait() waits for, in words and as a board line (``comm.message_text``)
+        self.text = text or comm.message_text(op, tensor, peer, tag, "waiting for its ")
         # wait_any: gloo's works do not report completion before wait(), so a thread waits
+        # (made by wait_in_background, only for the works that wait_any is given)
         self.waiter: threading.Thread | None = None
-        self.completed = threading.Event()
+        self.completed: threading.Event | None = None
         self.error: BaseException | None = None
 
     def wait_in_background(self) -> None:
         """Start a thread that waits for this work and sets ``completed`` (once)."""
         if self.waiter is not None or self.done:
             return
+        self.completed = threading.Event()
 
         def run() -> None:
             try:
@@ -99,8 +103,7 @@ class DistWork(Work):
         if self.done:
             return
         comm = self.comm
-        what = describe(self.op, self.tensor, self.peer, self.tag, self.lane == STREAM)
-        with comm.blocked("waiting for its " + what, self.op, self.peer, self.tag):
+        with comm.waiting(*self.text):
             if self.waiter is None:
                 for index, work in enumerate(self.works):
                     work.wait()
@@ -119,7 +122,8 @@ class DistWork(Work):
 
     def _check(self) -> None:
         if self.envelope is not None:
-            check_envelope(self.envelope, self.tensor, self.peer, self.comm.rank, self.tag)
+            check_envelope(self.envelope, self.tensor, self.peer, self.comm.rank, self.tag,
+                           self.comm.envelope_of(self.tensor))
 
 
 def check_args(rank: int, world_size: int, device: torch.device, op: str,
@@ -151,7 +155,7 @@ def wait_first(comm: Any, works: Sequence[Work]) -> int:
             describe(w.op, w.tensor, w.peer, w.tag, w.lane == STREAM) for w in works)):
         while True:
             for index, work in enumerate(works):
-                if work.done or work.completed.is_set():
+                if work.done or (work.completed is not None and work.completed.is_set()):
                     break
             else:
                 time.sleep(POLL_S)
