@@ -9,8 +9,9 @@ Build it from ``comm.send``/``recv``/``isend``/``irecv`` and ``comm.group(ranks)
 communicator over some ranks, renumbered from 0) only: the package's collectives and
 ``torch.distributed``'s are switched off while it is checked. The ring functions just below
 are solved for you (lesson 01's ring, in two halves), written on point-to-point messages only:
-read their docstrings first. They work on any communicator, a group's too. So is the closed
-form of the capstone's time, ``hierarchical_seconds``: section 3 of the notebook derives it.
+read their docstrings first. They work on any communicator, a group's too. Also solved: the
+closed form of the capstone's time, ``hierarchical_seconds``, which section 3 of the notebook
+derives.
 """
 
 from __future__ import annotations

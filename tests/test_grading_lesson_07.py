@@ -70,6 +70,19 @@ def test_other_wrong_values_are_not_blamed_on_phase_one() -> None:
     assert status == "failed" and "wrong values" in message and "chunk i + 1" not in message
 
 
+def test_phase_two_on_comm_instead_of_the_rail_is_named() -> None:
+    status, message = verdicts("7.2", wrong.hier_phase_two_on_comm)[
+        "sums and means in place on 2 nodes x 4"]
+    assert status == "failed" and "not on its rail" in message
+    assert "phase 2 run on comm instead of the rail's group" in message
+
+
+def test_the_hidden_case_judges_bytes_per_link() -> None:
+    """A flat ring has the right sums everywhere: the hidden case must still fail it."""
+    status, message = verdicts("7.2", wrong.hier_flat_ring)["hidden: random clusters, sizes and ops"]
+    assert status == "failed" and "across the network, expected" in message
+
+
 def test_a_missing_value_error_names_what_was_raised_instead() -> None:
     def divides_blindly(world_size: int, per_node: int) -> dict:
         nodes = world_size // per_node  # (4, 0): ZeroDivisionError

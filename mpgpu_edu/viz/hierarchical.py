@@ -33,8 +33,8 @@ def plot_allreduce_timelines(runs: dict[str, dict], per_node: int = 8,
             # a white edge separates back-to-back messages, so every step can be counted
             ax.barh(e.device, max(e.end - e.start, longest / 1500), left=e.start, height=0.7,
                     color=across if crosses else inside, edgecolor="white", linewidth=0.7)
-        for k in range(1, n // per_node):
-            ax.axhline(k * per_node - 0.5, color="black", linewidth=1.0)
+        for k in range(1, n // per_node):  # between the nodes, as long as the run
+            ax.hlines(k * per_node - 0.5, 0, run["seconds"], color="black", linewidth=1.0)
         ax.axvline(run["seconds"], color="black", linestyle="--", linewidth=1)
         ax.set_yticks(range(n), [f"rank {d} (node {d // per_node} GPU {d % per_node})"
                                  for d in range(n)], fontsize=FONT_SIZE - 3)

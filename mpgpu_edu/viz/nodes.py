@@ -177,11 +177,17 @@ def plot_node_map(cluster: Cluster | str = "2x8xH100-ib", nproc_per_node: int | 
 
 
 def _fabric(ax: Axes, per_node: int, upper: float, lower: float) -> None:
-    """Rail i: NIC i of both nodes on switch i; the switches joined by a spine on the right."""
+    """Rail i: NIC i of both nodes on switch i; every switch has its own uplink to a spine on
+    the right (drawn as a stub down from each switch to one bundle of uplinks, so that the
+    switches do not look chained to each other)."""
     mid, h = (upper + lower) / 2, 0.36
     spine_x = per_node + 0.3
-    ax.plot([0.5, spine_x], [mid, mid], color="#555555", linewidth=1.4, zorder=1,
-            gid="spine-links")
+    bundle = mid - h / 2 - 0.14
+    ax.plot([0.8, spine_x], [bundle, bundle], color="#777777", linewidth=1.2, zorder=0.5,
+            gid="spine-links")  # under the rails: they cross it, they do not join it
+    for g in range(per_node):
+        ax.plot([g + 0.8] * 2, [mid - h / 2, bundle], color="#777777", linewidth=1.2,
+                zorder=0.5)
     for g in range(per_node):
         ax.plot([g + 0.5] * 2, [upper, lower], color=RAIL_COLOR, linewidth=2.2, gid=f"rail:{g}",
                 zorder=1)
@@ -189,5 +195,5 @@ def _fabric(ax: Axes, per_node: int, upper: float, lower: float) -> None:
         _text(ax, g + 0.5, mid, f"rail {g} switch", "rail-switch-label",
               fontsize=FONT_SIZE - 3)
     _box(ax, spine_x, mid - 0.45, SPINE_W - 0.2, 0.9, SWITCH_FACE, "spine", GPU_EDGE)
-    _text(ax, spine_x + (SPINE_W - 0.2) / 2, mid, "spine:\njoins the\nrails",
+    _text(ax, spine_x + (SPINE_W - 0.2) / 2, mid, "spine: an\nuplink from\nevery rail\nswitch",
           "spine-label", fontsize=FONT_SIZE - 2)

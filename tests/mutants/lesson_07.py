@@ -117,6 +117,25 @@ def hier_mean_over_node(comm: Any, tensor: torch.Tensor, per_node: int, op: str 
         _step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
 
 
+def hier_phase_two_on_comm(comm: Any, tensor: torch.Tensor, per_node: int,
+                           op: str = "sum") -> None:
+    """Runs phase 2's ring all-reduce on ``comm`` (every rank) instead of the rail's group."""
+    n, g = comm.world_size, per_node
+    node, local = divmod(comm.rank, g)
+    inside = comm.group([node * g + i for i in range(g)])
+    chunks = list(torch.tensor_split(tensor.view(-1), g))
+    for k in range(g - 1):
+        incoming = chunks[(local - k - 2) % g]
+        received = torch.empty_like(incoming)
+        _step(inside, chunks[(local - k - 1) % g], received)
+        incoming.add_(received)
+    _ring(comm, chunks[local])
+    if op == "mean":
+        chunks[local].div_(n)
+    for k in range(g - 1):
+        _step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
+
+
 def hier_wrong_chunk_on_the_rail(comm: Any, tensor: torch.Tensor, per_node: int,
                                  op: str = "sum") -> None:
     """Reduce-scatters so that local rank i finishes chunk i + 1, but all-reduces chunk i on
@@ -170,6 +189,6 @@ def hier_calls_the_package(comm: Any, tensor: torch.Tensor, per_node: int,
 MUTANTS = {
     "7.1": ["groups_swapped", "groups_node_major_rails", "groups_never_raise"],
     "7.2": ["hier_flat_ring", "hier_whole_tensor_across", "hier_groups_swapped",
-            "hier_mean_over_node", "hier_wrong_chunk_on_the_rail", "hier_lesson01_loops",
-            "hier_calls_the_package"],
+            "hier_mean_over_node", "hier_phase_two_on_comm", "hier_wrong_chunk_on_the_rail",
+            "hier_lesson01_loops", "hier_calls_the_package"],
 }

@@ -108,26 +108,52 @@ def _hier_values(facts: dict, nodes: int, per_node: int, numel: int, op: str = "
            "inside the node) finished on this rank: lesson 01's loop leaves local rank i "
            "with chunk (i + 1) % per_node finished, but your rail summed another chunk, one "
            "of partial sums")
+    if not right:
+        stray = _off_rail(facts, per_node)
+        expect(stray is None, f"wrong values, and rank {stray and stray[0]} sent across the "
+                              f"network to rank(s) {stray and stray[1]}, not on its rail: did "
+                              "phase 2 run on comm instead of the rail's group? "
+                              "ring_all_reduce(rail, ...) with rail = comm.group(<local rank i "
+                              "of every node>)")
     for rank, got in enumerate(facts["results"]):
         expect_close(got, want, f"rank {rank}'s tensor")
 
 
+def _sent(stats: dict, rank: int, per_node: int) -> tuple[int, dict[int, int]]:
+    """Bytes ``rank`` sent inside its node, and to each rank of another node."""
+    node = rank // per_node
+    inside = sum(b for peer, b in stats["sent_to"].items() if int(peer) // per_node == node)
+    across = {int(peer): b for peer, b in stats["sent_to"].items()
+              if int(peer) // per_node != node and b}
+    return inside, across
+
+
+def _off_rail(facts: dict, per_node: int) -> tuple[int, list[int]] | None:
+    """The first rank that sent across the network off its rail, and to whom; else None."""
+    for rank, stats in enumerate(facts.get("stats") or []):
+        stray = sorted(p for p in _sent(stats, rank, per_node)[1]
+                       if p % per_node != rank % per_node)
+        if stray:
+            return rank, stray
+    return None
+
+
 def _hier_traffic(facts: dict, nodes: int, per_node: int, numel: int, **example: Any) -> None:
     _hier_values(facts, nodes, per_node, numel, **example)
-    want = cost.hierarchical_bytes_sent(nodes, per_node, bytes_of(numel))
+    size = bytes_of(numel)
+    want = cost.hierarchical_bytes_sent(nodes, per_node, size)
     for rank, stats in enumerate(facts["stats"]):
         node = rank // per_node
-        inside = sum(b for peer, b in stats["sent_to"].items() if int(peer) // per_node == node)
-        across = {int(peer): b for peer, b in stats["sent_to"].items()
-                  if int(peer) // per_node != node and b}
+        inside, across = _sent(stats, rank, per_node)
         off_rail = sorted(p for p in across if p % per_node != rank % per_node)
         expect(not off_rail, f"rank {rank} (local rank {rank % per_node} of node {node}) sent "
                              f"across the network to rank(s) {off_rail}, which are not on its "
                              f"rail (local rank {rank % per_node} of the other nodes)")
         expect(sum(across.values()) == want["inter"],
-               f"{bytes_of(numel)} bytes: rank {rank} sent "
-               f"{sum(across.values())} bytes across the network; 1/{per_node} of the tensor "
-               f"on its rail's ring all-reduce is {want['inter']:.0f}")
+               f"{size} bytes: rank {rank} sent {sum(across.values())} bytes across the "
+               f"network, expected {want['inter']:.0f} = 2(M-1)/(G M) S with M = {nodes} "
+               f"nodes, G = {per_node}: its rail's ring all-reduce of the node's 1/{per_node} "
+               f"chunk")
         expect(inside == want["intra"],
                f"{bytes_of(numel)} bytes: rank {rank} sent "
                f"{inside} bytes inside its node; a ring reduce-scatter and all-gather there "
@@ -142,7 +168,9 @@ def _hier_time(facts: dict, nodes: int, per_node: int, numel: int, **example: An
     expect(abs(got - want) <= 1e-6 * want,
            f"{bytes_of(numel)} bytes: simulated {got * 1e6:.2f} us; "
            f"the closed form (2(G-1)(a + S/(G b)) inside, 2(M-1)(a' + S/(G M b')) across) "
-           f"gives {want * 1e6:.2f} us")
+           f"gives {want * 1e6:.2f} us. This check's cluster adds for free, so a right "
+           "all-reduce takes exactly the closed form; more time means more steps, or more "
+           "bytes on a slow link, or phases that wait for each other")
 
 
 def _hier_all(facts: dict, **example: Any) -> None:
@@ -162,8 +190,9 @@ _HIER_EDGES = [dict(nodes=2, per_node=4, numel=13), dict(nodes=3, per_node=2, nu
 
 
 def _hier_examples() -> list[dict[str, Any]]:
-    drawn = examples(10, 73, nodes=(1, 4), per_node=(1, 4), whole=(0, 1), size=(1, 40),
-                     mean=(0, 1))
+    """Ten clusters of 2-4 nodes of 2-4 GPUs: every other one a size that splits evenly
+    (values, bytes per link and time judged), the rest any size (values)."""
+    drawn = examples(10, 73, nodes=(2, 4), per_node=(2, 4), size=(1, 40), mean=(0, 1))
     return [dict(nodes=e["nodes"], per_node=e["per_node"],
-                 numel=e["size"] * (e["nodes"] * e["per_node"] if e["whole"] else 1),
+                 numel=e["size"] * (e["nodes"] * e["per_node"] if i % 2 == 0 else 1),
                  op="mean" if e["mean"] else "sum", seed=i) for i, e in enumerate(drawn)]
