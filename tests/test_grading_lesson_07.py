@@ -83,6 +83,25 @@ def test_the_hidden_case_judges_bytes_per_link() -> None:
     assert status == "failed" and "across the network, expected" in message
 
 
+def test_chunks_of_rows_of_a_2d_tensor_send_the_wrong_bytes() -> None:
+    """"Any shape": a split of the tensor itself, not its flat view, has right sums but
+    uneven chunks on a (10, 80) tensor split 4 ways, so the bytes on the links are wrong."""
+    results = verdicts("7.2", wrong.hier_split_rows)
+    assert results["sums and means in place on 2 nodes x 4"][0] == "passed"
+    status, message = results[
+        "traffic: 2(G-1)/G S inside the node, 2(M-1)/(GM) S across, on its own rail"]
+    assert status == "failed" and "shape (10, 80): are the chunks cut from its flat view" in message
+
+
+def test_a_flat_ring_with_wrong_values_is_named_a_flat_ring() -> None:
+    def flat_ring_no_mean(comm, tensor, per_node, op="sum") -> None:  # noqa: ANN001
+        wrong.hier_flat_ring(comm, tensor, per_node, "sum")  # forgets the mean
+
+    status, message = verdicts("7.2", flat_ring_no_mean)["sums and means in place on 2 nodes x 4"]
+    assert status == "failed" and "a ring over all the ranks" in message
+    assert "rail's group?" not in message
+
+
 def test_a_missing_value_error_names_what_was_raised_instead() -> None:
     def divides_blindly(world_size: int, per_node: int) -> dict:
         nodes = world_size // per_node  # (4, 0): ZeroDivisionError

@@ -132,10 +132,13 @@ class RingAllReduce:
         # Reduce-scatter. Step 0 sends this rank's own data: all of it can leave at once.
         sends = [isend(segs[i], right, tag) for i in outgoing[: plan.segments]]
         forwards: list[Work] = []
+        gathered: list[Work] = []
         recvs = [irecv(buffers[0], left, tag)]
         for u in range(units):
             if u + 1 < units:  # the next transfer runs while this segment is added
                 recvs.append(irecv(buffers[u + 1], left, tag))
+            else:  # every receive of the reduce-scatter is posted: the all-gather's next
+                gathered = [irecv(segs[i], left, tag) for i in outgoing]
             recvs[u].wait()
             seg = segs[incoming[u]]
             seg.add_(buffers[u])
@@ -145,17 +148,15 @@ class RingAllReduce:
             if op == "mean":
                 seg.div_(n)  # by the owner, once, as all_reduce_ring does
             forwards.append(isend(seg, right, tag))  # all-gather, step 0
-        # All-gather: received straight into place, then passed on. A segment is
-        # overwritten only after its reduce-scatter send has left.
-        gathered: list[Work] = []
+        # All-gather: received straight into place, then passed on. Its receives were
+        # posted early, into segments this rank sent in the reduce-scatter: safe, as the
+        # left neighbour sends a finished segment only after every rank's part of it has
+        # arrived where it is summed, ours included, so our send has read it by then.
         for u in range(units):
-            for v in range(len(gathered), min(u + 2, units)):
-                sends[v].wait()
-                gathered.append(irecv(segs[outgoing[v]], left, tag))
             gathered[u].wait()
             if u < last:
                 forwards.append(isend(segs[outgoing[u]], right, tag))
-        for work in forwards:
+        for work in sends + forwards:
             work.wait()
 
 

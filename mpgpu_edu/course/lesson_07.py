@@ -10,8 +10,9 @@ EXERCISES = (
         "k * per_node + 1, and so on. A rail is the same local GPU on every node: read the "
         "same table by columns instead of rows.",
         "Refuse bad input first (both at least 1, per_node divides world_size: else "
-        "ValueError). With M = world_size // per_node nodes, node k lists rank(k, i) for "
-        "every local rank i; rail i lists rank(k, i) for every node k.",
+        "ValueError). With M = world_size // per_node nodes and rank(k, i) = k * per_node + i "
+        "(node k, local rank i), node k lists rank(k, i) for every local rank i; rail i "
+        "lists rank(k, i) for every node k.",
         "if <a size below 1, or a remainder>: raise ValueError(...)\n"
         "rank(k, i) = k * per_node + i   # node k, local rank i\n"
         "nodes = [[rank(k, i) for i in ...] for k in ...]\n"

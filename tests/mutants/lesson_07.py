@@ -98,6 +98,27 @@ def hier_groups_swapped(comm: Any, tensor: torch.Tensor, per_node: int, op: str 
         _step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
 
 
+def hier_split_rows(comm: Any, tensor: torch.Tensor, per_node: int, op: str = "sum") -> None:
+    """Splits ``tensor`` itself, not its flat view: on a 2-D tensor the chunks are rows,
+    uneven when the rows do not divide (right sums, the wrong bytes on the links)."""
+    n, g = comm.world_size, per_node
+    node, local = divmod(comm.rank, g)
+    inside = comm.group([node * g + i for i in range(g)])
+    rail = comm.group(list(range(local, n, g)))
+    chunks = [c.contiguous() for c in torch.tensor_split(tensor, g)]
+    for k in range(g - 1):
+        incoming = chunks[(local - k - 2) % g]
+        received = torch.empty_like(incoming)
+        _step(inside, chunks[(local - k - 1) % g], received)
+        incoming.add_(received)
+    _ring(rail, chunks[local])
+    if op == "mean":
+        chunks[local].div_(n)
+    for k in range(g - 1):
+        _step(inside, chunks[(local - k) % g], chunks[(local - k - 1) % g])
+    tensor.copy_(torch.cat(chunks).view_as(tensor))
+
+
 def hier_mean_over_node(comm: Any, tensor: torch.Tensor, per_node: int, op: str = "sum") -> None:
     """Divides by the GPUs per node, not the world size, for the mean."""
     n, g = comm.world_size, per_node
@@ -189,6 +210,6 @@ def hier_calls_the_package(comm: Any, tensor: torch.Tensor, per_node: int,
 MUTANTS = {
     "7.1": ["groups_swapped", "groups_node_major_rails", "groups_never_raise"],
     "7.2": ["hier_flat_ring", "hier_whole_tensor_across", "hier_groups_swapped",
-            "hier_mean_over_node", "hier_phase_two_on_comm", "hier_wrong_chunk_on_the_rail",
+            "hier_split_rows", "hier_mean_over_node", "hier_phase_two_on_comm", "hier_wrong_chunk_on_the_rail",
             "hier_lesson01_loops", "hier_calls_the_package"],
 }

@@ -37,11 +37,11 @@ def two_level(nodes: int, per_node: int) -> Cluster:
 
 
 def _hier_compute(impl: Impl, nodes: int, per_node: int, numel: int, op: str = "sum",
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, shape: tuple[int, ...] | None = None) -> dict[str, Any]:
     inputs = rank_inputs(nodes * per_node, numel, seed)
 
     def program(comm: Any) -> torch.Tensor:
-        tensor = inputs[comm.rank].clone()
+        tensor = inputs[comm.rank].clone().view(shape or (numel,))
         impl(comm, tensor, per_node, op)
         return tensor
 
@@ -96,11 +96,11 @@ def _phase_one_shifted(results: list[Any], inputs: list[torch.Tensor], nodes: in
 
 
 def _hier_values(facts: dict, nodes: int, per_node: int, numel: int, op: str = "sum",
-                 seed: int = 0) -> None:
+                 seed: int = 0, shape: tuple[int, ...] | None = None) -> None:
     n = nodes * per_node
     inputs = rank_inputs(n, numel, seed)
     total = torch.stack(inputs).sum(0)
-    want = total / n if op == "mean" else total
+    want = (total / n if op == "mean" else total).view(shape or (numel,))
     right = all(isinstance(r, torch.Tensor) and r.shape == want.shape
                 and torch.allclose(r, want, rtol=1e-4, atol=1e-4) for r in facts["results"])
     expect(right or not _phase_one_shifted(facts["results"], inputs, nodes, per_node, op),
@@ -109,6 +109,9 @@ def _hier_values(facts: dict, nodes: int, per_node: int, numel: int, op: str = "
            "with chunk (i + 1) % per_node finished, but your rail summed another chunk, one "
            "of partial sums")
     if not right:
+        expect(not _one_flat_ring(facts), "wrong values, and every rank sent only to rank + 1 "
+                                          "of comm: a ring over all the ranks, not the three "
+                                          "phases on the node's group and the rail's group")
         stray = _off_rail(facts, per_node)
         expect(stray is None, f"wrong values, and rank {stray and stray[0]} sent across the "
                               f"network to rank(s) {stray and stray[1]}, not on its rail: did "
@@ -126,6 +129,14 @@ def _sent(stats: dict, rank: int, per_node: int) -> tuple[int, dict[int, int]]:
     across = {int(peer): b for peer, b in stats["sent_to"].items()
               if int(peer) // per_node != node and b}
     return inside, across
+
+
+def _one_flat_ring(facts: dict) -> bool:
+    """Whether every rank sent only to its right neighbour in ``comm`` (a flat ring)."""
+    stats = facts.get("stats") or []
+    n = len(stats)
+    return n > 2 and all({int(p) for p, b in st["sent_to"].items() if b} == {(r + 1) % n}
+                         for r, st in enumerate(stats))
 
 
 def _off_rail(facts: dict, per_node: int) -> tuple[int, list[int]] | None:
@@ -153,7 +164,9 @@ def _hier_traffic(facts: dict, nodes: int, per_node: int, numel: int, **example:
                f"{size} bytes: rank {rank} sent {sum(across.values())} bytes across the "
                f"network, expected {want['inter']:.0f} = 2(M-1)/(G M) S with M = {nodes} "
                f"nodes, G = {per_node}: its rail's ring all-reduce of the node's 1/{per_node} "
-               f"chunk")
+               f"chunk" + (f" (this tensor has shape {tuple(example['shape'])}: are the chunks "
+                           "cut from its flat view, tensor.view(-1)?)"
+                           if example.get("shape") else ""))
         expect(inside == want["intra"],
                f"{bytes_of(numel)} bytes: rank {rank} sent "
                f"{inside} bytes inside its node; a ring reduce-scatter and all-gather there "
@@ -183,7 +196,8 @@ def _hier_all(facts: dict, **example: Any) -> None:
 
 _HIER_MAIN = [dict(nodes=2, per_node=4, numel=64), dict(nodes=2, per_node=4, numel=8, op="mean")]
 _HIER_SHAPES = [dict(nodes=2, per_node=4, numel=800), dict(nodes=3, per_node=2, numel=600),
-                dict(nodes=2, per_node=8, numel=1600)]
+                dict(nodes=2, per_node=8, numel=1600),
+                dict(nodes=2, per_node=4, numel=800, shape=(10, 80))]  # "any shape": flat chunks
 _HIER_EDGES = [dict(nodes=2, per_node=4, numel=13), dict(nodes=3, per_node=2, numel=5, op="mean"),
                dict(nodes=1, per_node=4, numel=9), dict(nodes=4, per_node=1, numel=7),
                dict(nodes=2, per_node=3, numel=2)]
