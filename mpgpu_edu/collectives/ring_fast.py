@@ -22,6 +22,12 @@ is *when* things happen. Each step below is one engineering idea; its effect is 
 4. **Little Python per segment.** The plan holds every step's segment indices and receive
    buffers; a call makes all segment views with one ``split`` and then only posts,
    waits and adds.
+5. **Sizes checked once per call.** On gloo every message normally carries an envelope, a
+   small message of its own that the receiver checks first (``comm.envelope``). Both
+   neighbours cut the same plan from the same tensor size, so ``comm.sized_by`` checks the
+   tensors once, in one envelope at the start, and the segments travel without one
+   (``MPGPU_EDU_CHECK_MESSAGES=0`` switches all envelopes off: the benchmark's ``unchecked``
+   numbers).
 
 Messages between two neighbours match in the order they are posted (the simulator, gloo
 and MPI all keep that order per sender, receiver and tag), so many can be in flight on one
@@ -120,7 +126,10 @@ class RingAllReduce:
         if comm.world_size == 1:
             return  # the sum (and the mean) of one tensor is itself
         with flat_view(tensor) as flat:
-            self._reduce(comm, flat, op, self.reserve(comm, flat))
+            plan = self.reserve(comm, flat)
+            n = comm.world_size  # both neighbours cut the same plan from the same size:
+            with comm.sized_by(flat, (comm.rank + 1) % n, (comm.rank - 1) % n, self.tag):
+                self._reduce(comm, flat, op, plan)  # checked once, not every message
 
     def _reduce(self, comm: Communicator, flat: torch.Tensor, op: str, plan: RingPlan) -> None:
         n, tag, isend, irecv = comm.world_size, self.tag, comm.isend, comm.irecv

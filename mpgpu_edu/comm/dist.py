@@ -33,7 +33,8 @@ from mpgpu_edu.comm.dist_work import (MAIN, STREAM, DistMemory, DistWork, JobWor
                                       init_lanes, wait_first)
 from mpgpu_edu.comm.dist_errors import (MessageTimeoutError, NotPicklableError, PeerLostError,
                                        WorkerDiedError)
-from mpgpu_edu.comm.envelope import check_envelope, checking_from_env, empty_envelope, envelope
+from mpgpu_edu.comm.envelope import (check_envelope, check_same_tensor, checking_from_env,
+                                     empty_envelope, envelope)
 from mpgpu_edu.comm.errors import Pending
 from mpgpu_edu.comm.message import check_sources, describe
 from mpgpu_edu.cluster.trace import Event
@@ -151,6 +152,34 @@ class DistCommunicator(Communicator):
             self.events.append(Event(self.rank, "comm", op, start, end, label, nbytes=nbytes,
                                      peer=peer))
 
+    def _checks_each(self) -> bool:
+        """Whether this thread's messages carry an envelope now (not inside ``sized_by``)."""
+        return self.checked and getattr(self._local, "sized", None) is None
+
+    @contextlib.contextmanager
+    def sized_by(self, tensor: torch.Tensor, send_to: int, recv_from: int,
+                 tag: int = 0) -> Iterator[None]:
+        """See ``Communicator.sized_by``. On gloo: one envelope, ``tensor``'s, goes to
+        ``send_to`` before anything else inside, and ``recv_from``'s is checked before the
+        first receive inside completes (or on the way out); the messages inside carry no
+        envelope of their own: one small message instead of one per message."""
+        if not self.checked or getattr(self._local, "sized", None) is not None:
+            yield
+            return
+        group, mine = self._group(), self.envelope_of(tensor)
+        head = _Head(self, tensor, mine, recv_from, tag)
+        sent = dist.isend(mine, send_to, group=group, tag=tag)
+        head.work = dist.irecv(head.theirs, recv_from, group=group, tag=tag)
+        self._local.sized = head
+        try:
+            yield
+            head.check()
+            with self.waiting(*self.message_text("send", mine, send_to, tag,
+                                                 "waiting for its size check, ")):
+                sent.wait()
+        finally:
+            self._local.sized = None
+
     # ---- point to point -------------------------------------------------------------------
     def _check(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
         check_args(self.rank, self.world_size, self.device, op, tensor, peer, tag)
@@ -161,20 +190,22 @@ class DistCommunicator(Communicator):
 
     def _blocking(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
         self._check(op, tensor, peer, tag)
-        start, group = self.now(), self._group()
+        start, group, checked = self.now(), self._group(), self._checks_each()
         with self.waiting(*self.message_text(op, tensor, peer, tag)):
             if op == "send":
                 data = tensor.contiguous()
-                head = self.envelope_of(data) if self.checked else None
-                sent = dist.isend(head, peer, group=group, tag=tag) if self.checked else None
+                head = self.envelope_of(data) if checked else None
+                sent = dist.isend(head, peer, group=group, tag=tag) if checked else None
                 dist.send(data, peer, group=group, tag=tag)
                 if sent is not None:
                     sent.wait()
             else:
-                if self.checked:
+                if checked:
                     head = empty_envelope(self.device)
                     dist.recv(head, peer, group=group, tag=tag)
                     check_envelope(head, tensor, peer, self.rank, tag, self.envelope_of(tensor))
+                else:
+                    self.check_size_first()
                 dist.recv(tensor, peer, group=group, tag=tag)
             self.sync()
         self.record_message(op, tensor, peer, tag, start)
@@ -182,13 +213,14 @@ class DistCommunicator(Communicator):
     def _post(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> DistWork:
         self._check(op, tensor, peer, tag)
         start, group, works, head = self.now(), self._group(), [], None
+        checked = self._checks_each()
         if op == "send":
             tensor = tensor.contiguous()
-            if self.checked:
+            if checked:
                 works.append(dist.isend(self.envelope_of(tensor), peer, group=group, tag=tag))
             works.append(dist.isend(tensor, peer, group=group, tag=tag))
         else:
-            if self.checked:
+            if checked:
                 head = empty_envelope(self.device)
                 works.append(dist.irecv(head, peer, group=group, tag=tag))
             works.append(dist.irecv(tensor, peer, group=group, tag=tag))
@@ -197,6 +229,13 @@ class DistCommunicator(Communicator):
         with self.lock:
             self.in_flight.add(handle)
         return handle
+
+    def check_size_first(self) -> None:
+        """Inside ``sized_by``: before a receive completes, the other rank's tensor must
+        have been checked (its envelope came first)."""
+        head = getattr(self._local, "sized", None)
+        if head is not None:
+            head.check()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         self._blocking("send", tensor, dst, tag)
@@ -320,3 +359,24 @@ class _Waiting:
                 raise MessageTimeoutError(self.comm.rank, self.text, str(exc)) from None
             if "by peer" in words or "connection closed" in words:
                 raise PeerLostError(self.comm.rank, self.text, str(exc)) from None
+
+
+class _Head:
+    """``sized_by``'s envelope in flight: checked once, by the first receive that waits."""
+
+    def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, mine: torch.Tensor,
+                 src: int, tag: int) -> None:
+        self.comm, self.tensor, self.mine, self.src, self.tag = comm, tensor, mine, src, tag
+        self.theirs = empty_envelope(comm.device)
+        self.work: Any = None
+        self.done = False
+
+    def check(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        comm = self.comm
+        with comm.waiting(*comm.message_text("recv", self.theirs, self.src, self.tag,
+                                             "waiting for its size check, ")):
+            self.work.wait()
+        check_same_tensor(self.theirs, self.tensor, self.src, comm.rank, self.mine)

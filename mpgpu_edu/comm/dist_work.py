@@ -103,6 +103,8 @@ class DistWork(Work):
         if self.done:
             return
         comm = self.comm
+        if self.op == "recv" and self.envelope is None:
+            comm.check_size_first()  # inside sized_by: the other rank's tensor first
         with comm.waiting(*self.text):
             if self.waiter is None:
                 for index, work in enumerate(self.works):

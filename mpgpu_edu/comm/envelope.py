@@ -73,3 +73,16 @@ def check_envelope(received: torch.Tensor, buffer: torch.Tensor, src: int, dst: 
         raise MessageMismatchError(
             f"message mismatch on tag {tag}: rank {src} sends {_kind(got)} but rank {dst} "
             f"receives into {_kind(want)}; make both sides use the same shape and dtype")
+
+
+def check_same_tensor(received: torch.Tensor, tensor: torch.Tensor, src: int, dst: int,
+                      expected: torch.Tensor) -> None:
+    """``Communicator.sized_by``'s one check: rank ``src``'s tensor (its envelope,
+    ``received``) is like rank ``dst``'s ``tensor``, else ``MessageMismatchError``."""
+    if torch.equal(received, expected):
+        return
+    got = [int(v) for v in received.tolist()]
+    raise MessageMismatchError(
+        f"rank {src} runs this collective on {_kind(got)} but rank {dst} on "
+        f"{_kind([int(v) for v in expected.tolist()])}: every rank must pass a tensor of the "
+        "same shape and dtype")
