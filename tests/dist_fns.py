@@ -163,3 +163,10 @@ def size_mismatch(comm, how: str) -> None:
 def deadlock(comm) -> None:
     """Both ranks receive first: nobody ever sends."""
     comm.recv(torch.empty(4), 1 - comm.rank)
+
+
+def fast_ring_sizes_differ(comm, segment_bytes) -> None:
+    """Rank r all-reduces 8 + r elements with the fast ring: the ranks disagree."""
+    from mpgpu_edu.collectives.ring_fast import RingAllReduce
+
+    RingAllReduce(segment_bytes)(comm, torch.ones(8 + comm.rank))

@@ -36,6 +36,16 @@ def test_a_receive_into_another_size_fails_as_on_the_simulator(how):
     assert "same shape and dtype" in message
 
 
+@pytest.mark.parametrize("segment_bytes", [None, 8])
+def test_the_fast_ring_checks_its_tensors_once_and_names_both(segment_bytes):
+    """The fast ring's segments carry no envelope each (``comm.sized_by``): ranks that
+    all-reduce tensors of different sizes are still told so, by the one check per call."""
+    with pytest.raises(MessageMismatchError) as gloo:
+        launch(dist_fns.fast_ring_sizes_differ, 2, segment_bytes, backend="gloo", timeout=30)
+    message = str(gloo.value)
+    assert "runs this collective on float32 [" in message and "same shape and dtype" in message
+
+
 def test_message_checks_can_be_turned_off_and_then_gloo_does_not_notice(monkeypatch):
     monkeypatch.setenv("MPGPU_EDU_CHECK_MESSAGES", "0")
     launch(dist_fns.size_mismatch, 2, "larger", backend="gloo", timeout=30)  # no error
