@@ -93,8 +93,8 @@ def node_and_rail_groups(world_size: int, per_node: int) -> tuple[list[list[int]
     i's NICs, when every node puts local rank i on its GPU i, as the usual launch does).
     Raise ``ValueError`` unless ``per_node`` (at least 1) divides ``world_size`` (at least 1).
 
-    >>> node_and_rail_groups(4, 2)
-    ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
+    >>> node_and_rail_groups(6, 2)
+    ([[0, 1], [2, 3], [4, 5]], [[0, 2, 4], [1, 3, 5]])
     """
     # Exercise 7.1 (about 6 lines). mp.hint("7.1") when stuck.
     raise NotImplementedError("Exercise 7.1: node_and_rail_groups (notebooks/07_many_machines.ipynb)")

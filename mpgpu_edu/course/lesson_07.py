@@ -45,7 +45,7 @@ PREDICTIONS = (
         question=("Two machines each run `torchrun --nnodes 2 --node-rank K --nproc-per-node 8 "
                   "...`. The process with LOCAL_RANK=3 on the machine started with "
                   "--node-rank 1: what is its global RANK?"),
-        choices=("3: local ranks are the ranks", "4: node 1 starts at rank 1 per GPU",
+        choices=("3: local ranks are the ranks", "4: one rank per node before it, plus 3",
                  "11: node 1's ranks start at 8", "19: ranks count GPUs and NICs"),
         answer=2,
         why=("Global rank = node x nproc_per_node + local rank = 1 x 8 + 3 = 11. LOCAL_RANK "

@@ -32,7 +32,11 @@ class Hint:
         e = self.exercise
         lines = [f"Exercise {e.id}, {e.title}: hint {self.level} of {len(LEVELS)}"]
         for number, (name, text) in enumerate(zip(LEVELS, self.shown), start=1):
-            lines.append(f"  {number}. {name}: {text}")
+            if "\n" in text:  # code: on lines of its own, indented as a block
+                lines.append(f"  {number}. {name}:")
+                lines += [f"       {line}" for line in text.splitlines()]
+            else:
+                lines.append(f"  {number}. {name}: {text}")
         if self.level < len(LEVELS):
             lines.append(f'  (call mp.hint("{e.id}") again for {LEVELS[self.level]})')
         return "\n".join(lines)
@@ -42,8 +46,11 @@ class Hint:
 
     def _repr_html_(self) -> str:
         e = self.exercise
-        items = "".join(f"<li><b>{html.escape(name)}</b>: <span style='white-space:pre-wrap'>"
-                        f"{html.escape(text)}</span></li>" for name, text in zip(LEVELS, self.shown))
+        items = "".join(
+            f"<li><b>{html.escape(name)}</b>:<pre style='margin:0.2em 0'>{html.escape(text)}</pre></li>"
+            if "\n" in text else
+            f"<li><b>{html.escape(name)}</b>: <span style='white-space:pre-wrap'>"
+            f"{html.escape(text)}</span></li>" for name, text in zip(LEVELS, self.shown))
         more = (f"<div><i>call mp.hint(\"{e.id}\") again for {LEVELS[self.level]}</i></div>"
                 if self.level < len(LEVELS) else "")
         return (f"<div><b>Exercise {e.id}, {html.escape(e.title)}</b>: hint {self.level} of "

@@ -30,7 +30,7 @@ CASES: dict[str, list[Case]] = {
     "7.1": [
         Case("the docstring's example; 2 x 8, 4 x 2, 1 node, 1 GPU per node", 1,
              *each([dict(world_size=w, per_node=p) for w, p in
-                    [(4, 2), (16, 8), (8, 2), (3, 3), (3, 1)]],
+                    [(6, 2), (16, 8), (8, 2), (3, 3), (3, 1)]],
                    _groups_compute, _groups_agree)),
         Case("per_node must divide world_size", 1, _groups_bad_compute, _groups_bad_judge),
         Case("hidden: random clusters", 1,
