@@ -26,6 +26,14 @@ def test_the_solution_earns_every_case(exercise_id: str) -> None:
     assert failing(results) == set(), results
 
 
+def test_the_mutants_builder_without_a_switch_earns_every_case() -> None:
+    """Each 7.2 mutant built on ``_three_phases`` differs from a right answer in one switch."""
+    def right(comm, tensor, per_node, op="sum") -> None:  # noqa: ANN001
+        wrong._three_phases(comm, tensor, per_node, op)
+
+    assert failing(verdicts("7.2", right)) == set()
+
+
 def test_the_capstone_is_most_of_the_lesson() -> None:
     points = {e.id: e.points for e in LESSONS[7].exercises}
     assert points["7.2"] * 2 >= sum(points.values())
