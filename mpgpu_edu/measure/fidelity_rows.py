@@ -179,6 +179,14 @@ ROWS: tuple[Row, ...] = (
         "none (RTX 4090 effective_memory_Bps = 86.7% of the 1,008 GB/s peak, the fraction "
         "measured on an H100: 2,903 of 3,350 GB/s, github.com/aigatech/vpbenchmarking)",
         nbytes=GIB),
+    Row("rtx4090-membw-copy", "4xRTX4090-pcie", "membw",
+        "one kernel that copies 64 MiB on an RTX 4090: 128 MiB read and written (roofline: "
+        "bytes / effective memory bandwidth, plus one launch)",
+        895 * GB, "T_tot3=895 GB/s: copyto! of a 64 MiB Float32 array, read and write "
+        "counted (smaller arrays report over 2 TB/s: the L2 cache, not DRAM)",
+        "JuliaGPU/CUDA.jl#1860 (Yangyang-Tan)", "validation",
+        "none (as the row above: the fraction of peak measured on an H100)",
+        nbytes=128 * MIB),
 )
 
 
