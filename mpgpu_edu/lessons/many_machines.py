@@ -33,6 +33,14 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(_ELSEWHERE[name]), name)
 
 
+def reference_all_reduce(comm: Any, tensor: Any, per_node: int, op: str = "sum") -> None:
+    """The package's hierarchical all-reduce: what the notebook's figures draw until the
+    learner's 7.2 passes (``mp.yours``)."""
+    from mpgpu_edu.collectives.hierarchical import all_reduce_hierarchical
+
+    all_reduce_hierarchical(comm, tensor, per_node, op)
+
+
 # ---- a real two-"node" torchrun on localhost --------------------------------------------------
 
 def torchrun_command(node_rank: int, nnodes: int, nproc_per_node: int, port: int) -> list[str]:
