@@ -34,6 +34,21 @@ MARKER = "<!-- calibrate_vs_measured -->"
 QUICK_SIZES = [2**12, 2**22]
 
 
+def run_quick(world_size: int, repeats: int, sizes: list[int] | None,
+              attempts: int = 3) -> dict:
+    """``run_once`` for ``--quick``, which checks that the bench runs end to end, not its
+    numbers: with two tiny repeats a busy machine's hiccup can make a small message slower
+    than a large one, and the fit then has no bandwidth to find; try again (and say so)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return run_once(world_size, repeats, sizes)
+        except ValueError as exc:
+            if "do not grow" not in str(exc) or attempt == attempts:
+                raise
+            print(f"attempt {attempt}: {exc}; measuring again")
+    raise AssertionError("unreachable")
+
+
 def run_once(world_size: int, repeats: int, sizes: list[int] | None) -> dict:
     """One calibration and its comparison (``compare``'s dict, with the profile's load)."""
     from mpgpu_edu.measure.calibrate import ALLREDUCE_SIZES, DEFAULT_SIZES, calibrate, compare
@@ -92,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = []
     for k in range(runs_wanted):
-        runs.append(run_once(options.world_size, repeats, sizes))
+        runs.append(run_quick(options.world_size, repeats, sizes) if options.quick
+                    else run_once(options.world_size, repeats, sizes))
         print(f"run {k + 1} of {runs_wanted}: fast ring error per size "
               + ", ".join(f"{size_label(n)} {e:+.1%}"
                           for n, e in zip(runs[-1]["sizes"], runs[-1]["fast_error"])))
