@@ -298,7 +298,11 @@ def test_a_killed_grader_loses_nothing_and_the_next_run_resumes(tmp_path: Path) 
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and grader.poll() is None:
-            if out.exists() and len(out.read_text().splitlines()) >= 2:
+            html, js = tmp_path / "g.html", tmp_path / "g.json"
+            # after a learner: the CSV, then the HTML and the JSON are rewritten; kill once
+            # all three hold learner a (a kill between two of them left no HTML yet)
+            if (out.exists() and len(out.read_text().splitlines()) >= 2 and html.exists()
+                    and ">a</td>" in html.read_text() and js.exists()):
                 break
             time.sleep(0.1)
         os.killpg(grader.pid, signal.SIGKILL)
