@@ -122,10 +122,8 @@ class DistCommunicator(Communicator):
         found = self._texts.get(key)
         if found is None:
             text = prefix + describe(op, tensor, peer, tag, on_stream)
-            found = (text, Pending(self.rank, op, text, peer, tag).to_line())
-            if len(self._texts) >= 4096:
-                self._texts.clear()
-            self._texts[key] = found
+            found = _remember(self._texts, key,
+                              (text, Pending(self.rank, op, text, peer, tag).to_line()))
         return found
 
     def envelope_of(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -134,10 +132,7 @@ class DistCommunicator(Communicator):
         key = (tensor.dtype, tensor.shape)
         found = self._envelopes.get(key)
         if found is None:
-            found = envelope(tensor)
-            if len(self._envelopes) >= 4096:
-                self._envelopes.clear()
-            self._envelopes[key] = found
+            found = _remember(self._envelopes, key, envelope(tensor))
         return found
 
     def record_message(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
@@ -380,3 +375,12 @@ class _Head:
                                              "waiting for its size check, ")):
             self.work.wait()
         check_same_tensor(self.theirs, self.tensor, self.src, comm.rank, self.mine)
+
+
+def _remember(cache: dict, key: tuple, value: Any) -> Any:
+    """Store ``value`` under ``key`` in one of the communicator's lookups, emptied when it
+    reaches 4096 entries (a program with ever new shapes must not grow it without end)."""
+    if len(cache) >= 4096:
+        cache.clear()
+    cache[key] = value
+    return value
