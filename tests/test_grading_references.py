@@ -13,6 +13,15 @@ from mpgpu_edu.grading.checks import lesson_module
 from mpgpu_edu.grading.registry import EXERCISES, get
 
 CHEATS = {
+    "2.2": ("ex02_parameter_server.py",
+            "from mpgpu_edu.lessons.parameter_server import reference_server_loop\n"
+            "def ps_server_step(comm, params, lr):\n"
+            "    reference_server_loop(comm, params, 1, lr)\n"),
+    "3.1": ("ex03_data_parallel.py", "from mpgpu_edu.hybrid.train import all_reduce_gradients\n"
+            "def average_gradients(comm, model):\n"
+            "    all_reduce_gradients(comm, model)\n"
+            "    for p in model.parameters():\n"
+            "        p.grad /= comm.world_size\n"),
     "3.5": ("ex03_data_parallel.py", "from mpgpu_edu.dp.wrapper import wrap_ddp as _theirs\n"
             "def wrap_ddp(comm, module, bucket_cap_bytes):\n"
             "    return _theirs(comm, module, bucket_cap_bytes)\n"),
@@ -21,6 +30,14 @@ CHEATS = {
             "    return [list(row) for row in gpipe(n_stages, n_microbatches).grid]\n"),
     "6.4": ("ex06_choosing.py", "from mpgpu_edu.lessons import choosing_and_debugging as cd\n"
             "def find_straggler(logs):\n    return cd.find_straggler_reference(logs)\n"),
+    "6.3": ("ex06_choosing.py", "from mpgpu_edu.lessons import choosing_and_debugging as cd\n"
+            "def smooth_ring(comm, block, steps):\n"
+            "    return cd.smooth_ring_reference(comm, block, steps)\n"),
+    "7.1": ("ex07_many_machines.py",
+            "from mpgpu_edu.collectives.hierarchical import node_groups, rail_groups\n"
+            "def node_and_rail_groups(world_size, per_node):\n"
+            "    nodes = world_size // per_node\n"
+            "    return node_groups(nodes, per_node), rail_groups(nodes, per_node)\n"),
     "8.1": ("ex08_bigger_models.py", "from mpgpu_edu.dp.fsdp import flat_shard\n"
             "def shard_of(flat, rank, world_size):\n"
             "    return flat_shard([flat], rank, world_size)\n"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mpgpu_edu.grading.checks import Case, CheckFailure, cases_for
+from mpgpu_edu.grading.checks._clock import resolve
 from mpgpu_edu.grading.registry import Exercise
 from mpgpu_edu.grading.report import CaseResult
 from mpgpu_edu.grading.wire import BadMessage, decode
@@ -36,7 +37,7 @@ def verdict(case: Case, data: Any) -> tuple[str, str, Any]:
     """``(status, message, evidence)``: the *judge* half of ``case`` on ``data``."""
     try:
         assert case.judge is not None, f"case {case.name!r} has no judge half"
-        return "passed", "", case.judge(data)
+        return "passed", "", case.judge(resolve(data))  # the grader times every run itself
     except AssertionError as exc:
         return "failed", str(exc) or "a check failed", getattr(exc, "evidence", None)
     except Exception as exc:  # noqa: BLE001 - data the judge could not read

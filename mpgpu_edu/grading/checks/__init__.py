@@ -10,9 +10,9 @@ reference's (as ``Trace.to_dict()`` data), or text such as a rendered schedule. 
 *compute* ever needs to run beside the learner's code; the verdict can be reached where that
 code cannot reach.
 
-Cases test structure as well as numbers: bytes and messages per rank from the simulator's
-``LaunchResult.stats``, the timeline (``LaunchResult.trace``), schedules' activations,
-optimizer state per rank. The reference is the package's own implementation. Cases marked
+Cases test structure as well as numbers: bytes and messages per rank, the makespan and the
+timeline of a simulated run (timed by the grader from the run's record: ``_clock``),
+schedules' activations, optimizer state per rank. The reference is the package's own implementation. Cases marked
 ``hidden`` run on reproducible examples (``_support.examples``, seeded, smallest first): the
 learner sees their name and, on failure, the first failing example.
 
@@ -21,7 +21,8 @@ Modules: ``lesson_00`` .. ``lesson_10``, each with ``CASES: dict[str, list[Case]
 checked). A lesson with many cases is a package: its ``__init__`` holds ``CASES``, its
 modules the halves of one exercise or of a few that share them. What lessons share is in
 ``_support`` (running SPMD code, ``from_scratch``, ``rebound``, examples, comparisons),
-``_ledger`` (``WorkLedger``: the isend/irecv works a rank waited on) and ``_plain``.
+``_ledger`` (``WorkLedger``: the isend/irecv works a rank waited on), ``_plain`` and
+``_clock`` (the grader's replay of a run's record).
 """
 
 from __future__ import annotations
@@ -62,11 +63,12 @@ class Case:
 
     def run(self, impl: Callable[..., Any]) -> Evidence | None:
         """Both halves in this process (the data crosses ``plain`` in between)."""
+        from mpgpu_edu.grading.checks._clock import resolve
         from mpgpu_edu.grading.checks._plain import plain
 
         if self.judge is None:
             raise TypeError(f"case {self.name!r} has no judge half")
-        return self.judge(plain(self.compute(impl)))
+        return self.judge(resolve(plain(self.compute(impl))))
 
 
 def lesson_module(lesson: int) -> Any:

@@ -17,6 +17,8 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import (DeadlockError, LaunchResult, LaunchTimeoutError,
                             MessageMismatchError, RankError, UnmatchedMessageError, launch)
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
+from mpgpu_edu.grading.checks._clock import cluster_builder
+from mpgpu_edu.grading.checks._clock import record as run_record
 
 LAUNCH_TIMEOUT_S = 15.0
 ALPHA, BETA = 1e-5, 1e9
@@ -30,6 +32,7 @@ class LearnerError(Exception):
         self.original = original
 
 
+@cluster_builder
 def uniform(n: int) -> Cluster:
     """The textbook cluster: every device its own port, alpha 10 us, beta 1 GB/s."""
     return Cluster.uniform(n, alpha_s=ALPHA, beta_Bps=BETA)
@@ -268,19 +271,12 @@ def bytes_of(numel: int, dtype: torch.dtype = torch.float32) -> int:
 # ---- compute + judge: plain facts and examples -----------------------------------------------
 
 def launch_facts(result: LaunchResult, with_trace: bool = False) -> dict[str, Any]:
-    """What a judge may know of a simulator run, as plain data: each rank's return value,
-    its messages and bytes (``stats``: one dict per rank, peers as int keys), the makespan,
-    and the whole trace as ``Trace.to_dict()`` when ``with_trace``."""
-    from mpgpu_edu.grading.checks._plain import plain
-
-    facts: dict[str, Any] = {
-        "results": plain(result.results),
-        "stats": [s.to_dict() for s in result.stats],
-        "makespan": float(result.trace.makespan),
-    }
-    if with_trace:
-        facts["trace"] = result.trace.to_dict()
-    return facts
+    """*compute*: what a judge may know of a simulator run, as the run's raw record
+    (``_clock.record``); the grader replays it and the judge reads each rank's return value
+    (``results``), its messages and bytes (``stats``: one dict per rank, peers as int keys),
+    the makespan and, with ``with_trace``, the timeline (``Trace.to_dict()``): all timed by
+    the grader, not by the submission's process."""
+    return run_record(result, with_trace)
 
 
 def evidence(traces: dict[str, dict], text: str = "") -> Evidence:

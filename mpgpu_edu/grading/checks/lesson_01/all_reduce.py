@@ -13,6 +13,7 @@ import torch
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.cluster.topology import LinkInfo, Route, Topology
 from mpgpu_edu.grading.checks import Case, Evidence
+from mpgpu_edu.grading.checks._clock import cluster_builder
 from mpgpu_edu.grading.checks._ledger import WorkLedger
 from mpgpu_edu.grading.checks._plain import is_tensor
 from mpgpu_edu.grading.checks._support import (ALPHA, BETA, bytes_of, compute_examples,
@@ -30,6 +31,7 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
+@cluster_builder
 def fully_connected(n: int) -> Cluster:
     """The uniform cluster's alpha and beta, but a wire of its own for every ordered pair of
     devices (as on a board where every pair of GPUs has direct links): a rank can receive

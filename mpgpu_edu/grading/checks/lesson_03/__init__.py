@@ -21,7 +21,7 @@ from mpgpu_edu.grading.checks.lesson_03.averaging import (OVERLAP_WIDTHS, WIDTHS
                                                           _judge_hooks_removed, _judge_mean,
                                                           _judge_overlap_timeline,
                                                           _judge_single_device, _judge_traffic,
-                                                          _overlap_cluster, _overlap_traces)
+                                                          _overlap_cluster, _overlap_run)
 from mpgpu_edu.grading.checks.lesson_03.buckets import (_bucket_case, _buckets_hidden,
                                                         _judge_buckets_hidden)
 from mpgpu_edu.grading.checks.lesson_03.ddp import (_ddp_basic, _ddp_hidden, _ddp_timeline,
@@ -34,7 +34,10 @@ from mpgpu_edu.grading.checks.lesson_03.memory import (MEMORY_MODELS, _judge_fp3
 
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
+    "3.1": ["mpgpu_edu.hybrid.train:all_reduce_gradients"],
     "3.2": ["mpgpu_edu.dp.ddp:make_buckets", "mpgpu_edu.dp.ddp:make_buckets_torch"],
+    "3.3": ["mpgpu_edu.dp.ddp:grad_buckets", "mpgpu_edu.dp.ddp:ddp_step_overlapped"],
+    "3.4": ["mpgpu_edu.memory:estimate_memory", "mpgpu_edu.memory:bytes_per_param"],
     "3.5": ["mpgpu_edu.dp.wrapper:wrap_ddp", "mpgpu_edu.dp.wrapper:DDPWrapper"],
 }
 
@@ -63,7 +66,7 @@ CASES: dict[str, list[Case]] = {
              lambda impl: _averaged(impl, 3, OVERLAP_WIDTHS[:3], 12, overlap=True,
                                     cluster=_overlap_cluster(3)),
              lambda data: _judge_mean(data, 3, OVERLAP_WIDTHS[:3], 12)),
-        Case("timeline: communication overlaps backward", 3, _overlap_traces,
+        Case("timeline: communication overlaps backward", 3, _overlap_run,
              _judge_overlap_timeline, timeout_s=40.0),
         Case("hooks are removed afterwards", 1, _hooks_after, _judge_hooks_removed),
     ],

@@ -17,6 +17,7 @@ from torch import nn
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
+from mpgpu_edu.grading.checks._clock import cluster_builder
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, evidence, examples,
                                                expect, expect_close, judge_examples,
                                                launch_facts, run_spmd, showing, uniform)
@@ -53,7 +54,9 @@ def _averaged(impl: Impl, n: int, widths: tuple[int, ...], n_samples: int,
     """compute: every rank's gradients after the learner averaged them, and the traffic."""
     x, y = _batch(n_samples, widths)
     result = run_spmd(_averaging_program(impl, widths, x, y, overlap), cluster or uniform(n))
-    return {"grads": result.results, "stats": launch_facts(result)["stats"]}
+    facts = launch_facts(result)
+    facts["grads"] = facts.pop("results")
+    return facts
 
 
 def _expect_mean_close(got: Any, want: torch.Tensor, n: int, what: str) -> None:
@@ -121,6 +124,7 @@ OVERLAP_WIDTHS = (256, 256, 256, 256, 256)
 OVERLAP_SAMPLES = 64
 
 
+@cluster_builder
 def _overlap_cluster(n: int) -> Cluster:
     # A slow device on a fast network: backward and the all-reduces take similar time.
     return Cluster.uniform(n, alpha_s=1e-6, beta_Bps=5e10, gpu="CPU-16GB")
@@ -140,18 +144,20 @@ def _intervals_overlap(trace: Any, device: int, after: float = 0.0) -> float:
     return sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in compute for b0, b1 in comm)
 
 
-def _overlap_traces(impl: Impl) -> dict:
+def _overlap_run(impl: Impl) -> dict:
+    """*compute*: the learner's overlapped averaging on the overlap cluster, with its
+    timeline (the judge runs the no-overlap baseline itself)."""
     x, y = _batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS)
-    cluster = _overlap_cluster(2)
-    yours = run_spmd(_averaging_program(impl, OVERLAP_WIDTHS, x, y, True), cluster)
-    plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, x, y, True), cluster)
-    return {"yours": launch_facts(yours, with_trace=True)["trace"],
-            "plain": launch_facts(plain, with_trace=True)["trace"]}
+    yours = run_spmd(_averaging_program(impl, OVERLAP_WIDTHS, x, y, True), _overlap_cluster(2))
+    return launch_facts(yours, with_trace=True)
 
 
 def _judge_overlap_timeline(data: dict) -> Evidence:
-    shown = evidence({"yours": data["yours"],
-                      "no overlap (all-reduce after backward)": data["plain"]})
+    x, y = _batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS)
+    plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, x, y, True),
+                     _overlap_cluster(2))
+    shown = evidence({"yours": data["trace"],
+                      "no overlap (all-reduce after backward)": plain.trace.to_dict()})
     yours, plain = shown.traces["yours"], shown.traces["no overlap (all-reduce after backward)"]
     with showing(shown):
         backward_end = max(e.end for e in yours.on(0, "compute") if e.kind == "backward")
@@ -168,22 +174,26 @@ def _judge_overlap_timeline(data: dict) -> Evidence:
     return shown
 
 
-def _hooks_after(impl: Impl) -> list:
+def _hooks_after(impl: Impl) -> list[dict]:
+    """*compute*: two runs, the learner's overlapped step alone and followed by a later plain
+    backward; the judge compares the messages the grader counts in each."""
     x, y = _batch(8, WIDTHS)
     base = _model(WIDTHS)
 
-    def program(comm: Any) -> tuple[int, int]:
+    def program(comm: Any, later: bool) -> None:
         model = copy.deepcopy(base)
         impl(comm, model, nn.functional.mse_loss(model(x), y))
-        before = comm.stats.messages_sent
-        nn.functional.mse_loss(model(x), y).backward()
         comm.run_async(lambda: None).wait()  # the comm stream is FIFO: earlier jobs are done
-        return before, comm.stats.messages_sent
+        if later:
+            nn.functional.mse_loss(model(x), y).backward()
+            comm.run_async(lambda: None).wait()
 
-    return run_spmd(program, uniform(2)).results
+    return [launch_facts(run_spmd(program, uniform(2), later)) for later in (False, True)]
 
 
-def _judge_hooks_removed(results: list) -> None:
-    for rank, (before, after) in enumerate(results):
-        expect(after == before, f"rank {rank} sent {after - before} messages during a later "
-                                "backward, after backward_with_overlap had returned")
+def _judge_hooks_removed(runs: list[dict]) -> None:
+    alone, later = runs
+    for rank, (before, after) in enumerate(zip(alone["stats"], later["stats"])):
+        extra = after["messages_sent"] - before["messages_sent"]
+        expect(extra == 0, f"rank {rank} sent {extra} messages during a later backward, after "
+                           "backward_with_overlap had returned")

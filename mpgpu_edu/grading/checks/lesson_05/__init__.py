@@ -34,6 +34,7 @@ from mpgpu_edu.grading.checks.lesson_05.zero1 import (_ZERO1_VALUES, _zero1_all,
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "5.1": ["mpgpu_edu.tensor.layers:ColumnParallelLinear"],
+    "5.3": ["mpgpu_edu.hybrid.mesh:Mesh", "mpgpu_edu.hybrid.mesh:make_groups"],
     "5.4": ["mpgpu_edu.tensor.layers:ParallelMLP"],
 }
 

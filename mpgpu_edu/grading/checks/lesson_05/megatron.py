@@ -35,7 +35,7 @@ def _mlp_compute(impl: Impl, n: int, batch: list[int], d_in: int, hidden: int, d
                  bias: int = 1, seed: int = 0) -> dict[str, Any]:
     t = _mlp_inputs(n, batch, d_in, hidden, d_out, bias, seed)
 
-    def program(comm: Any) -> dict[str, Any]:
+    def program(comm: Any, backward: bool) -> dict[str, Any]:
         mine = {"x": t["x"].clone(),
                 "w1": torch.tensor_split(t["w1"], n, 0)[comm.rank].clone(),
                 "b1": torch.tensor_split(t["b1"], n)[comm.rank].clone() if bias else None,
@@ -45,19 +45,21 @@ def _mlp_compute(impl: Impl, n: int, batch: list[int], d_in: int, hidden: int, d
             if leaf is not None:
                 leaf.requires_grad_(True)
         out = impl(comm, mine["x"], mine["w1"], mine["b1"], mine["w2"], mine["b2"])
-        forward_sent = comm.stats.bytes_sent
-        record: dict[str, Any] = {"out": out, "forward_sent": forward_sent}
+        record: dict[str, Any] = {"out": out}
         if not (isinstance(out, torch.Tensor) and out.requires_grad
                 and out.shape == t["dy"].shape):
             record["no_backward"] = True
             return record
+        if not backward:
+            return record
         out.backward(t["dy"].clone())
-        record["backward_sent"] = comm.stats.bytes_sent - forward_sent
         record["grads"] = {name: (leaf.grad if leaf is not None else "no tensor")
                            for name, leaf in mine.items()}
         return record
 
-    return launch_facts(run_spmd(program, uniform(n)))
+    # Two runs, forward alone and forward with backward: the grader counts each one's bytes.
+    return dict(launch_facts(run_spmd(program, uniform(n), True)),
+                forward_only=launch_facts(run_spmd(program, uniform(n), False)))
 
 
 def _mlp_reference(n: int, batch: list[int], d_in: int, hidden: int, d_out: int,
@@ -139,13 +141,15 @@ def _one_all_reduce_each_way(facts: dict, n: int, batch: list[int], d_in: int, h
     for size in batch:
         tokens *= size
     records = facts["results"]
-    for phase, key, numel, what in (("forward", "forward_sent", tokens * d_out, "output"),
-                                    ("backward", "backward_sent", tokens * d_in,
-                                     "input's gradient")):
+    forward_sent = sum(s["bytes_sent"] for s in facts["forward_only"]["stats"])
+    sent_in = {"forward": forward_sent,
+               "backward": sum(s["bytes_sent"] for s in facts["stats"]) - forward_sent}
+    for phase, numel, what in (("forward", tokens * d_out, "output"),
+                               ("backward", tokens * d_in, "input's gradient")):
         if phase == "backward":
             for rank, record in enumerate(records):
                 _backward_ran(record, rank, where)
-        sent = sum(record[key] for record in records)
+        sent = sent_in[phase]
         one = 2 * (n - 1) * bytes_of(numel)
         if sent != one:
             count = f" ({sent / one:.2g} all-reduces' worth)" if one else ""

@@ -16,6 +16,7 @@ import torch
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.cluster import topology as topo
 from mpgpu_edu.collectives import cost
+from mpgpu_edu.grading.checks._clock import cluster_builder
 from mpgpu_edu.grading.checks._support import (bytes_of, examples, expect, expect_close,
                                                from_scratch, launch_facts, rank_inputs, run_spmd)
 from mpgpu_edu.cluster.hardware import GPUS, LinkSpec
@@ -27,6 +28,7 @@ Impl = Callable[..., Any]
 INTRA_ALPHA, INTRA_BETA, NIC_ALPHA, NIC_BETA = 2e-6, 8e9, 6e-6, 1e9
 
 
+@cluster_builder
 def two_level(nodes: int, per_node: int) -> Cluster:
     """``nodes`` nodes of ``per_node`` devices, one NIC per device, additions free."""
     wiring = topo.multi_node(nodes, per_node, LinkSpec("intra", INTRA_ALPHA, INTRA_BETA, "check"),

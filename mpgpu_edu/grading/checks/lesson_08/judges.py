@@ -150,7 +150,16 @@ def _phases(trace: dict) -> list[tuple[float, float]]:
     return out
 
 
+def _step_only(run: dict) -> dict:
+    """The grader's timeline of one ``sharded_step`` run from its barrier on."""
+    from mpgpu_edu.cluster.trace import Trace
+    from mpgpu_edu.lessons import bigger_models as bm
+
+    return bm.step_only(Trace.from_dict(run["trace"])).to_dict()
+
+
 def _judge_prefetch(data: dict) -> Evidence:
+    data = dict(data, plain=_step_only(data["plain"]), prefetch=_step_only(data["prefetch"]))
     shown = evidence({"yours, prefetch=False": data["plain"],
                       "yours, prefetch=True": data["prefetch"]})
     with showing(shown):

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from mpgpu_edu.cluster import Cluster
+from mpgpu_edu.grading.checks._clock import cluster_builder
 from mpgpu_edu.grading.checks._support import examples
 
 Impl = Callable[..., Any]
@@ -69,6 +70,7 @@ def _reference(widths: tuple[int, ...], n_samples: int, steps: int,
     return start, _layer_flats(model), grads
 
 
+@cluster_builder
 def _prefetch_cluster() -> Cluster:
     return Cluster.preset("8xA100-nvlink", visible="0,1,2,3")
 

@@ -227,8 +227,8 @@ def _adam_prefetch(impl: Impl) -> dict:
 def _prefetch_runs(impl: Impl) -> dict:
     """The notebook's step (``bigger_models.sharded_step``: the wrapping untimed, a barrier,
     then forward, backward, ``finish`` and the optimizer) with and without prefetch; each
-    trace from the barrier on (``step_only``), as the learner's timeline shows it."""
-    from mpgpu_edu.cluster.trace import Trace
+    trace from the barrier on (``step_only``, applied by the judge), as the learner's
+    timeline shows it."""
     from mpgpu_edu.lessons import bigger_models as bm
     from mpgpu_edu.replica.data import make_batches, make_mlp
 
@@ -239,13 +239,9 @@ def _prefetch_runs(impl: Impl) -> dict:
     for prefetch in (False, True):
         def program(comm: Any, prefetch: bool = prefetch) -> float:
             return bm.sharded_step(comm, impl, copy.deepcopy(model), batch, prefetch)
-        facts = _launch(impl, program, _prefetch_cluster(), with_trace=True)
-        facts["trace"] = bm.step_only(Trace.from_dict(facts["trace"])).to_dict()
-        runs[str(prefetch)] = facts
+        runs[str(prefetch)] = _launch(impl, program, _prefetch_cluster(), with_trace=True)
     inline = sorted({call[0] for run in runs.values() for call in run["calls"] if not call[4]})
-    return {"plain": runs["False"]["trace"], "prefetch": runs["True"]["trace"],
-            "makespans": [runs["False"]["makespan"], runs["True"]["makespan"]],
-            "inline": inline}
+    return {"plain": runs["False"], "prefetch": runs["True"], "inline": inline}
 
 
 def _hidden(impl: Impl) -> list[dict]:
