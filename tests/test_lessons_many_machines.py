@@ -36,6 +36,25 @@ def test_allreduce_runs_against_their_closed_forms() -> None:
     assert len(fig.axes) == 2 and "closed form" in fig.axes[1].get_title(loc="left")
 
 
+def test_the_reveal_s_numbers_for_one_ring_per_rail_and_the_hierarchical_all_reduce() -> None:
+    """The 07.flat-vs-hierarchical reveal quotes 2.44 ms (one ring per rail) and 2.34 ms
+    (hierarchical) for 256 MiB on 2x8xH100-ib, and 5x over the flat ring."""
+    import torch
+
+    from mpgpu_edu.collectives.multichannel import all_reduce_multichannel, rail_rings
+    from mpgpu_edu.comm import launch
+    from mpgpu_edu.course import lesson_07
+
+    why = next(p.why for p in lesson_07.PREDICTIONS if p.key == "07.flat-vs-hierarchical")
+    rings = rail_rings(2, 8)
+    per_rail = launch(lambda comm: all_reduce_multichannel(
+        comm, torch.empty(2**26, device="meta"), rings), Cluster.preset("2x8xH100-ib"))
+    runs = mm.allreduce_runs("2x8xH100-ib", 2**28)
+    assert f"takes {per_rail.trace.makespan * 1e3:.2f} ms" in why
+    assert f"the hierarchical {runs['hierarchical']['seconds'] * 1e3:.2f} ms" in why
+    assert round(runs["flat ring"]["seconds"] / runs["hierarchical"]["seconds"]) == 5
+
+
 def test_tp_groups_keep_their_all_reduces_inside_the_group() -> None:
     setup = StepSetup("gpt2-small", "2x8xH100-ib", "tensor", micro_batch=1, seq=128, tp=8)
     report, trace = simulate_step(setup)

@@ -26,8 +26,9 @@ EXERCISES = (
         "Make two groups with comm.group: your node's ranks and your rail's ranks (7.1 gives "
         "both). Split tensor.view(-1) into per_node chunks with torch.tensor_split. Phase 1: "
         "ring_reduce_scatter on the node group: it leaves local rank i with chunk "
-        "(i + 1) % per_node finished. Phase 2: ring_all_reduce(rail, that chunk), then "
-        "divide that chunk by the world size for the mean. Phase 3: ring_all_gather on the "
+        "(i + 1) % per_node finished. Phase 2: ring_all_reduce(rail, that chunk); for the "
+        "mean, divide by the world size (that chunk now, or the whole tensor at the end). "
+        "Phase 3: ring_all_gather on the "
         "node group.",
         "node, local = divmod(comm.rank, per_node)\n"
         "inside = comm.group(<my node's ranks>); rail = comm.group(<my rail's ranks>)\n"
@@ -66,8 +67,9 @@ PREDICTIONS = (
              "hierarchical all-reduce sends 2(G-1)/G S over NVLink (8x faster) and only "
              "2(M-1)/(GM) S = 32 MiB per GPU across, on all 8 NICs at once. Its NVLink phases "
              "now dominate, so the gain is about 5x, not 16x. That is against one naive ring: "
-             "NCCL runs one ring per rail, on every NIC, and at this size comes close to the "
-             "hierarchical all-reduce.")),
+             "NCCL's remedy, one ring per rail (every NIC busy too), takes 2.44 ms here against "
+             "the hierarchical 2.34 ms; the hierarchical one pays 2(M-1) network latencies "
+             "instead of 2(N-1), so it gains most on small messages and many nodes.")),
 )
 
 LESSON = Lesson(7, 'many machines', 'ex07_many_machines', 'notebooks/07_many_machines.ipynb',
