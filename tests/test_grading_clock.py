@@ -222,3 +222,21 @@ def test_every_check_that_times_a_run_builds_its_cluster_from_a_recipe() -> None
         impl = getattr(solution(module), function)
         assert all(status == "passed" for status, _ in verdicts(exercise, impl).values())
     assert lesson_03 and lesson_07
+
+
+def test_the_grader_counts_works_left_unwaited() -> None:
+    """``works``: isend/irecv works per rank and those never waited on, from the record."""
+    def program(comm: Any) -> None:
+        data = torch.ones(4)
+        if comm.rank == 0:
+            comm.isend(data, 1)  # never waited on
+            comm.isend(data, 1).wait()
+        else:
+            comm.recv(data, 0)
+            work = comm.irecv(data, 0)
+            comm.wait_any([work])
+
+    result = run_spmd(program, 2)
+    works = resolve(plain(launch_facts(result)))["works"]
+    assert works[0] == {"isend": 2, "irecv": 0, "isend_unwaited": 1, "irecv_unwaited": 0}
+    assert works[1] == {"isend": 0, "irecv": 1, "isend_unwaited": 0, "irecv_unwaited": 0}

@@ -21,7 +21,7 @@ Modules: ``lesson_00`` .. ``lesson_10``, each with ``CASES: dict[str, list[Case]
 checked). A lesson with many cases is a package: its ``__init__`` holds ``CASES``, its
 modules the halves of one exercise or of a few that share them. What lessons share is in
 ``_support`` (running SPMD code, ``from_scratch``, ``rebound``, examples, comparisons),
-``_ledger`` (``WorkLedger``: the isend/irecv works a rank waited on), ``_plain`` and
+``_ledger`` (``WorkLedger``: what a tensor held at each receive), ``_plain`` and
 ``_clock`` (the grader's replay of a run's record).
 """
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 MARK = "__launch__"
-RESERVED = ("stats", "makespan", "trace")
+RESERVED = ("stats", "makespan", "trace", "works")
 MAX_OPS = 2_000_000  # per run: a record larger than this is not replayed
 
 
@@ -93,7 +93,7 @@ _NAMES = {"Wait": "wait", "Submit": "submit", "JobStart": "job_start", "JobEnd":
 
 def resolve(data: Any) -> Any:
     """*judge*'s input: ``data`` with every run record replaced by the grader's own facts
-    (``results``, ``stats``, ``makespan`` and, where asked, ``trace``), merged into the dict
+    (``results``, ``stats``, ``works``, ``makespan`` and, where asked, ``trace``), merged into the dict
     that held it. Raises ``RecordError`` for a record that does not add up, and for data
     that names a ``RESERVED`` fact itself."""
     if isinstance(data, list):
@@ -125,7 +125,8 @@ def replayed(payload: Any) -> dict[str, Any]:
         trace, _logs = replay(op_lists, cluster, n, {"cluster": getattr(cluster, "name", "")})
     except (RuntimeError, KeyError, AttributeError, TypeError, ValueError) as exc:
         raise RecordError(f"the run's record of its messages does not add up ({exc})") from None
-    facts: dict[str, Any] = {"stats": stats_of(op_lists, n), "makespan": float(trace.makespan)}
+    facts: dict[str, Any] = {"stats": stats_of(op_lists, n), "works": works_of(op_lists, n),
+                             "makespan": float(trace.makespan)}
     if payload.get("with_trace"):
         facts["trace"] = trace.to_dict()
     return facts
@@ -150,6 +151,24 @@ def stats_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[dict[st
             row[f"messages_{kind}"] += 1
             row[per][peer] = row[per].get(peer, 0) + op.nbytes
     return stats
+
+
+def works_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[dict[str, int]]:
+    """Each rank's ``isend``/``irecv`` works (messages posted without blocking) and how many of
+    them it never waited on, counted from the posted ops and the waits."""
+    from mpgpu_edu.comm import ops
+
+    works = [{"isend": 0, "irecv": 0, "isend_unwaited": 0, "irecv_unwaited": 0}
+             for _ in range(n)]
+    waited = {op.handle for op_list in op_lists.values() for op in op_list
+              if isinstance(op, ops.Wait)}
+    for (rank, _lane), op_list in op_lists.items():
+        for op in op_list:
+            if isinstance(op, ops.Post) and not op.blocking:
+                kind = "isend" if op.op == "send" else "irecv"
+                works[rank][kind] += 1
+                works[rank][f"{kind}_unwaited"] += op.handle not in waited
+    return works
 
 
 def _rebuild(recipe: Any, n: int) -> Any:

@@ -1,5 +1,6 @@
-"""A rank's communicator that keeps a ledger for the judge: the isend/irecv works it hands
-out, which of them were waited on, and (on request) what a tensor held at each receive."""
+"""A rank's communicator that writes down what a tensor held each time a receive completed
+(the works a rank started and waited on, the grader counts from the run's record:
+``_clock.works_of``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import torch
 
 
 class WorkLedger:
-    """A rank's communicator that writes down, as plain data for the judge, the isend/irecv
-    works it hands out and which were waited on, and (with ``watch``) a copy of the tensor
-    ``watch`` each time a receive completes; everything else goes to the real one."""
+    """A rank's communicator that writes down, as plain data for the judge, a copy of the
+    tensor ``watch`` each time a receive completes (``at_receive``); everything else goes to
+    the real one. It tracks its isend/irecv works only to see each receive complete once."""
 
     def __init__(self, comm: Any, watch: torch.Tensor | None = None) -> None:
         self._comm, self._watch_tensor = comm, watch
@@ -65,8 +66,3 @@ class WorkLedger:
             self.waited.add(number)
         return index
 
-    def summary(self) -> dict:
-        unwaited = [what for i, what in enumerate(self.started) if i not in self.waited]
-        return {"isend": self.started.count("isend"), "irecv": self.started.count("irecv"),
-                "isend_unwaited": unwaited.count("isend"),
-                "irecv_unwaited": unwaited.count("irecv"), "at_receive": self.at_receive}

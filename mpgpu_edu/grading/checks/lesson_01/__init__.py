@@ -2,10 +2,10 @@
 
 Every collective case runs the learner's function on the simulator with the built-in
 collectives disabled (``from_scratch``); *compute* hands the judge what each rank holds and
-sent (``launch_facts``), and *judge* checks values, bytes and messages per rank, who talks
-to whom, and the time against the grader's own reference. Structure the numbers cannot show
-is recorded in *compute* as plain data too: how many isend/irecv works each rank waited on
-(``WorkLedger``), and whether a returned tensor shares memory with the input.
+sent (``launch_facts``: the run's record, which the grader replays), and *judge* checks
+values, bytes and messages per rank, who talks to whom, how many isend/irecv works each rank
+left unwaited (``works``), and the time against the grader's own reference. Whether a returned
+tensor shares memory with the input is recorded in *compute* as plain data.
 
 Modules: ``p2p`` (1.1), ``all_reduce`` (what the all-reduces 1.2, 1.3, 1.6 and 1.7 share),
 ``traffic`` (each all-reduce's bytes and messages per rank), ``scatter_gather`` (1.4, 1.5).

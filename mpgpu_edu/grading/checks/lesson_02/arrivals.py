@@ -50,7 +50,7 @@ def _uneven_workers(impl: Impl) -> dict:
 
     with from_scratch(impl, "2.3"):
         facts = launch_facts(run_spmd(program, n), with_trace=True)
-    facts["works"] = ledgers[0].summary()
+    facts["at_receive"] = ledgers[0].at_receive  # the server's parameters
     return facts
 
 
@@ -76,7 +76,7 @@ def _judge_no_early_update(facts: dict) -> None:
     n, numel = len(DELAYS) + 1, 100
     start, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, 1)
     mean = torch.stack(grads[: n - 1]).mean(0)
-    seen = facts["works"]["at_receive"]
+    seen = facts["at_receive"]
     expect(len(seen) == UNEVEN_STEPS * (n - 1),
            f"in {UNEVEN_STEPS} steps with {n - 1} workers the server should complete "
            f"{UNEVEN_STEPS * (n - 1)} receives; it completed {len(seen)}")

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from mpgpu_edu.grading.checks import Case
-from mpgpu_edu.grading.checks._ledger import WorkLedger
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
                                                expect_close, from_scratch, judge_examples,
                                                launch_facts, rank_inputs, run_spmd)
@@ -21,25 +20,18 @@ from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training
 Impl = Callable[..., Any]
 
 
-def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0,
-                 ledger: bool = False) -> dict:
-    """compute: the learner's sharded step on every rank (with ``ledger``, each rank's
-    communicator a ``WorkLedger``: its works, started and waited, go to the judge)."""
+def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0) -> dict:
+    """compute: the learner's sharded step on every rank (the grader counts each rank's
+    works, started and waited, from the run's record: ``works``)."""
     params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
-    ledgers: list[Any] = [None] * n
 
     def program(comm: Any) -> torch.Tensor:
         mine = params.clone()
-        if ledger:
-            comm = ledgers[comm.rank] = WorkLedger(comm)
         impl(comm, mine, grads[comm.rank].clone(), LR)
         return mine
 
     with from_scratch(impl, "2.4"):
-        facts = launch_facts(run_spmd(program, n))
-    if ledger:
-        facts["works"] = [one.summary() for one in ledgers]
-    return facts
+        return launch_facts(run_spmd(program, n))
 
 
 def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
