@@ -66,10 +66,14 @@ def test_calling_the_package_fails_every_case() -> None:
 
 @pytest.mark.parametrize("mutant", [wrong.hier_wrong_chunk_on_the_rail, wrong.hier_lesson01_loops])
 def test_lesson_01s_reduce_scatter_loop_is_named_as_the_mistake(mutant: Any) -> None:
-    status, message = verdicts("7.2", mutant)["sums and means in place on 2 nodes x 4"]
-    assert status == "failed"
-    assert "leaves local rank i with chunk (i + 1) % per_node finished" in message
-    assert "your rail summed another chunk" in message
+    """Named on even sizes and on sizes that do not divide (tensor_split's uneven chunks)."""
+    results = verdicts("7.2", mutant)
+    for case in ("sums and means in place on 2 nodes x 4",
+                 "sizes that do not divide, 3 nodes, 1 node, 1 GPU per node"):
+        status, message = results[case]
+        assert status == "failed", case
+        assert "leaves local rank i with chunk (i + 1) % per_node finished" in message, case
+        assert "your rail summed another chunk" in message, case
 
 
 def test_other_wrong_values_are_not_blamed_on_phase_one() -> None:

@@ -52,16 +52,14 @@ def _hier_compute(impl: Impl, nodes: int, per_node: int, numel: int, op: str = "
 
 
 def _shifted_phase_one(inputs: list[torch.Tensor], nodes: int, per_node: int, op: str,
-                       gather_from_next: bool) -> list[torch.Tensor] | None:
+                       gather_from_next: bool) -> list[torch.Tensor]:
     """What every rank ends with when phase 1 is lesson 01's reduce-scatter loop, which
     leaves local rank i holding its node's sum of chunk i + 1, while phase 2 all-reduces
     chunk i on the rail. Phase 3 is the all-gather that sends chunk i first
-    (``gather_from_next`` False) or lesson 01's, which sends chunk i + 1 first. None when
-    the chunks are uneven (that loop then fails outright)."""
+    (``gather_from_next`` False) or lesson 01's, which sends chunk i + 1 first. Chunks are
+    ``torch.tensor_split``'s, as the solved ring halves take them (uneven sizes included)."""
     g, n = per_node, nodes * per_node
-    if inputs[0].numel() % g:
-        return None
-    chunks = [list(t.clone().view(-1).chunk(g)) for t in inputs]
+    chunks = [list(torch.tensor_split(t.clone().view(-1), g)) for t in inputs]
     for node in range(nodes):
         ranks = [node * g + i for i in range(g)]
         for k in range(g - 1):  # lesson 01: local rank i sends chunk i - k, adds into i - k - 1
@@ -90,7 +88,7 @@ def _phase_one_shifted(results: list[Any], inputs: list[torch.Tensor], nodes: in
         return False
     for gather_from_next in (False, True):
         trap = _shifted_phase_one(inputs, nodes, per_node, op, gather_from_next)
-        if trap is not None and len(trap) == len(results) and all(
+        if len(trap) == len(results) and all(
                 r.shape == t.shape and torch.allclose(r.view(-1), t, rtol=1e-4, atol=1e-4)
                 for r, t in zip(results, trap)):
             return True
