@@ -66,10 +66,11 @@ PREDICTIONS = (
              "edges send 2(N-1)/N S = 480 MiB each through one NIC at 47 GB/s. The "
              "hierarchical all-reduce sends 2(G-1)/G S over NVLink (8x faster) and only "
              "2(M-1)/(GM) S = 32 MiB per GPU across, on all 8 NICs at once. Its NVLink phases "
-             "now dominate, so the gain is about 5x, not 16x. That is against one naive ring: "
+             "now dominate, so the gain is about 5x, not 16x. That is against one naive ring. "
              "NCCL's remedy, one ring per rail (every NIC busy too), takes 2.44 ms here against "
-             "the hierarchical 2.34 ms; the hierarchical one pays 2(M-1) network latencies "
-             "instead of 2(N-1), so it gains most on small messages and many nodes.")),
+             "the hierarchical 2.34 ms; but it still pays 2(N-1) network latencies, the "
+             "hierarchical one 2(M-1), so against it the hierarchical all-reduce wins most on "
+             "small messages and with many nodes.")),
 )
 
 LESSON = Lesson(7, 'many machines', 'ex07_many_machines', 'notebooks/07_many_machines.ipynb',

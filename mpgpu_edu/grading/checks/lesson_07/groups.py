@@ -33,13 +33,15 @@ def _groups_bad_compute(impl: Impl) -> list[str]:
     for world_size, per_node in [(6, 4), (4, 0), (0, 2), (5, 2)]:
         try:
             got = impl(world_size, per_node)
-            outcomes.append(f"({world_size}, {per_node}) returned {str(got)[:60]}")
+            outcomes.append(f"node_and_rail_groups({world_size}, {per_node}) returned "
+                            f"{str(got)[:60]}")
         except ValueError:
             outcomes.append("ValueError")
         except NotImplementedError:
             raise  # a stub: not implemented, not a wrong answer
         except Exception as exc:  # noqa: BLE001 - the judge names what it raised instead
-            outcomes.append(f"({world_size}, {per_node}) raised {type(exc).__name__}")
+            outcomes.append(f"node_and_rail_groups({world_size}, {per_node}) raised "
+                            f"{type(exc).__name__}")
     return outcomes
 
 

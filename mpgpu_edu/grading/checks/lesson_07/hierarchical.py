@@ -161,14 +161,15 @@ def _hier_traffic(facts: dict, nodes: int, per_node: int, numel: int, **example:
                              f"across the network to rank(s) {off_rail}, which are not on its "
                              f"rail (local rank {rank % per_node} of the other nodes)")
         expect(sum(across.values()) == want["inter"],
-               f"{size} bytes: rank {rank} sent {sum(across.values())} bytes across the "
+               f"a tensor of S = {size} bytes: rank {rank} sent {sum(across.values())} bytes "
+               "across the "
                f"network, expected {want['inter']:.0f} = 2(M-1)/(G M) S with M = {nodes} "
                f"nodes, G = {per_node}: its rail's ring all-reduce of the node's 1/{per_node} "
                f"chunk" + (f" (this tensor has shape {tuple(example['shape'])}: are the chunks "
                            "cut from its flat view, tensor.view(-1)?)"
                            if example.get("shape") else ""))
         expect(inside == want["intra"],
-               f"{bytes_of(numel)} bytes: rank {rank} sent "
+               f"a tensor of S = {size} bytes: rank {rank} sent "
                f"{inside} bytes inside its node; a ring reduce-scatter and all-gather there "
                f"send {want['intra']:.0f}")
 
