@@ -203,21 +203,31 @@ def _references_blocked(exercise_id: str) -> Iterator[None]:
 
     references = getattr(lesson_module(get(exercise_id).lesson), "REFERENCES", {})
     swaps: list[tuple[Any, Any]] = []
+    methods: list[tuple[Any, str, Any, Any]] = []  # "module:Class.method": set on the class
     for target in references.get(exercise_id, ()):
         module_name, _, attribute = target.partition(":")
-        original = getattr(importlib.import_module(module_name), attribute)
+        owner: Any = importlib.import_module(module_name)
+        *classes, name = attribute.split(".")
+        for part in classes:
+            owner = getattr(owner, part)
+        original = owner.__dict__[name] if classes else getattr(owner, name)
 
         def blocked(*args: Any, _name: str = attribute, **kwargs: Any) -> Any:
             raise CheckFailure(f"exercise {exercise_id} is yours to write: the package's own "
                                f"{_name} cannot be called while it is checked")
 
+        if classes:
+            methods.append((owner, name, original, blocked))
         swaps.append((original, blocked))
-    if not swaps:
-        yield
-        return
     namespaces = [getattr(module, "__dict__", None) for module in list(sys.modules.values())]
-    with rebound([ns for ns in namespaces if isinstance(ns, dict)], swaps):
-        yield
+    try:
+        for owner, name, _original, blocked_method in methods:
+            setattr(owner, name, blocked_method)
+        with rebound([ns for ns in namespaces if isinstance(ns, dict)] if swaps else [], swaps):
+            yield
+    finally:
+        for owner, name, original, _blocked in methods:
+            setattr(owner, name, original)
 
 
 def _load(file: str, function: str) -> Any:
