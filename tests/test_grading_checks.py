@@ -243,6 +243,22 @@ def test_hooks_must_be_removed() -> None:
     assert failing(results) == {"hooks are removed afterwards"}, results
 
 
+def test_an_overlap_that_never_waits_is_asked_about_waiting() -> None:
+    from tests.mutants import lesson_03 as wrong
+
+    status, message = verdicts("3.3", wrong.overlap_never_waits)["gradients are averaged"]
+    assert status == "failed" and "wait() on each work" in message, message
+
+
+def test_a_wrapper_that_averages_only_its_first_step_is_told_so() -> None:
+    from tests.mutants import lesson_03 as wrong
+
+    status, message = verdicts("3.5", wrong.ddp_only_first_step)[
+        "3 ranks from different starts: rank 0's start, then one device's training"]
+    assert status == "failed" and "launched 4 all-reduces in 3 steps, 12 expected" in message, \
+        message
+
+
 def test_ddp_wrapper_is_judged_on_its_buckets_and_its_timeline() -> None:
     from tests.mutants import lesson_03 as wrong
 

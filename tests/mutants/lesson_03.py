@@ -88,6 +88,18 @@ def overlap_hooks_left_behind(comm: Any, model: nn.Module, loss: torch.Tensor) -
         work.wait()
 
 
+def overlap_never_waits(comm: Any, model: nn.Module, loss: torch.Tensor) -> None:
+    """Starts every all-reduce from a hook and removes the hooks, but returns without waiting:
+    the gradients are read before their all-reduces have finished."""
+    works = []
+    handles = [p.register_post_accumulate_grad_hook(
+        lambda p: works.append(comm.run_async(all_reduce, comm, p.grad, "mean")))
+        for p in model.parameters()]
+    loss.backward()
+    for handle in handles:
+        handle.remove()
+
+
 # ---- 3.4 ----------------------------------------------------------------------------------
 
 def adam_memory_forgets_frozen(model: nn.Module, precision: str = "fp32") -> dict[str, int]:
@@ -223,7 +235,8 @@ def ddp_only_first_step(comm: Any, module: nn.Module, bucket_cap_bytes: int) -> 
 MUTANTS: dict[str, list[str]] = {
     "3.1": ["average_sums", "average_weights_only", "average_through_rank_0"],
     "3.2": ["buckets_in_forward_order", "buckets_never_exactly_full"],
-    "3.3": ["overlap_after_backward", "overlap_blocking_hooks", "overlap_hooks_left_behind"],
+    "3.3": ["overlap_after_backward", "overlap_blocking_hooks", "overlap_hooks_left_behind",
+            "overlap_never_waits"],
     "3.4": ["adam_memory_forgets_frozen", "adam_memory_one_moment"],
     "3.5": ["ddp_sums", "ddp_forward_buckets", "ddp_waits_in_hook", "ddp_forgets_broadcast",
             "ddp_broadcasts_per_parameter", "ddp_no_buckets", "ddp_all_reduce_in_finish",

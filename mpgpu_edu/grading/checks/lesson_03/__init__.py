@@ -65,7 +65,7 @@ CASES: dict[str, list[Case]] = {
         Case("gradients are averaged", 1,
              lambda impl: _averaged(impl, 3, OVERLAP_WIDTHS[:3], 12, overlap=True,
                                     cluster=_overlap_cluster(3)),
-             lambda data: _judge_mean(data, 3, OVERLAP_WIDTHS[:3], 12)),
+             lambda data: _judge_mean(data, 3, OVERLAP_WIDTHS[:3], 12, overlapped=True)),
         Case("timeline: communication overlaps backward", 3, _overlap_run,
              _judge_overlap_timeline, timeout_s=40.0),
         Case("hooks are removed afterwards", 1, _hooks_after, _judge_hooks_removed),

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from mpgpu_edu.cluster import Cluster
-from mpgpu_edu.grading.checks import Evidence
+from mpgpu_edu.grading.checks import CheckFailure, Evidence
 from mpgpu_edu.grading.checks._support import (compute_examples, evidence, examples, expect,
                                                expect_close, judge_examples, launch_facts,
                                                rebound, run_spmd, showing, uniform)
@@ -124,9 +124,25 @@ def _judge_ddp_values(data: dict, n: int, widths: tuple[int, ...], cap: int, nor
                                     "rank 0's")
     for rank, held in enumerate(data["results"]):
         for name, got, want in zip(names, held["params"], final):
-            expect_close(got, want, f"after {steps} SGD steps on {n} ranks, rank {rank}'s {name} "
-                                    "differs from one device's training on the whole batches",
-                         rtol=1e-4, atol=1e-6)
+            try:
+                expect_close(got, want, f"after {steps} SGD steps on {n} ranks, rank {rank}'s "
+                                        f"{name} differs from one device's training on the "
+                                        "whole batches", rtol=1e-4, atol=1e-6)
+            except CheckFailure as exc:
+                raise CheckFailure(f"{exc}{_fewer_later(data, rank, widths, cap, norm, steps)}")
+
+
+def _fewer_later(data: dict, rank: int, widths: tuple[int, ...], cap: int, norm: bool,
+                 steps: int) -> str:
+    """A note when the rank launched fewer all-reduces than one per bucket in every step: the
+    wrapper's per-step state (which buckets are ready) was not reset by ``finish``."""
+    buckets = len(_bucket_numels(widths, norm, cap))
+    launched = sum(1 for r, _numel, phase in data["all_reduce"] if r == rank and phase == "steps")
+    if launched >= steps * buckets:
+        return ""
+    return (f" (rank {rank} launched {launched} all-reduces in {steps} steps, {steps * buckets} "
+            f"expected: one per bucket per step. After the first step, were the buckets still "
+            "counted as launched? finish() resets what a step changed)")
 
 
 def _judge_ddp_structure(data: dict, n: int, widths: tuple[int, ...], cap: int,
