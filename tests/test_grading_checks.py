@@ -250,6 +250,15 @@ def test_an_overlap_that_never_waits_is_asked_about_waiting() -> None:
     assert status == "failed" and "wait() on each work" in message, message
 
 
+def test_adam_memory_must_refuse_an_unknown_precision() -> None:
+    from tests.mutants import lesson_03 as wrong
+
+    results = verdicts("3.4", wrong.adam_memory_never_refuses)
+    assert failing(results) == {"meta device and bad precision"}, results
+    assert "adam_memory(model, 'fp8') returned dict" in results[
+        "meta device and bad precision"][1]
+
+
 def test_a_wrapper_that_averages_only_its_first_step_is_told_so() -> None:
     from tests.mutants import lesson_03 as wrong
 

@@ -95,7 +95,9 @@ ALGORITHMS: dict[str, Callable[[Communicator, torch.Tensor, str], None]] = {
 def all_reduce(comm: Communicator, tensor: torch.Tensor, op: str = "sum",
                algo: str = "ring") -> None:
     """All-reduce ``tensor`` in place with the algorithm named ``algo`` (a key of
-    ``ALGORITHMS``: ``"naive"``, ``"tree"`` or ``"ring"``). Cost: see each algorithm."""
+    ``ALGORITHMS``: ``"naive"``, ``"tree"`` or ``"ring"``): afterwards every rank holds the
+    sum of every rank's tensor (``op="sum"``) or their mean (``op="mean"``: the sum divided by
+    the world size). Cost: see each algorithm."""
     if algo not in ALGORITHMS:
         raise ValueError(f"unknown all-reduce algorithm {algo!r}: choose one of "
                          + ", ".join(ALGORITHMS))

@@ -50,11 +50,14 @@ EXERCISES = (
         "concatenates the bucket's grads and starts comm.run_async(all_reduce, ...), and "
         "finish(): wait for each started job, copy the flat result into each p.grad, reset "
         "the counters. Register the hook on every parameter in __init__ and keep it.",
+        "buckets = [[params[j] for j in b] for b in make_buckets(sizes, cap)]  # indices -> "
+        "parameters\n"
         "# buckets start in order 0, 1, 2, ... (the contract): backward fills the reverse-"
         "order buckets in that order\n"
         "def _on_grad_ready(self, param):\n    i = self.bucket_of[id(param)]\n"
-        "    self.missing[i] -= 1\n    if self.missing[i] == 0:\n        flat = torch.cat([p.grad."
-        "reshape(-1) for p in buckets[i]])\n        self.started.append((i, flat, "
+        "    self.missing[i] -= 1\n    if self.missing[i] == 0:\n"
+        "        flat = torch.cat([p.grad.reshape(-1) for p in buckets[i]])\n"
+        "        self.started.append((i, flat, "
         "comm.run_async(all_reduce, comm, flat, 'mean')))\n# finish(): work.wait(); copy "
         "flat.split([p.numel() ...]) into each p.grad; self.started.clear(); reset missing"),
        CAPSTONE),
@@ -75,7 +78,8 @@ PREDICTIONS = (
     Prediction(
         key="03.light-on-8",
         question=("The light model (6.3 M parameters, batch 512) on 8 RTX 4090s joined by "
-                  "PCIe, with overlapped DDP: how does one step compare with one card?"),
+                  "PCIe, with your DDP wrapper (25 MiB buckets, torch's default): how does one step "
+                  "compare with one card?"),
         choices=("about 8x faster", "about 2-4x faster", "about as fast",
                  "slower than one card"),
         answer=3,

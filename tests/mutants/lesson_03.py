@@ -122,6 +122,15 @@ def adam_memory_one_moment(model: nn.Module, precision: str = "fp32") -> dict[st
             "optimizer": state * trainable}
 
 
+def adam_memory_never_refuses(model: nn.Module, precision: str = "fp32") -> dict[str, int]:
+    """Right for fp32 and mixed, but any other precision is counted as mixed, never refused."""
+    weight, state = (4, 8) if precision == "fp32" else (2, 12)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"parameters": weight * total, "gradients": weight * trainable,
+            "optimizer": state * trainable}
+
+
 # ---- 3.5: one DDP wrapper, each mutant gets one thing wrong ---------------------------------
 
 class _DDP:
@@ -237,7 +246,7 @@ MUTANTS: dict[str, list[str]] = {
     "3.2": ["buckets_in_forward_order", "buckets_never_exactly_full"],
     "3.3": ["overlap_after_backward", "overlap_blocking_hooks", "overlap_hooks_left_behind",
             "overlap_never_waits"],
-    "3.4": ["adam_memory_forgets_frozen", "adam_memory_one_moment"],
+    "3.4": ["adam_memory_forgets_frozen", "adam_memory_one_moment", "adam_memory_never_refuses"],
     "3.5": ["ddp_sums", "ddp_forward_buckets", "ddp_waits_in_hook", "ddp_forgets_broadcast",
             "ddp_broadcasts_per_parameter", "ddp_no_buckets", "ddp_all_reduce_in_finish",
             "ddp_only_first_step"],

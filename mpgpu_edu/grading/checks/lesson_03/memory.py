@@ -64,7 +64,7 @@ def _judge_fp32(outputs: list) -> None:
 
 def _meta_and_bad(impl: Impl) -> dict:
     try:
-        bad = impl(_model((2, 2)), "fp8")
+        bad = f"returned {type(impl(_model((2, 2)), 'fp8')).__name__}"
     except ValueError:
         bad = "ValueError"
     return {"meta": impl(_memory_model("meta"), "mixed"), "bad": bad}
@@ -77,3 +77,5 @@ def _judge_meta_and_bad(data: dict) -> None:
     got = data["meta"]
     expect(all(got.get(k) == want[k] for k in ("parameters", "gradients", "optimizer")),
            f"estimate_memory says {want}, you say {got}")
+    expect(data["bad"] == "ValueError", f"adam_memory(model, 'fp8') {data['bad']}: a precision "
+                                        "other than 'fp32' or 'mixed' must raise ValueError")
