@@ -120,7 +120,8 @@ def test_a_missing_value_error_names_what_was_raised_instead() -> None:
         return {"node": [list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)],
                 "rail": []}
 
-    case = next(c for c in cases_for("7.1") if c.name == "ValueError: sizes below 1, or per_node not dividing world_size")
+    name = "ValueError: sizes below 1, or per_node not dividing world_size"
+    case = next(c for c in cases_for("7.1") if c.name == name)
     with pytest.raises(Exception, match=r"must raise ValueError.*\(4, 0\) raised "
                                         r"ZeroDivisionError"):
         case.run(divides_blindly)

@@ -78,8 +78,8 @@ PREDICTIONS = (
     Prediction(
         key="03.light-on-8",
         question=("The light model (6.3 M parameters, batch 512) on 8 RTX 4090s joined by "
-                  "PCIe, with your DDP wrapper (25 MiB buckets, torch's default): how does one step "
-                  "compare with one card?"),
+                  "PCIe, with your DDP wrapper (25 MiB buckets, torch's default): how does "
+                  "one step compare with one card?"),
         choices=("about 8x faster", "about 2-4x faster", "about as fast",
                  "slower than one card"),
         answer=3,

@@ -219,11 +219,14 @@ def _references_blocked(exercise_id: str) -> Iterator[None]:
         if classes:
             methods.append((owner, name, original, blocked))
         swaps.append((original, blocked))
+    if not swaps:
+        yield
+        return
     namespaces = [getattr(module, "__dict__", None) for module in list(sys.modules.values())]
     try:
         for owner, name, _original, blocked_method in methods:
             setattr(owner, name, blocked_method)
-        with rebound([ns for ns in namespaces if isinstance(ns, dict)] if swaps else [], swaps):
+        with rebound([ns for ns in namespaces if isinstance(ns, dict)], swaps):
             yield
     finally:
         for owner, name, original, _blocked in methods:

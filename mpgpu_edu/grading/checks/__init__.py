@@ -12,9 +12,10 @@ code cannot reach.
 
 Cases test structure as well as numbers: bytes and messages per rank, the makespan and the
 timeline of a simulated run (timed by the grader from the run's record: ``_clock``),
-schedules' activations, optimizer state per rank. The reference is the package's own implementation. Cases marked
-``hidden`` run on reproducible examples (``_support.examples``, seeded, smallest first): the
-learner sees their name and, on failure, the first failing example.
+schedules' activations, optimizer state per rank. The reference is the package's own
+implementation. Cases marked ``hidden`` run on reproducible examples (``_support.examples``,
+seeded, smallest first): the learner sees their name and, on failure, the first failing
+example.
 
 Modules: ``lesson_00`` .. ``lesson_10``, each with ``CASES: dict[str, list[Case]]`` (and
 ``REFERENCES`` where the package's own implementation must not run while an exercise is

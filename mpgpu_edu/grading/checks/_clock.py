@@ -93,8 +93,8 @@ _NAMES = {"Wait": "wait", "Submit": "submit", "JobStart": "job_start", "JobEnd":
 
 def resolve(data: Any) -> Any:
     """*judge*'s input: ``data`` with every run record replaced by the grader's own facts
-    (``results``, ``stats``, ``works``, ``makespan`` and, where asked, ``trace``), merged into the dict
-    that held it. Raises ``RecordError`` for a record that does not add up, and for data
+    (``results``, ``stats``, ``works``, ``makespan`` and, where asked, ``trace``), merged into
+    the dict that held it. Raises ``RecordError`` for a record that does not add up, and for data
     that names a ``RESERVED`` fact itself."""
     if isinstance(data, list):
         return [resolve(item) for item in data]

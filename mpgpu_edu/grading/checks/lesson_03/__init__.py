@@ -19,6 +19,7 @@ from mpgpu_edu.grading.checks.lesson_03.averaging import (OVERLAP_WIDTHS, WIDTHS
                                                           _averaging_hidden, _hooks_after,
                                                           _judge_averaging_hidden,
                                                           _judge_hooks_removed, _judge_mean,
+                                                          _judge_overlapped_mean,
                                                           _judge_overlap_timeline,
                                                           _judge_single_device, _judge_traffic,
                                                           _overlap_cluster, _overlap_run)
@@ -65,7 +66,7 @@ CASES: dict[str, list[Case]] = {
         Case("gradients are averaged", 1,
              lambda impl: _averaged(impl, 3, OVERLAP_WIDTHS[:3], 12, overlap=True,
                                     cluster=_overlap_cluster(3)),
-             lambda data: _judge_mean(data, 3, OVERLAP_WIDTHS[:3], 12, overlapped=True)),
+             lambda data: _judge_overlapped_mean(data, 3, OVERLAP_WIDTHS[:3], 12)),
         Case("timeline: communication overlaps backward", 3, _overlap_run,
              _judge_overlap_timeline, timeout_s=40.0),
         Case("hooks are removed afterwards", 1, _hooks_after, _judge_hooks_removed),

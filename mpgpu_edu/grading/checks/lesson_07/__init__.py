@@ -32,7 +32,8 @@ CASES: dict[str, list[Case]] = {
              *each([dict(world_size=w, per_node=p) for w, p in
                     [(6, 2), (16, 8), (8, 2), (3, 3), (3, 1)]],
                    _groups_compute, _groups_agree)),
-        Case("ValueError: sizes below 1, or per_node not dividing world_size", 1, _groups_bad_compute, _groups_bad_judge),
+        Case("ValueError: sizes below 1, or per_node not dividing world_size", 1,
+             _groups_bad_compute, _groups_bad_judge),
         Case("hidden: random clusters", 1,
              *each(_groups_examples(), _groups_compute, _groups_agree), hidden=True),
     ],
