@@ -39,10 +39,11 @@ def naive_orders(n_stages: int) -> list[list[Step]]:
 # ---- exercises ------------------------------------------------------------------------------
 
 def balanced_boundaries(costs: list[float], n_stages: int) -> list[int]:
-    """Split layers with costs ``costs`` (in model order) into ``n_stages`` contiguous,
-    non-empty stages so that the most expensive stage is as cheap as possible. Return the
-    boundaries: the index of the first layer of every stage after the first (``n_stages - 1``
-    increasing numbers in ``1 .. len(costs) - 1``), as ``partition_by_list`` takes them.
+    """Split layers with costs ``costs`` (in model order; whole numbers or not, milliseconds
+    say) into ``n_stages`` contiguous, non-empty stages so that the most expensive stage is
+    as cheap as possible. Return the boundaries: the index of the first layer of every
+    stage after the first (``n_stages - 1`` increasing numbers in ``1 .. len(costs) - 1``),
+    as ``partition_by_list`` takes them.
 
     Raise ``ValueError`` when ``n_stages`` is below 1 or above ``len(costs)``. Do not
     change ``costs``.
@@ -163,11 +164,13 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
       input to ``send_to(step, P)``.
     - The loss convention: the step's loss is the **mean over microbatches**,
       ``(1/M) * sum_m loss_fn(output_m, targets[m])``, and the gradients are its gradients,
-      so that the pipeline trains exactly as one device does on the whole batch.
+      so that the pipeline trains exactly as one device that accumulates the same M
+      microbatches (with microbatches of equal size, that is the whole batch's mean loss).
     - Memory: between F(m) and B(m) the stage keeps what B(m) needs (microbatch m's input and
-      output), and nothing of m after B(m): a stage keeps alive as many microbatches as the
-      schedule has in flight there (the check watches which tensors stay alive). Each F and
-      each B runs the stage's forward or backward once (no recomputation).
+      output), and nothing of m after B(m), not even in a loop variable: a stage keeps alive
+      as many microbatches as the schedule has in flight there (the check looks at the start
+      of every F and B which tensors are still alive). Each F and each B runs the stage's
+      forward or backward once (no recomputation).
     - Messages: tag ``message_tag(step)``, as in 4.4. Under 1F1B two neighbouring stages
       send to each other at the same tick (stage p an activation to p + 1, stage p + 1 a
       gradient to p), each before it receives. The forward runs in

@@ -44,8 +44,8 @@ EXERCISES = (
         'stage\'s graph.',
         'Stage 0 uses x; others recv into a fresh float32 tensor from recv_from(step, P), '
         'then make it a leaf that requires grad. Run the stage in comm.compute("forward", '
-        'step.token); unless last, send a detached copy of the output to send_to(step, P). '
-        'Return the attached output.',
+        'step.token); unless last, send the output detached from its graph (y.detach(): the '
+        'same numbers, no graph) to send_to(step, P). Return the attached output.',
         'if source is not None:\n'
         '    x = torch.empty(in_shape); comm.recv(x, source, tag=message_tag(step))\n'
         '    x.requires_grad_()\n'
@@ -60,12 +60,13 @@ EXERCISES = (
         'same tick: if each send waits until the other side receives, both wait for ever.',
         'stash = {}. F(m): get x (batch or recv into recv_shapes[m], then requires_grad_), '
         'y = stage(x) in comm.compute; the last stage turns y into loss_fn(y, t) / M; '
-        'stash[m] = (x, y); send y.detach() to send_to. B(m): x, y = stash.pop(m) (pop, so '
-        'nothing keeps m alive afterwards); recv the output\'s gradient (not on the last '
-        'stage); backward; send x.grad to send_to. Send with comm.isend: it returns at once, '
+        'stash[m] = (x, y); send y.detach() to send_to. B(m): x, y = stash.pop(m); recv the '
+        'output\'s gradient (not on the last stage); backward; send x.grad to send_to; then '
+        'del x, y, so that nothing keeps m alive. Send with comm.isend: it returns at once, '
         'so a stage goes on to the receive its neighbour is waiting on instead of blocking '
         'while that neighbour blocks on its own send. Keep each Work with its tensor, wait '
-        'for them all at the end; return the summed loss on the last stage.',
+        'for them all at the end. On the last stage return the sum of the M parts '
+        'loss_fn(...) / M, which is their mean.',
         'for step in steps_of(schedule, comm.rank):\n'
         '    m, tag = step.microbatch, message_tag(step)\n'
         '    src, dst = recv_from(step, P), send_to(step, P)\n'
@@ -75,6 +76,7 @@ EXERCISES = (
         '        with comm.compute("backward", step.token, seconds=...):\n'
         '            torch.autograd.backward(y, grad)\n'
         '        if dst is not None: sends.append((comm.isend(x.grad, dst, tag), x.grad))\n'
+        '        del x, y\n'
         'for work, _ in sends: work.wait()'),
        CAPSTONE),
 )

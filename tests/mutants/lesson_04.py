@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +38,36 @@ def greedy_fill(costs: list[float], n_stages: int) -> list[int]:
     while len(boundaries) < n_stages - 1:
         boundaries.append(len(costs) - (n_stages - 1 - len(boundaries)))
     return boundaries
+
+
+def whole_number_limits(costs: list[float], n_stages: int) -> list[int]:
+    """Binary search over whole-number limits for the largest stage, then a greedy fill: right
+    for whole costs, but with costs in fractions of a millisecond the best limit lies between
+    two whole numbers."""
+    if not 1 <= n_stages <= len(costs):
+        raise ValueError("bad stage count")
+
+    def fill(limit: float) -> list[int]:
+        boundaries, held = [], 0.0
+        for i, cost in enumerate(costs):
+            if i > 0 and held + cost > limit:
+                boundaries.append(i)
+                held = 0.0
+            held += cost
+        return boundaries
+
+    low, high = math.ceil(max(costs)), math.ceil(sum(costs))
+    while low < high:
+        middle = (low + high) // 2
+        if len(fill(middle)) + 1 <= n_stages:
+            high = middle
+        else:
+            low = middle + 1
+    boundaries = fill(low)
+    for i in range(len(costs) - 1, 0, -1):  # more stages than needed: split off single layers
+        if len(boundaries) < n_stages - 1 and i not in boundaries:
+            boundaries.append(i)
+    return sorted(boundaries)
 
 
 # ---- 4.2 ----------------------------------------------------------------------------------------
@@ -137,14 +168,15 @@ def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
              recv_shapes: Sequence[tuple[int, ...]] | None, loss_fn: Any,
              stage_seconds: tuple[float, float] | None, *, stash_all: bool = True,
              grad_back: int = -1, mean: bool = True, steps: list[Step] | None = None,
-             leaf: bool = True, keep: bool = False) -> float | None:
+             leaf: bool = True, keep: bool = False, tag_of: Any = message_tag,
+             forget: bool = True) -> float | None:
     """The executor with one mistake switched on (each mutant below names its own)."""
     n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
     forward_s, backward_s = stage_seconds or (None, None)
     stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     sends, losses = [], []
     for step in steps if steps is not None else steps_of(schedule, comm.rank):
-        m, tag = step.microbatch, message_tag(step)
+        m, tag = step.microbatch, tag_of(step)
         source, target = recv_from(step, n_stages), send_to(step, n_stages)
         if step.op == "F":
             if source is None:
@@ -179,6 +211,8 @@ def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
             if target is not None:
                 peer = target if grad_back < 0 else (comm.rank + 1) % n_stages
                 sends.append((comm.isend(x.grad, peer, tag), x.grad))
+            if forget:
+                del x, y
     for work, _ in sends:
         work.wait()
     return sum(losses) if comm.rank == n_stages - 1 else None
@@ -238,11 +272,33 @@ def executor_never_frees(comm: Any, schedule: Schedule, stage: nn.Module, microb
                     stage_seconds, keep=True)
 
 
+def executor_one_tag(comm: Any, schedule: Schedule, stage: nn.Module, microbatches: Tensors,
+                     targets: Tensors, recv_shapes: Shapes, loss_fn: Any = MSE,
+                     stage_seconds: Seconds = None) -> float | None:
+    """Tags every message 0: right while messages arrive in the order they are received, but
+    when a neighbour runs its backwards in another order, a stage takes another microbatch's
+    gradient."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, tag_of=lambda step: 0)
+
+
+def executor_keeps_loop_variables(comm: Any, schedule: Schedule, stage: nn.Module,
+                                  microbatches: Tensors, targets: Tensors, recv_shapes: Shapes,
+                                  loss_fn: Any = MSE, stage_seconds: Seconds = None
+                                  ) -> float | None:
+    """Pops the stash but never drops the loop's own names for the tensors: ``y`` still holds
+    the last backward's output while the next forward runs, one microbatch more than the
+    schedule has in flight (5 instead of 4 on 1F1B's first stage)."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, forget=False)
+
+
 MUTANTS: dict[str, list[str]] = {
-    "4.1": ["equal_layer_counts", "greedy_fill"],
+    "4.1": ["equal_layer_counts", "greedy_fill", "whole_number_limits"],
     "4.2": ["gpipe_interleaved", "gpipe_backwards_reversed"],
     "4.3": ["one_f_one_b_warmup_off_by_one", "one_f_one_b_unclamped"],
     "4.4": ["forward_cuts_the_graph", "forward_returns_detached"],
     "4.5": ["executor_stashes_one", "executor_grads_to_next_stage", "executor_sums_losses",
-            "executor_always_gpipe", "executor_cuts_the_graph", "executor_never_frees"],
+            "executor_always_gpipe", "executor_cuts_the_graph", "executor_never_frees",
+            "executor_one_tag", "executor_keeps_loop_variables"],
 }

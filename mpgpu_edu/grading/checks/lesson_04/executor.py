@@ -1,7 +1,7 @@
 """Exercise 4.5's *compute*: the learner's executor runs a training step on the simulator,
 each stage wrapped so that it counts forwards and backwards and, watching the tensors each
-forward hands out (``weakref.finalize``), sees at the start of every backward which
-microbatches the executor still keeps alive."""
+forward hands out (``weakref.finalize``), sees at the start of every forward and every
+backward which microbatches the executor still keeps alive."""
 
 from __future__ import annotations
 
@@ -41,14 +41,14 @@ class _Release(torch.autograd.Function):
 class _Counted(nn.Module):
     """The stage as the learner gets it: counts forwards and backwards, and watches the
     tensors each forward hands out (its output and, on a later stage, the received input)
-    with ``weakref.finalize``, so that at the start of every backward it knows which
-    forwards' tensors the executor still keeps alive."""
+    with ``weakref.finalize``, so that at the start of every forward and every backward it
+    knows which forwards' tensors the executor still keeps alive."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
         self.forwards = self.backwards = 0
-        self.events: list[list] = []  # ["F", call] and ["B", call, [calls still alive]]
+        self.events: list[list] = []  # ["F" or "B", call, [calls still alive at its start]]
         self.alive: dict[int, int] = {}  # watch number -> forward call
         self._keys = itertools.count()
 
@@ -60,7 +60,7 @@ class _Counted(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         call = self.forwards
         self.forwards += 1
-        self.events.append(["F", call])
+        self.events.append(["F", call, sorted(set(self.alive.values()))])
         y = self.inner(x)
         if not y.requires_grad:
             return y
@@ -108,7 +108,8 @@ def _runs(examples_: list[dict], seconds: tuple[float, float] | None = None
 
 STEP_GPIPE = [{"p": 3, "m": 4, "schedule": "gpipe"}, {"p": 2, "m": 1, "schedule": "gpipe"}]
 STEP_1F1B = [{"p": 3, "m": 4, "schedule": "1f1b"}, {"p": 4, "m": 6, "schedule": "1f1b"}]
-STEP_OTHER = [{"p": 3, "m": 3, "schedule": "backwards-last-first"}]
+STEP_OTHER = [{"p": 3, "m": 3, "schedule": "backwards-last-first"},
+              {"p": 4, "m": 3, "schedule": "neighbours-differ"}]
 IN_FLIGHT = [{"p": 4, "m": 6, "schedule": "gpipe"}, {"p": 4, "m": 6, "schedule": "1f1b"},
              {"p": 3, "m": 2, "schedule": "1f1b"}]
 SECONDS = (0.002, 0.004)
@@ -130,7 +131,7 @@ def _hidden_executor(impl: Impl) -> list[dict]:
     drawn = examples(6, seed=45, p=(2, 5), m=(1, 7), seed_=(0, 999), extra_rows=(0, 5))
     cases = HIDDEN_EXECUTOR + [
         {"p": d["p"], "m": d["m"] + (d["m"] % d["p"] == 0),  # never a multiple of P
-         "schedule": ("gpipe", "1f1b")[i % 2], "partition": ("random", "balanced")[i % 3 > 0],
+         "schedule": ("gpipe", "1f1b", "neighbours-differ")[i % 3], "partition": ("random", "balanced")[i % 3 > 0],
          "batch": 2 * (d["m"] + 1) + d["extra_rows"], "seed": d["seed_"],
          "model": ("mlp", "hourglass")[i % 2]}
         for i, d in enumerate(drawn)]

@@ -17,6 +17,15 @@ from mpgpu_edu.pipeline import Schedule, peak_activations, steps_of
 from mpgpu_edu.cluster.trace import Trace
 
 
+ABOUT = {  # what a hand-made schedule tests, said wherever one of its runs goes wrong
+    "backwards-last-first": " (every stage runs its backwards last microbatch first)",
+    "neighbours-differ": (" (even stages run their backwards in microbatch order, odd stages "
+                          "last first: gradients arrive in another order than a stage "
+                          "receives them, and only the tag, message_tag(step), tells which "
+                          "microbatch a message carries)"),
+}
+
+
 def _reference_step(p: int, m: int, partition: str, batch: int, seed: int, model: str
                     ) -> dict:
     """One device: the same stages in a row, gradients accumulated over the same
@@ -39,7 +48,7 @@ def _reference_step(p: int, m: int, partition: str, batch: int, seed: int, model
 def _judge_step(facts: dict, p: int, m: int, schedule: str, partition: str = "balanced",
                 batch: int = 0, seed: int = 0, model: str = "mlp") -> None:
     want = _reference_step(p, m, partition, batch, seed, model)
-    where = f"{schedule}, {p} stages, {m} microbatches"
+    where = f"{schedule}, {p} stages, {m} microbatches" + ABOUT.get(schedule, "")
     results = facts["results"]
     loss = results[-1]["loss"]
     expect(isinstance(loss, (float, int, torch.Tensor)) and not isinstance(loss, bool),
@@ -66,29 +75,24 @@ def _judge_runs(runs: list[tuple[dict, dict]]) -> None:
 
 
 def _kept_alive(events: list, schedule: Schedule, rank: int, where: str) -> int:
-    """Replay one stage's forward/backward events. At the start of each backward the executor
-    may keep alive the microbatches in flight (forward run, backward not begun) and, for a
-    moment, the one whose backward came just before (a local variable may still name it),
-    nothing older. Returns the most microbatches kept alive at once, that lingering one
-    aside."""
+    """Replay one stage's forward/backward events. At the start of each forward and each
+    backward the executor may keep alive only the microbatches in flight there (forward run,
+    backward not yet run), nothing whose backward has run. Returns the most microbatches kept
+    alive at once."""
     mbs = [s.microbatch for s in steps_of(schedule, rank) if s.op == "F"]
     name = (lambda call: mbs[call] if call < len(mbs) else f"#{call}")  # noqa: E731
-    started, backed, previous, peak = set(), set(), None, 0
-    for event in events:
-        if event[0] == "F":
-            started.add(event[1])
-            continue
-        _, call, alive = event
-        in_flight = started - backed
-        stale = sorted(set(alive) - in_flight - {previous})
+    started, backed, peak = set(), set(), 0
+    for op, call, alive in events:
+        stale = sorted(set(alive) - (started - backed))
         if stale:
-            raise CheckFailure(f"{where}: at the start of B({name(call)}) stage {rank} still "
-                               f"keeps microbatch {name(stale[0])}'s input or output alive, "
-                               f"after B({name(stale[0])}) has run (and another backward "
-                               "since)")
-        peak = max(peak, len(set(alive) - {previous}))
-        backed.add(call)
-        previous = call
+            raise CheckFailure(
+                f"{where}: at the start of {op}({name(call)}) stage {rank} still keeps "
+                f"microbatch {name(stale[0])}'s input or output alive, after B("
+                f"{name(stale[0])}) has run. A variable keeps a tensor alive too: after the "
+                "backward, drop every name of it (the stash entry, and `del` the loop's "
+                "variables), so that only the microbatches in flight stay in memory")
+        peak = max(peak, len(alive))
+        (started if op == "F" else backed).add(call)
     return peak
 
 

@@ -1,6 +1,6 @@
 """Exercise 4.5's model, data and schedules, built the same way by *compute* and *judge*:
 the stages of a small MLP split by parameters or at random, its microbatches, and the
-schedules by name (GPipe, 1F1B, and a hand-made order)."""
+schedules by name (GPipe, 1F1B, and two hand-made orders)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,15 @@ def _named_schedule(name: str, p: int, m: int) -> Schedule:
         return gpipe(p, m)
     if name == "1f1b":
         return one_f_one_b(p, m)
-    # hand-made: all forwards, then the backwards last microbatch first
-    orders = [[*(Step(s, i, "F") for i in range(m)), *(Step(s, i, "B") for i in reversed(range(m)))]
-              for s in range(p)]
-    return from_order("backwards-last-first", orders, m)
+    if name == "backwards-last-first":  # all forwards, then the backwards last first
+        orders = [[*(Step(s, i, "F") for i in range(m)),
+                   *(Step(s, i, "B") for i in reversed(range(m)))] for s in range(p)]
+    elif name == "neighbours-differ":
+        # all forwards, then the backwards: in order on even stages, last first on odd ones,
+        # so that every stage receives its gradients in another order than they were sent
+        orders = [[*(Step(s, i, "F") for i in range(m)),
+                   *(Step(s, i, "B") for i in (range(m) if s % 2 == 0 else reversed(range(m))))]
+                  for s in range(p)]
+    else:
+        raise ValueError(f"unknown schedule {name!r}")
+    return from_order(name, orders, m)
