@@ -32,10 +32,11 @@ def choose_strategy(n_params: int, cluster: Cluster, optimizer: str = "adam",
     ``estimate_memory`` (with ``activations_bytes`` per device) and ``cluster.capacity_bytes``.
     A ``Cluster``'s devices are all of one kind, so every device has the same capacity.
 
-    On one visible device: ``"single"`` if it fits. On several: the first that fits of
-    ``"dp"`` (no sharding: the least code and communication), ``"zero1"``, ``"zero2"``,
-    ``"zero3"`` (more memory saved, more communication). Return ``"none"`` when nothing
-    fits: then the model needs pipeline or tensor parallelism, or more devices.
+    A strategy fits when its per-device memory is at most the capacity (``Estimate.fits``):
+    an exact fit fits. On one visible device: ``"single"`` if it fits. On several: the first
+    that fits of ``"dp"`` (no sharding: the least code and communication), ``"zero1"``,
+    ``"zero2"``, ``"zero3"`` (more memory saved, more communication). Return ``"none"`` when
+    nothing fits: then the model needs pipeline or tensor parallelism, or more devices.
     """
     ### BEGIN SOLUTION 6.1
     n = cluster.world_size
@@ -52,8 +53,10 @@ def choose_strategy(n_params: int, cluster: Cluster, optimizer: str = "adam",
 def exchange_with_partner(comm: Communicator, tensor: torch.Tensor,
                           partner: int) -> torch.Tensor:
     """Swap ``tensor`` with rank ``partner`` using the *blocking* ``comm.send`` and
-    ``comm.recv``, and return the partner's tensor (a new tensor). Pairs are mutual (if a's
-    partner is b, b's is a); ``partner == comm.rank`` means no partner: return a copy.
+    ``comm.recv`` only (no ``isend``/``irecv``), and return the partner's tensor (a new
+    tensor). ``tensor`` may have any shape and dtype; the partner's has the same. Pairs are
+    mutual (if a's partner is b, b's is a); ``partner == comm.rank`` means no partner: return
+    a copy.
 
     Written as "send, then recv" on both sides this hangs: each rank waits in ``send`` for
     the other to receive. Break the symmetry: in each pair one rank sends first, the other
@@ -81,13 +84,15 @@ def smooth_ring(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Te
     between ranks) in rank order, and it is a ring: after the last element of rank N-1 comes
     the first element of rank 0. One step replaces every element by the mean of itself and
     its two neighbours in the ring. Return this rank's block after ``steps`` steps (a new
-    tensor), equal to smoothing the whole array on one device.
+    tensor of the block's dtype; the caller's ``block`` is left unchanged), equal to smoothing
+    the whole array on one device.
 
-    Built from ``comm.send/recv/isend/irecv`` only (no collectives). Per step each rank sends
-    one element to each neighbouring rank and nothing else; with 2 ranks both neighbours are
-    the same rank, with 1 rank the ring closes on itself (no message: a rank cannot send to
-    itself). Must not deadlock on any world size, and a step costs a few message times
-    whatever the world size (no rank waits for a chain of others).
+    Built from ``comm.send/recv/isend/irecv`` only (no collectives), every ``isend``/``irecv``
+    waited on. Per step each rank sends one element to each neighbouring rank and nothing else
+    (no barrier); with 2 ranks both neighbours are the same rank, with 1 rank the ring closes
+    on itself (no message: a rank cannot send to itself). Must not deadlock on any world size,
+    and a step costs a few message times whatever the world size (no rank waits for a chain
+    of others).
     """
     ### BEGIN SOLUTION 6.3
     n, rank = comm.world_size, comm.rank
@@ -119,11 +124,12 @@ def find_straggler(logs: list[list[str]]) -> tuple[int, float]:
     ``logs[r]`` is rank r's log as ``launch`` returns it: lines ``"[   12.3456 ms] text"``,
     time stamps in milliseconds from the start. For each step every rank logs
     ``"step S: compute start"``, then ``"step S: compute done, waiting in all-reduce"``, then
-    ``"step S: all-reduce done"``; other lines may appear and say nothing about timing.
+    ``"step S: all-reduce done"``; other lines may appear, and a rank may spend time between
+    steps (loading data, say): that time is not compute.
 
-    Return ``(rank, seconds)``: the rank whose compute, summed over all steps, took longest,
-    and by how many seconds its total exceeds the median of every rank's total (the time it
-    cost each step's all-reduce, summed). Ties: the lowest rank.
+    Return ``(rank, seconds)``: the rank whose compute (``compute start`` to ``compute done``),
+    summed over all steps, took longest, and by how many seconds its total exceeds the median
+    of every rank's total. Ties: the lowest rank.
     """
     ### BEGIN SOLUTION 6.4
     import statistics

@@ -48,6 +48,18 @@ def choose_ignoring_activations(n_params: int, cluster: Any, optimizer: str = "a
     return "none"
 
 
+
+def choose_strict_fit(n_params: int, cluster: Any, optimizer: str = "adam",
+                      precision: str = "mixed", activations_bytes: int = 0) -> str:
+    """Counts a strategy as fitting only when it needs strictly less than a device's
+    capacity: an exact fit is turned down."""
+    n = cluster.world_size
+    for strategy in (["single"] if n == 1 else ["dp", "zero1", "zero2", "zero3"]):
+        if estimate_memory(n_params, optimizer, precision, strategy, n,
+                           activations_bytes).per_device_total < cluster.capacity_bytes(0):
+            return strategy
+    return "none"
+
 # ---- 6.2 ------------------------------------------------------------------------------------
 
 def swap_both_send_first(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
@@ -88,6 +100,87 @@ def swap_alone_returns_input(comm: Any, tensor: torch.Tensor, partner: int) -> t
         comm.send(tensor, partner)
     return received
 
+
+
+def swap_with_isend(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Posts its send with isend and waits on it: no deadlock, but not the blocking send and
+    recv the exercise asks for."""
+    if partner == comm.rank:
+        return tensor.clone()
+    received = torch.empty_like(tensor)
+    work = comm.isend(tensor, partner)
+    comm.recv(received, partner)
+    work.wait()
+    return received
+
+
+def swap_send_never_waited(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """isend to the partner, recv, and returns without ever waiting on the send."""
+    if partner == comm.rank:
+        return tensor.clone()
+    received = torch.empty_like(tensor)
+    comm.isend(tensor, partner)
+    comm.recv(received, partner)
+    return received
+
+
+def swap_float32_buffer(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Receives into torch.empty(tensor.shape): a float32 buffer whatever the tensor's dtype."""
+    if partner == comm.rank:
+        return tensor.clone()
+    received = torch.empty(tensor.shape)
+    if comm.rank < partner:
+        comm.send(tensor, partner)
+        comm.recv(received, partner)
+    else:
+        comm.recv(received, partner)
+        comm.send(tensor, partner)
+    return received
+
+
+def swap_flat_buffer(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Receives into a 1-D buffer of tensor.numel() elements: right for a 1-D tensor only."""
+    if partner == comm.rank:
+        return tensor.clone()
+    received = torch.empty(tensor.numel(), dtype=tensor.dtype)
+    if comm.rank < partner:
+        comm.send(tensor, partner)
+        comm.recv(received, partner)
+    else:
+        comm.recv(received, partner)
+        comm.send(tensor, partner)
+    return received
+
+
+def swap_through_float32(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Sends and receives float32 copies, so the result is float32 whatever the input was."""
+    if partner == comm.rank:
+        return tensor.clone()
+    received = torch.empty(tensor.shape)
+    if comm.rank < partner:
+        comm.send(tensor.float(), partner)
+        comm.recv(received, partner)
+    else:
+        comm.recv(received, partner)
+        comm.send(tensor.float(), partner)
+    return received
+
+
+def swap_with_barrier(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Swaps correctly, then calls comm.barrier() "to be safe": messages the swap never
+    needed."""
+    if partner == comm.rank:
+        received = tensor.clone()
+    else:
+        received = torch.empty_like(tensor)
+        if comm.rank < partner:
+            comm.send(tensor, partner)
+            comm.recv(received, partner)
+        else:
+            comm.recv(received, partner)
+            comm.send(tensor, partner)
+    comm.barrier()
+    return received
 
 # ---- 6.3 ------------------------------------------------------------------------------------
 
@@ -226,6 +319,101 @@ def smooth_through_rank_0(comm: Any, block: torch.Tensor, steps: int) -> torch.T
     return out
 
 
+
+def _halo_step(comm: Any, x: torch.Tensor, wait: bool = True,
+               halo: Any = torch.empty_like) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two halos of one step (as the solution exchanges them); ``wait=False`` leaves the
+    sends unwaited, ``halo`` makes the receive buffers."""
+    n, rank = comm.world_size, comm.rank
+    if n == 1:
+        return x[-1:].clone(), x[:1].clone()
+    left, right = (rank - 1) % n, (rank + 1) % n
+    from_left, from_right = halo(x[:1]), halo(x[:1])
+    sends = [comm.isend(x[:1].clone().to(from_left.dtype), left, tag=1),
+             comm.isend(x[-1:].clone().to(from_left.dtype), right, tag=2)]
+    comm.recv(from_right, right, tag=1)
+    comm.recv(from_left, left, tag=2)
+    if wait:
+        for work in sends:
+            work.wait()
+    return from_left, from_right
+
+
+def smooth_in_place(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Smooths the caller's block itself, in place, and returns it: no new tensor."""
+    x = block
+    for _ in range(steps):
+        from_left, from_right = _halo_step(comm, x)
+        x.copy_(_smooth(x, from_left, from_right))
+    return x
+
+
+def smooth_overwrites_block(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Returns a new tensor, but writes every step's values into the caller's block too."""
+    for _ in range(steps):
+        from_left, from_right = _halo_step(comm, block)
+        block[:] = _smooth(block, from_left, from_right)
+    return block.clone()
+
+
+def smooth_sends_never_waited(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """isend both edges and receives the halos, but never waits on the sends."""
+    x = block.clone()
+    for _ in range(steps):
+        from_left, from_right = _halo_step(comm, x, wait=False)
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
+def smooth_float32_halos(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Receives the halos into torch.empty(1): float32 buffers whatever the block's dtype."""
+    n, rank = comm.world_size, comm.rank
+    left, right = (rank - 1) % n, (rank + 1) % n
+    x = block.clone()
+    for _ in range(steps):
+        if n == 1:
+            x = _smooth(x, x[-1:], x[:1])
+            continue
+        from_left, from_right = torch.empty(1), torch.empty(1)
+        sends = [comm.isend(x[:1].clone(), left, tag=1), comm.isend(x[-1:].clone(), right, tag=2)]
+        comm.recv(from_right, right, tag=1)
+        comm.recv(from_left, left, tag=2)
+        for work in sends:
+            work.wait()
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
+def smooth_halos_through_float32(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Sends and receives the halos as float32: a float64 block is smoothed with rounded
+    halos (the result's dtype is right, its last digits are not)."""
+    x = block.clone()
+    for _ in range(steps):
+        from_left, from_right = _halo_step(
+            comm, x, halo=lambda edge: torch.empty(1, dtype=torch.float32))
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
+def smooth_all_float32(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Converts the block to float32 first: a float64 block comes back float32."""
+    x = block.float()
+    for _ in range(steps):
+        from_left, from_right = _halo_step(comm, x)
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
+def smooth_with_barrier(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """The right exchange, plus a comm.barrier() every step: every rank then waits for all
+    the others, and its empty messages are traffic a step never needed."""
+    x = block.clone()
+    for _ in range(steps):
+        from_left, from_right = _halo_step(comm, x)
+        comm.barrier()
+        x = _smooth(x, from_left, from_right)
+    return x
+
 # ---- 6.4 ------------------------------------------------------------------------------------
 
 def straggler_longest_waiter(logs: list[list[str]]) -> tuple[int, float]:
@@ -265,12 +453,84 @@ def straggler_last_to_start_step(logs: list[list[str]]) -> tuple[int, float]:
     return rank, totals[rank] - statistics.median(totals)
 
 
+
+def straggler_least_waiter(logs: list[list[str]]) -> tuple[int, float]:
+    """Reads the waits instead of the compute: names the rank that waited least in the
+    all-reduces, and how much less than the median rank it waited."""
+    waits = [p["wait"] for p in phase_seconds(logs)]
+    rank = min(range(len(waits)), key=waits.__getitem__)
+    return rank, statistics.median(waits) - waits[rank]
+
+
+def straggler_seconds_from_waits(logs: list[list[str]]) -> tuple[int, float]:
+    """The right rank, but its seconds are how much less it waited than the median rank, not
+    how much longer it computed."""
+    phases = phase_seconds(logs)
+    totals = [p["compute"] for p in phases]
+    waits = [p["wait"] for p in phases]
+    rank = max(range(len(totals)), key=totals.__getitem__)
+    return rank, statistics.median(waits) - waits[rank]
+
+
+def straggler_counting_time_between_steps(logs: list[list[str]]) -> tuple[int, float]:
+    """Times each step's compute from the end of the previous all-reduce (or the start of the
+    run), so time a rank spends between steps counts as compute."""
+    totals = []
+    for lines in logs:
+        since, total = 0.0, 0.0
+        for line in lines:
+            stamp = float(line[1:line.index("ms]")]) / 1e3
+            if "compute done" in line:
+                total += stamp - since
+            elif "all-reduce done" in line:
+                since = stamp
+        totals.append(total)
+    rank = max(range(len(totals)), key=totals.__getitem__)
+    return rank, totals[rank] - statistics.median(totals)
+
+
+def straggler_ties_to_highest(logs: list[list[str]]) -> tuple[int, float]:
+    """Right totals, but on a tie it names the highest of the equally slow ranks."""
+    totals = [p["compute"] for p in phase_seconds(logs)]
+    rank = max(range(len(totals)), key=lambda r: (totals[r], r))
+    return rank, totals[rank] - statistics.median(totals)
+
+
+def straggler_delay_per_all_reduce(logs: list[list[str]]) -> tuple[int, float]:
+    """Sums, step by step, how much later than the next slowest rank it finished computing
+    (how long it held up each all-reduce), not its total over the median rank's."""
+    per_step = []
+    for lines in logs:
+        steps: dict[int, float] = {}
+        for line in lines:
+            stamp = float(line[1:line.index("ms]")]) / 1e3
+            step = line.split("step ")[1].split(":")[0] if "step " in line else None
+            if "compute start" in line:
+                steps[int(step)] = -stamp
+            elif "compute done" in line:
+                steps[int(step)] += stamp
+        per_step.append(steps)
+    totals = [sum(steps.values()) for steps in per_step]
+    rank = max(range(len(totals)), key=totals.__getitem__)
+    delay = 0.0
+    for step in per_step[rank]:
+        others = [steps[step] for r, steps in enumerate(per_step) if r != rank]
+        delay += per_step[rank][step] - max(others, default=per_step[rank][step])
+    return rank, delay
+
 MUTANTS: dict[str, list[str]] = {
     "6.1": ["choose_ignoring_optimizer_state", "choose_pooling_memory",
-            "choose_ignoring_activations"],
-    "6.2": ["swap_both_send_first", "swap_by_parity", "swap_alone_returns_input"],
+            "choose_ignoring_activations", "choose_strict_fit"],
+    "6.2": ["swap_both_send_first", "swap_by_parity", "swap_alone_returns_input",
+            "swap_with_isend", "swap_send_never_waited", "swap_float32_buffer",
+            "swap_flat_buffer", "swap_through_float32", "swap_with_barrier"],
     "6.3": ["smooth_blocking_sends", "smooth_by_parity", "smooth_without_tags",
-            "smooth_halos_swapped", "smooth_chain", "smooth_through_rank_0"],
+            "smooth_halos_swapped", "smooth_chain", "smooth_through_rank_0", "smooth_in_place",
+            "smooth_overwrites_block", "smooth_sends_never_waited", "smooth_float32_halos",
+            "smooth_halos_through_float32", "smooth_all_float32", "smooth_with_barrier"],
     "6.4": ["straggler_longest_waiter", "straggler_first_step_only",
-            "straggler_against_the_mean", "straggler_last_to_start_step"],
+            "straggler_against_the_mean", "straggler_last_to_start_step",
+            "straggler_least_waiter", "straggler_seconds_from_waits",
+            "straggler_counting_time_between_steps", "straggler_ties_to_highest",
+            "straggler_delay_per_all_reduce"],
 }

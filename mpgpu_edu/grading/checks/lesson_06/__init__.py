@@ -5,7 +5,7 @@ Oracles: ``estimate_memory`` against ``Cluster.capacity_bytes`` for the choice; 
 exchanges, the simulator (which detects a deadlock and names who waits for whom) and the
 smoothing done on one device; for the straggler,
 ``lessons.choosing_and_debugging.find_straggler_reference`` on logs the grader generates itself
-(other world sizes, other slow ranks).
+(other world sizes, other slow ranks, ties, a rank busy between steps).
 
 Modules: ``choice`` (6.1), ``exchanges`` (6.2, 6.3), ``straggler`` (6.4).
 """
@@ -16,13 +16,13 @@ from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._support import each
 from mpgpu_edu.grading.checks.lesson_06.choice import (GPT2_SMALL, LLAMA_7B, LLAMA_13B,
                                                        _choice_case, _choice_example,
-                                                       _random_choices)
+                                                       _exact_fit, _random_choices)
 from mpgpu_edu.grading.checks.lesson_06.exchanges import (_CHAIN, _TRAFFIC_PARTNERS,
                                                           _judge_no_chain, _judge_smooth_traffic,
                                                           _judge_swap, _judge_swap_traffic,
                                                           _random_pairings, _random_rings,
                                                           _run_smooth, _run_swap, _smooth_case,
-                                                          _swap_case)
+                                                          _swap_case, _swap_dtypes_case)
 from mpgpu_edu.grading.checks.lesson_06.straggler import (_find_case, _random_stragglers,
                                                           _straggler)
 
@@ -36,10 +36,14 @@ CASES: dict[str, list[Case]] = {
     "6.1": [
         _choice_case("one device: single, or none", 1,
                      [_choice_example(GPT2_SMALL, "4xRTX4090-pcie", "0"),
-                      _choice_example(LLAMA_7B, "4xRTX4090-pcie", "0")]),
-        _choice_case("data parallel when a replica fits", 1,
+                      _choice_example(LLAMA_7B, "4xRTX4090-pcie", "0"),
+                      _exact_fit(GPT2_SMALL, "4xRTX4090-pcie", "0", "single"),
+                      _exact_fit(GPT2_SMALL, "4xRTX4090-pcie", "0", "single", spare=-1)]),
+        _choice_case("data parallel when a replica fits, even with no byte to spare", 1,
                      [_choice_example(GPT2_SMALL, "8xA100-nvlink"),
-                      _choice_example(GPT2_SMALL, "4xRTX4090-pcie")]),
+                      _choice_example(GPT2_SMALL, "4xRTX4090-pcie"),
+                      _exact_fit(GPT2_SMALL, "4xRTX4090-pcie", None, "dp"),
+                      _exact_fit(GPT2_SMALL, "4xRTX4090-pcie", None, "dp", spare=-1)]),
         _choice_case("ZeRO when it does not (7B on 8 GPUs)", 1,
                      [_choice_example(LLAMA_7B, "8xA100-nvlink"),
                       _choice_example(LLAMA_7B, "8xRTX4090-pcie"),
@@ -54,8 +58,9 @@ CASES: dict[str, list[Case]] = {
     ],
     "6.2": [
         _swap_case("two ranks swap", 1, [[1, 0]]),
-        _swap_case("pairs and a rank alone", 1, [[1, 0, 3, 2, 4], [0]]),
-        _swap_case("any pairing, e.g. ranks 1 and 3", 1, [[0, 3, 2, 1], [3, 2, 1, 0]]),
+        _swap_case("any pairing, e.g. ranks 1 and 3", 1,
+                   [[1, 0, 3, 2, 4], [0], [0, 3, 2, 1], [3, 2, 1, 0]]),
+        _swap_dtypes_case("any dtype and shape: float64 2-D, bfloat16 3-D, int64", 1),
         Case("traffic: one message to the partner", 1,
              lambda impl: _run_swap(impl, _TRAFFIC_PARTNERS, numel=10), _judge_swap_traffic),
         Case("hidden: random pairings", 1, *each(_random_pairings(), _run_swap, _judge_swap),
@@ -70,21 +75,31 @@ CASES: dict[str, list[Case]] = {
                      [{"lengths": [3, 2], "steps": 2}, {"lengths": [1, 4], "steps": 1}]),
         _smooth_case("one rank: the ring closes on itself", 1,
                      [{"lengths": [5], "steps": 2}]),
+        _smooth_case("float64 blocks stay float64, halos included", 1,
+                     [{"lengths": [3, 1, 4], "steps": 3, "dtype": "float64"},
+                      {"lengths": [2, 5], "steps": 2, "dtype": "float64"},
+                      {"lengths": [4], "steps": 2, "dtype": "float64"}]),
         Case("traffic: one element to each neighbour per step", 1,
-             lambda impl: _run_smooth(impl, [3, 2, 4, 1, 2], 2),
+             lambda impl: _run_smooth(impl, [3, 2, 4, 1, 2], 2, with_trace=True),
              lambda facts: _judge_smooth_traffic(facts, [3, 2, 4, 1, 2], 2)),
         Case("7 ranks: no rank waits for a chain of others", 1,
-             lambda impl: _run_smooth(impl, **_CHAIN), _judge_no_chain),
-        _smooth_case("hidden: world sizes 2-7, uneven blocks, 1-3 steps", 2, _random_rings(),
+             lambda impl: _run_smooth(impl, **_CHAIN, with_trace=True), _judge_no_chain),
+        _smooth_case("hidden: world sizes 2-7, uneven blocks, 1-3 steps", 1, _random_rings(),
                      hidden=True),
     ],
     "6.4": [
-        _find_case("4 ranks, rank 3 three times slower", 2, [_straggler(4, 3, 1)]),
+        _find_case("4 ranks, rank 3 three times slower", 1, [_straggler(4, 3, 1)]),
         _find_case("not the rank that waits longest", 2, [_straggler(5, 1, 3),
                                                           _straggler(3, 0, 2)]),
-        _find_case("a straggler that falls further behind: every step counts", 2,
+        _find_case("a straggler that falls further behind: every step counts", 1,
                    [_straggler(6, 2, 3, (1.5, 2.5, 4.0)), _straggler(4, 0, 4, (1.2, 3.0))]),
-        _find_case("hidden: other world sizes, slow ranks and slowdowns", 4,
+        _find_case("a rank that loads data between steps: only compute counts", 2,
+                   [_straggler(5, 1, 3, (1.5,), loader=3, load_ms=15.0),
+                    _straggler(4, 2, 2, (1.4, 1.8), loader=0, load_ms=20.0)]),
+        _find_case("two ranks equally slow: the lower one", 1,
+                   [_straggler(6, 2, 3, (2.0,), also_slow=4),
+                    _straggler(5, 3, 2, (1.5, 2.5), also_slow=1)]),
+        _find_case("hidden: other world sizes, slow ranks and slowdowns", 3,
                    _random_stragglers(), hidden=True),
     ],
 }

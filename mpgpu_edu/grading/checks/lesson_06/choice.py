@@ -1,6 +1,7 @@
 """Checks of exercise 6.1, choosing a strategy that fits: ``estimate_memory`` against
 ``Cluster.capacity_bytes``, the first strategy that fits in the order single (one device),
-dp, zero1, zero2, zero3."""
+dp, zero1, zero2, zero3. Fitting is ``Estimate.fits``: at most the capacity, so an estimate of
+exactly a device's capacity fits (``_exact_fit`` builds such examples, and one byte over)."""
 
 from __future__ import annotations
 
@@ -46,9 +47,26 @@ def _judge_choice(got: Any, n_params: int, preset: str, visible: str | None, opt
     want = _reference_choice(n_params, cluster, optimizer, precision, activations_bytes)
     where = preset + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "")
     expect(isinstance(got, str), f"choose_strategy should return a str, got {type_name(got)}")
+    capacity = cluster.capacity_bytes(0)
+    exact = want in ("single", "dp", "zero1", "zero2", "zero3") and estimate_memory(
+        n_params, optimizer, precision, want, cluster.world_size,
+        activations_bytes).per_device_total == capacity
     expect(got == want, f"{n_params:.3g} parameters, {optimizer} {precision}, "
                         f"{activations_bytes} activation bytes, on {where}: you chose {got!r}, "
-                        f"expected {want!r}")
+                        f"expected {want!r}"
+                        + (f" ({want} needs exactly the device's {capacity} bytes, and a "
+                           "strategy that needs no more than the capacity fits)"
+                           if exact else ""))
+
+
+def _exact_fit(n_params: int, preset: str, visible: str | None, strategy: str,
+               spare: int = 0) -> dict[str, Any]:
+    """An example whose activations fill the devices so that ``strategy`` (mixed-precision
+    Adam) needs exactly their capacity, less ``spare`` bytes (negative: that many over)."""
+    cluster = Cluster.preset(preset, visible=visible)
+    state = estimate_memory(n_params, "adam", "mixed", strategy, cluster.world_size, 0)
+    activations = cluster.capacity_bytes(0) - state.per_device_total - spare
+    return _choice_example(n_params, preset, visible, "adam", "mixed", activations)
 
 
 def _choice_case(name: str, points: int, cases: list[dict[str, Any]],

@@ -1,7 +1,10 @@
 """Checks of exercises 6.2 (a swap) and 6.3 (a halo exchange), neither of which may deadlock:
 the simulator detects a deadlock and names who waits for whom; the values are held to the
-partners' tensors and to the smoothing done on one device, the traffic to one message per
-partner or neighbour."""
+partners' tensors and to the smoothing done on one device (in the input's dtype, as a new
+tensor, the caller's left unchanged), the traffic to one message per partner or neighbour.
+From the grader's record of the run: 6.2 posts no ``isend``/``irecv`` (blocking calls only),
+neither leaves a work unwaited, and a ``comm.barrier()`` (its empty messages carry reserved
+tags) is named as such."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any
 
 import torch
 
+from mpgpu_edu.comm.base import RESERVED_TAG
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._support import (bytes_of, each, examples, expect, expect_close,
                                                from_scratch, launch_facts, run_spmd, uniform)
@@ -18,11 +22,7 @@ from mpgpu_edu.lessons import choosing_and_debugging as cd
 Impl = Callable[..., Any]
 
 
-# ---- 6.2 a swap that cannot deadlock -------------------------------------------------------
-
-def _swap_inputs(partners: list[int], numel: int) -> list[torch.Tensor]:
-    return [torch.full((numel,), float(rank)) for rank in range(len(partners))]
-
+# ---- what both exchanges share -------------------------------------------------------------
 
 def _shares_memory(out: Any, given: torch.Tensor) -> bool:
     """Whether ``out`` is ``given`` or a view of its storage (not the new tensor promised)."""
@@ -30,22 +30,83 @@ def _shares_memory(out: Any, given: torch.Tensor) -> bool:
             and out.untyped_storage().data_ptr() == given.untyped_storage().data_ptr())
 
 
-def _run_swap(impl: Impl, partners: list[int], numel: int = 6) -> dict[str, Any]:
-    inputs = _swap_inputs(partners, numel)
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _barrier_ranks(facts: dict[str, Any]) -> list[int]:
+    """The ranks that sent a ``comm.barrier()``'s messages (the only ones with reserved tags),
+    read from the grader's timeline; [] without one."""
+    found = set()
+    for event in facts.get("trace", {}).get("events", []):
+        words = str(event.get("label", "")).split()
+        if (event.get("kind") == "send" and len(words) == 2 and words[0] == "tag"
+                and words[1].isdigit() and int(words[1]) >= RESERVED_TAG):
+            found.add(int(event["device"]))
+    return sorted(found)
+
+
+def _judge_no_barrier(facts: dict[str, Any], what: str) -> None:
+    ranks = _barrier_ranks(facts)
+    expect(not ranks, f"rank {ranks[0] if ranks else 0} called comm.barrier() (its empty "
+                      f"messages are in the run): {what} needs no barrier, its own messages "
+                      "are all the waiting it must do; remove it")
+
+
+def _judge_all_waited(facts: dict[str, Any]) -> None:
+    for rank, works in enumerate(facts["works"]):
+        for kind in ("isend", "irecv"):
+            left = works[f"{kind}_unwaited"]
+            expect(not left, f"rank {rank} never waited on {left} of its {kind} works: call "
+                             f".wait() on every work that {kind} returns before the rank moves "
+                             "on (until then its buffer may still be in use)")
+
+
+# ---- 6.2 a swap that cannot deadlock -------------------------------------------------------
+
+def _swap_inputs(partners: list[int], numel: int, shape: list[int] | None = None,
+                 dtype: str = "float32") -> list[torch.Tensor]:
+    """Rank r's tensor, of ``shape`` (default ``[numel]``) and ``dtype``: every element r, plus
+    in float64 sevenths that float32 cannot hold."""
+    size = shape if shape is not None else [numel]
+    fraction = torch.zeros(size, dtype=torch.float64)
+    if dtype == "float64":
+        fraction = torch.arange(fraction.numel(), dtype=torch.float64).reshape(size) / 7
+    return [(rank + fraction).to(getattr(torch, dtype)) for rank in range(len(partners))]
+
+
+def _run_swap(impl: Impl, partners: list[int], numel: int = 6, shape: list[int] | None = None,
+              dtype: str = "float32") -> dict[str, Any]:
+    inputs = _swap_inputs(partners, numel, shape, dtype)
 
     def program(comm: Any) -> dict[str, Any]:
         given = inputs[comm.rank].clone()
         out = impl(comm, given, partners[comm.rank])
         return {"got": out, "is_input": _shares_memory(out, given)}
 
-    return launch_facts(run_spmd(program, uniform(len(partners))))
+    return launch_facts(run_spmd(program, uniform(len(partners))), with_trace=True)
 
 
-def _judge_swap(facts: dict[str, Any], partners: list[int], numel: int = 6) -> None:
-    inputs = _swap_inputs(partners, numel)
+def _judge_swap(facts: dict[str, Any], partners: list[int], numel: int = 6,
+                shape: list[int] | None = None, dtype: str = "float32") -> None:
+    _judge_no_barrier(facts, "a swap")
+    for rank, works in enumerate(facts["works"]):
+        used = works["isend"] + works["irecv"]
+        unwaited = works["isend_unwaited"] + works["irecv_unwaited"]
+        expect(not used, f"rank {rank} used isend/irecv"
+                         + (f" and never waited on {unwaited} of its works" if unwaited else "")
+                         + ": exercise 6.2 is the blocking comm.send and comm.recv only, "
+                         "in an order that cannot deadlock (one rank of the pair sends first, "
+                         "the other receives first)")
+    inputs = _swap_inputs(partners, numel, shape, dtype)
     for rank, record in enumerate(facts["results"]):
         where = f"partners {partners}: rank {rank}"
-        expect_close(record["got"], inputs[partners[rank]], f"{where}: what it got")
+        got, want = record["got"], inputs[partners[rank]]
+        if isinstance(got, torch.Tensor):
+            expect(got.dtype == want.dtype,
+                   f"{where} returned {_dtype(got)} for a {_dtype(want)} tensor: receive into "
+                   "a buffer of the tensor's own dtype and shape (torch.empty_like(tensor))")
+        expect_close(got, want, f"{where}: what it got", rtol=0, atol=0)
         alone = " (it has no partner)" if partners[rank] == rank else ""
         expect(not record["is_input"], f"{where}{alone} returned the tensor it was given "
                                        "(or a view of it), not a new tensor")
@@ -53,6 +114,15 @@ def _judge_swap(facts: dict[str, Any], partners: list[int], numel: int = 6) -> N
 
 def _swap_case(name: str, points: int, pairings: list[list[int]]) -> Case:
     return Case(name, points, *each([{"partners": p} for p in pairings], _run_swap, _judge_swap))
+
+
+_DTYPES_AND_SHAPES = [{"partners": [1, 0], "shape": [2, 3], "dtype": "float64"},
+                      {"partners": [2, 3, 0, 1], "shape": [3, 2, 2], "dtype": "bfloat16"},
+                      {"partners": [0, 2, 1], "shape": [2, 2], "dtype": "int64"}]
+
+
+def _swap_dtypes_case(name: str, points: int) -> Case:
+    return Case(name, points, *each(_DTYPES_AND_SHAPES, _run_swap, _judge_swap))
 
 
 _TRAFFIC_PARTNERS = [3, 2, 1, 0, 4]
@@ -84,28 +154,62 @@ def _random_pairings() -> list[dict[str, Any]]:
 
 # ---- 6.3 a halo exchange that cannot deadlock ------------------------------------------------
 
-def _blocks(lengths: list[int], seed: int = 0) -> list[torch.Tensor]:
+def _blocks(lengths: list[int], seed: int = 0, dtype: str = "float32") -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(-8, 9, (k,), generator=generator).float() for k in lengths]
+    return [torch.randint(-8, 9, (k,), generator=generator).to(getattr(torch, dtype))
+            for k in lengths]
 
 
-def _run_smooth(impl: Impl, lengths: list[int], steps: int, seed: int = 0) -> dict[str, Any]:
-    blocks = _blocks(lengths, seed)
+def _run_smooth(impl: Impl, lengths: list[int], steps: int, seed: int = 0,
+                dtype: str = "float32", with_trace: bool = False) -> dict[str, Any]:
+    blocks = _blocks(lengths, seed, dtype)
 
-    def program(comm: Any) -> Any:
-        return impl(comm, blocks[comm.rank].clone(), steps)
+    def program(comm: Any) -> dict[str, Any]:
+        given = blocks[comm.rank].clone()
+        out = impl(comm, given, steps)
+        return {"got": out, "block_after": given, "is_input": _shares_memory(out, given)}
 
     with from_scratch(impl, "6.3"):
-        return launch_facts(run_spmd(program, uniform(len(lengths))))
+        return launch_facts(run_spmd(program, uniform(len(lengths))), with_trace=with_trace)
 
 
-def _judge_smooth(facts: dict[str, Any], lengths: list[int], steps: int,
-                  seed: int = 0) -> None:
-    want = cd.smooth_on_one_device(_blocks(lengths, seed), steps)
+def _smoothed(blocks: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
+    """The oracle in each block's own dtype: float32 blocks as ``cd.smooth_on_one_device``
+    gives them, float64 ones smoothed in float64 throughout."""
+    if all(b.dtype == torch.float32 for b in blocks):
+        return cd.smooth_on_one_device(blocks, steps)
+    x = torch.cat(blocks).double()
+    for _ in range(steps):
+        x = (torch.roll(x, 1) + x + torch.roll(x, -1)) / 3
+    return [part.to(b.dtype) for part, b in zip(torch.split(x, [len(b) for b in blocks]),
+                                                blocks)]
+
+
+def _judge_smooth(facts: dict[str, Any], lengths: list[int], steps: int, seed: int = 0,
+                  dtype: str = "float32") -> None:
+    _judge_all_waited(facts)
+    blocks = _blocks(lengths, seed, dtype)
+    want = _smoothed(blocks, steps)
     n = len(lengths)
-    for rank, got in enumerate(facts["results"]):
-        expect_close(got, want[rank], f"{n} rank(s), blocks of {lengths}, {steps} step(s): "
-                                      f"rank {rank}'s block", rtol=1e-4, atol=1e-4)
+    exact = dtype == "float64"
+    for rank, record in enumerate(facts["results"]):
+        got, what = record["got"], (f"{n} rank(s), {dtype} blocks of {lengths}, {steps} "
+                                    f"step(s): rank {rank}'s block")
+        if isinstance(got, torch.Tensor):
+            expect(got.dtype == want[rank].dtype,
+                   f"{what} came back {_dtype(got)}: keep the block's dtype ({dtype}), halo "
+                   "buffers included (torch.empty_like(block[:1]))")
+        expect_close(got, want[rank], what, rtol=1e-4, atol=1e-4)
+        if exact:
+            expect(torch.allclose(got, want[rank], rtol=1e-12, atol=1e-12),
+                   f"{what} is right to float32's precision only: its halos (or the "
+                   f"smoothing) went through float32; keep everything {dtype}, halo buffers "
+                   "included (torch.empty_like(block[:1]))")
+        expect(not record["is_input"], f"{what}: it returned the block it was given (or a "
+                                       "view of it), not a new tensor")
+        expect(torch.equal(record["block_after"], blocks[rank]),
+               f"{what}: it changed the block it was given in place; smooth a copy "
+               "(block.clone()) and leave the caller's tensor as it was")
 
 
 def _smooth_case(name: str, points: int, cases: list[dict[str, Any]],
@@ -115,6 +219,7 @@ def _smooth_case(name: str, points: int, cases: list[dict[str, Any]],
 
 def _judge_smooth_traffic(facts: dict[str, Any], lengths: list[int], steps: int) -> None:
     _judge_smooth(facts, lengths, steps)
+    _judge_no_barrier(facts, "a step")
     n = len(lengths)
     for rank, stats in enumerate(facts["stats"]):
         want: dict[int, int] = {}
@@ -124,6 +229,10 @@ def _judge_smooth_traffic(facts: dict[str, Any], lengths: list[int], steps: int)
         sent = {int(k): v for k, v in stats["sent_to"].items() if v}
         expect(sent == want, f"{n} ranks, {steps} steps: rank {rank} sent {sent} (bytes per "
                              f"peer), expected one element to each neighbour per step: {want}")
+        count = stats["messages_sent"]
+        expect(count == 2 * steps, f"{n} ranks, {steps} steps: rank {rank} sent {count} "
+                                   f"messages, expected {2 * steps}: one to each neighbour "
+                                   "per step and nothing else")
 
 
 _CHAIN = {"lengths": [2] * 7, "steps": 2}
@@ -131,6 +240,7 @@ _CHAIN = {"lengths": [2] * 7, "steps": 2}
 
 def _judge_no_chain(facts: dict[str, Any]) -> None:
     _judge_smooth(facts, **_CHAIN)
+    _judge_no_barrier(facts, "a step")
     message = 1e-5 + bytes_of(1) / 1e9  # one message on the grader's cluster
     per_step = facts["makespan"] / _CHAIN["steps"]
     expect(per_step <= 4 * message,
