@@ -49,7 +49,9 @@ EXERCISES = (
        CAPSTONE),
     ex('6.4', 'find_straggler', 'Debugging: the straggler, from per-rank logs', 10,
        ('Waiting is a symptom, computing is the cause: the rank that holds everyone up '
-        'computes the longest and waits the least. Its victims wait the longest.',
+        'computes the longest, and its victims wait the longest. Do not pick the rank that '
+        'waits least: one that spends time between steps (loading data, say) waits little '
+        'without computing more.',
         'Parse every line\'s time stamp; per rank and step, compute time = time of "compute '
         'done" minus time of "compute start"; sum over the steps; take the rank with the most, '
         'and compare its total with the median rank\'s total.',
