@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from mpgpu_edu.comm import Communicator
+from mpgpu_edu.comm import Communicator, Work
 from mpgpu_edu.pipeline import Schedule, Step, recv_from, send_to, steps_of
 from mpgpu_edu.pipeline.executor import message_tag
 
@@ -124,18 +124,22 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
       so that the pipeline trains exactly as one device that accumulates the same M
       microbatches (with microbatches of equal size, that is the whole batch's mean loss).
     - Memory: between F(m) and B(m) the stage keeps what B(m) needs (microbatch m's input and
-      output), and nothing of m after B(m), not even in a loop variable: a stage keeps alive
-      as many microbatches as the schedule has in flight there (the check looks at the start
-      of every F and B which tensors are still alive). Each F and each B runs the stage's
+      output), and nothing of m after B(m): not in a loop variable, nor in a send's Work or a
+      ``.detach()`` (which shares its numbers' memory). A stage keeps alive as many
+      microbatches as the schedule has in flight there (the check looks at the start of every
+      F and B which tensors' memory is still alive). Each F and each B runs the stage's
       forward or backward once (no recomputation).
     - Messages: tag ``message_tag(step)``, as in 4.4. Under 1F1B two neighbouring stages
       send to each other at the same tick (stage p an activation to p + 1, stage p + 1 a
-      gradient to p), each before it receives. The forward runs in
+      gradient to p), each before it receives; and a schedule may have neighbours run their
+      microbatches in different orders. So no send may block: ``comm.isend``, with each Work
+      waited on (a Work holds its tensor until the message is delivered: let go of F(m)'s
+      at B(m)). The forward runs in
       ``comm.compute("forward", step.token, seconds=...)`` and the backward in
       ``comm.compute("backward", ...)``, with ``stage_seconds = (forward_s, backward_s)`` as
       the seconds when given (a stand-in duration for the simulator's timeline).
 
     Cost per microbatch and cut: one activation message forward, one gradient message back.
     """
-    # Exercise 4.5 (about 37 lines). mp.hint("4.5") when stuck.
+    # Exercise 4.5 (about 39 lines). mp.hint("4.5") when stuck.
     raise NotImplementedError("Exercise 4.5: execute_schedule (notebooks/04_pipeline.ipynb)")

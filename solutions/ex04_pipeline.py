@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from mpgpu_edu.comm import Communicator
+from mpgpu_edu.comm import Communicator, Work
 from mpgpu_edu.pipeline import Schedule, Step, recv_from, send_to, steps_of
 from mpgpu_edu.pipeline.executor import message_tag
 
@@ -167,13 +167,17 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
       so that the pipeline trains exactly as one device that accumulates the same M
       microbatches (with microbatches of equal size, that is the whole batch's mean loss).
     - Memory: between F(m) and B(m) the stage keeps what B(m) needs (microbatch m's input and
-      output), and nothing of m after B(m), not even in a loop variable: a stage keeps alive
-      as many microbatches as the schedule has in flight there (the check looks at the start
-      of every F and B which tensors are still alive). Each F and each B runs the stage's
+      output), and nothing of m after B(m): not in a loop variable, nor in a send's Work or a
+      ``.detach()`` (which shares its numbers' memory). A stage keeps alive as many
+      microbatches as the schedule has in flight there (the check looks at the start of every
+      F and B which tensors' memory is still alive). Each F and each B runs the stage's
       forward or backward once (no recomputation).
     - Messages: tag ``message_tag(step)``, as in 4.4. Under 1F1B two neighbouring stages
       send to each other at the same tick (stage p an activation to p + 1, stage p + 1 a
-      gradient to p), each before it receives. The forward runs in
+      gradient to p), each before it receives; and a schedule may have neighbours run their
+      microbatches in different orders. So no send may block: ``comm.isend``, with each Work
+      waited on (a Work holds its tensor until the message is delivered: let go of F(m)'s
+      at B(m)). The forward runs in
       ``comm.compute("forward", step.token, seconds=...)`` and the backward in
       ``comm.compute("backward", ...)``, with ``stage_seconds = (forward_s, backward_s)`` as
       the seconds when given (a stand-in duration for the simulator's timeline).
@@ -184,7 +188,8 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
     n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
     forward_s, backward_s = stage_seconds or (None, None)
     stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # m -> (input, output or loss)
-    sends, losses = [], []
+    sent: dict[int, Work] = {}  # m -> the send of m's output, until B(m)
+    grad_sends, losses = [], []
     for step in steps_of(schedule, comm.rank):
         m, tag = step.microbatch, message_tag(step)
         source, target = recv_from(step, n_stages), send_to(step, n_stages)
@@ -201,11 +206,12 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
                     y = loss_fn(y, targets[m]) / n_mbs
                     losses.append(y.item())
             stash[m] = (x, y)
-            if target is not None:
-                message = y.detach()
-                sends.append((comm.isend(message, target, tag), message))
+            if target is not None:  # the Work keeps y's numbers referenced until delivered
+                sent[m] = comm.isend(y.detach(), target, tag)
         else:
             x, y = stash.pop(m)  # the last use of microbatch m's activations
+            if m in sent:  # delivered by now: m's gradient comes back only after it
+                sent.pop(m).wait()
             grad = None
             if source is not None:
                 grad = torch.empty_like(y)
@@ -213,9 +219,9 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
             with comm.compute("backward", step.token, seconds=backward_s):
                 torch.autograd.backward(y, grad)
             if target is not None:
-                sends.append((comm.isend(x.grad, target, tag), x.grad))
+                grad_sends.append(comm.isend(x.grad, target, tag))
             del x, y  # the last names of m's tensors: they go now, not at the next step
-    for work, _ in sends:
+    for work in grad_sends:
         work.wait()
     return sum(losses) if comm.rank == n_stages - 1 else None
     ### END SOLUTION

@@ -16,6 +16,7 @@ from mpgpu_edu.collectives import all_gather, all_reduce, all_reduce_ring, reduc
 from mpgpu_edu.grading._outcome import classify
 from mpgpu_edu.grading.checks import cases_for
 from mpgpu_edu.pipeline import Step
+from mpgpu_edu.pipeline.executor import message_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -436,7 +437,8 @@ def test_steps_of_the_executor_must_send_to_the_next_stage_only() -> None:
         return y
 
     results = verdicts("4.4", broadcast_activations)
-    assert failing(results) == {"traffic: one activation per microbatch, to the next stage"}
+    assert failing(results) == {"traffic: one activation per microbatch, to the next stage, "
+                                "tagged message_tag"}
 
 
 def test_a_forward_step_must_let_the_gradient_flow_back() -> None:
@@ -444,17 +446,39 @@ def test_a_forward_step_must_let_the_gradient_flow_back() -> None:
                        in_shape: tuple[int, ...]) -> torch.Tensor:
         if step.stage > 0:
             x = torch.empty(in_shape)
-            comm.recv(x, step.stage - 1, tag=step.microbatch)  # no requires_grad_()
+            comm.recv(x, step.stage - 1, tag=message_tag(step))  # no requires_grad_()
         with comm.compute("forward", step.token):
             y = stage(x)
         if step.stage < n_stages - 1:
-            comm.send(y.detach(), step.stage + 1, tag=step.microbatch)
+            comm.send(y.detach(), step.stage + 1, tag=message_tag(step))
         return y
 
     results = verdicts("4.4", cuts_the_graph)
     name = "backward reaches the received activation (its gradient goes back)"
     assert failing(results) == {name}
     assert "never reaches the activation received from stage 0" in results[name][1]
+
+
+def test_a_forward_step_must_tag_its_messages_with_message_tag() -> None:
+    """The grader's ``sends`` names a tag that is right for the microbatch but not the
+    convention (``m`` instead of ``2 m``): a neighbour using ``message_tag`` would never match."""
+    def tags_by_microbatch(comm: Any, stage: Any, step: Step, n_stages: int, x: Any,
+                           in_shape: tuple[int, ...]) -> torch.Tensor:
+        if step.stage > 0:
+            x = torch.empty(in_shape)
+            comm.recv(x, step.stage - 1, tag=step.microbatch)
+            x.requires_grad_()
+        with comm.compute("forward", step.token):
+            y = stage(x)
+        if step.stage < n_stages - 1:
+            comm.send(y.detach(), step.stage + 1, tag=step.microbatch)
+        return y
+
+    results = verdicts("4.4", tags_by_microbatch)
+    name = "traffic: one activation per microbatch, to the next stage, tagged message_tag"
+    assert failing(results) == {name}
+    assert "tagged its activations for microbatches 0..3 [0, 1, 2, 3]" in results[name][1]
+    assert "message_tag(step) gives [0, 2, 4, 6]" in results[name][1]
 
 
 def test_the_package_executor_passes_the_executor_check() -> None:

@@ -219,3 +219,22 @@ def test_the_grader_counts_works_left_unwaited() -> None:
     works = resolve(plain(launch_facts(result)))["works"]
     assert works[0] == {"isend": 2, "irecv": 0, "isend_unwaited": 1, "irecv_unwaited": 0}
     assert works[1] == {"isend": 0, "irecv": 1, "isend_unwaited": 0, "irecv_unwaited": 0}
+
+
+def test_the_grader_lists_every_send_with_its_tag() -> None:
+    """``sends``: each rank's messages in the order it posted them, peer, tag and bytes, from
+    the record; data that brings ``sends`` itself is refused."""
+    def program(comm: Any) -> None:
+        if comm.rank == 0:
+            works = [comm.isend(torch.ones(3), 1, tag=5), comm.isend(torch.ones(2), 1, tag=2)]
+            for work in works:
+                work.wait()
+        else:
+            small, big = torch.empty(2), torch.empty(3)
+            comm.recv(small, 0, tag=2)  # received in another order than sent
+            comm.recv(big, 0, tag=5)
+
+    facts = resolve(plain(launch_facts(run_spmd(program, 2))))
+    assert facts["sends"] == [[[1, 5, 12], [1, 2, 8]], []]
+    with pytest.raises(RecordError, match="'sends'"):
+        resolve({"sends": [[[1, 0, 4]]]})

@@ -57,27 +57,33 @@ EXERCISES = (
         'stashes microbatch m\'s input and output until its backward, which uses them and '
         'lets go of them. Activations go forward, gradients of inputs go back; the loss is the '
         'mean over the M microbatches. Under 1F1B two neighbours send to each other at the '
-        'same tick: if each send waits until the other side receives, both wait for ever.',
+        'same tick: if each send waits until the other side receives, both wait for ever; and '
+        'where neighbours run their microbatches in different orders, a send that waits holds '
+        'up the receive its neighbour needs first.',
         'stash = {}. F(m): get x (batch or recv into recv_shapes[m], then requires_grad_), '
         'y = stage(x) in comm.compute; the last stage turns y into loss_fn(y, t) / M; '
-        'stash[m] = (x, y); send y.detach() to send_to. B(m): x, y = stash.pop(m); recv the '
-        'output\'s gradient (not on the last stage); backward; send x.grad to send_to; then '
-        'del x, y, so that nothing keeps m alive. Send with comm.isend: it returns at once, '
-        'so a stage goes on to the receive its neighbour is waiting on instead of blocking '
-        'while that neighbour blocks on its own send. Keep each Work with its tensor, wait '
-        'for them all at the end. On the last stage return the sum of the M parts '
+        'stash[m] = (x, y); send y.detach() to send_to with comm.isend and keep its Work until '
+        'B(m) (a Work holds its tensor until the message is delivered). B(m): x, y = '
+        'stash.pop(m); wait for F(m)\'s send and let it go (it is delivered by then: m\'s '
+        'gradient comes back only after it); recv the output\'s gradient (not on the last '
+        'stage); backward; isend x.grad to send_to; then del x, y, so that nothing keeps m '
+        'alive. isend returns at once, so a stage goes on to the receive its neighbour is '
+        'waiting on instead of blocking while that neighbour blocks on its own send. Wait for '
+        'the gradient sends at the end. On the last stage return the sum of the M parts '
         'loss_fn(...) / M, which is their mean.',
         'for step in steps_of(schedule, comm.rank):\n'
         '    m, tag = step.microbatch, message_tag(step)\n'
         '    src, dst = recv_from(step, P), send_to(step, P)\n'
-        '    if step.op == "F": ... stash[m] = (x, y)\n'
+        '    if step.op == "F": ... stash[m] = (x, y); sent[m] = comm.isend(...)\n'
         '    else:\n'
-        '        x, y = stash.pop(m); grad = None if src is None else recv into empty_like(y)\n'
+        '        x, y = stash.pop(m)\n'
+        '        if m in sent: sent.pop(m).wait()\n'
+        '        grad = None if src is None else <recv into torch.empty_like(y)>\n'
         '        with comm.compute("backward", step.token, seconds=...):\n'
         '            torch.autograd.backward(y, grad)\n'
-        '        if dst is not None: sends.append((comm.isend(x.grad, dst, tag), x.grad))\n'
+        '        if dst is not None: grad_sends.append(comm.isend(x.grad, dst, tag))\n'
         '        del x, y\n'
-        'for work, _ in sends: work.wait()'),
+        'for work in grad_sends: work.wait()'),
        CAPSTONE),
 )
 

@@ -78,11 +78,13 @@ class _Pipeline:
 @dataclass
 class _Saved:
     """What microbatch m's backward needs: the stage's input (whose grad we send back), its
-    output (or the loss, on the last stage) and the memory record of the activations."""
+    output (or the loss, on the last stage) and the memory record of the activations; and the
+    send of its output to the next stage, waited for and let go at the backward."""
 
     inputs: torch.Tensor
     outputs: torch.Tensor
     token: int
+    send: Work | None = None
 
 
 def run_schedule(comm: Communicator, schedule: Schedule,
@@ -131,17 +133,18 @@ def run_schedule(comm: Communicator, schedule: Schedule,
     run = _Pipeline(comm, schedule.n_stages, chunks, modules, microbatches, targets, loss_fn,
                     likes, batch_size, seconds, [])
     saved: dict[tuple[int, int], _Saved] = {}
-    sends: list[tuple[Work, torch.Tensor]] = []
+    sends: list[Work] = []  # the gradients sent back (a Work holds its tensor until done)
     for step in steps_of(schedule, comm.rank):
-        do_step = _forward if step.op == "F" else _backward
-        sends += do_step(run, step, saved)
-    for work, _ in sends:  # keeping the tensor referenced until the send is done
+        if step.op == "F":
+            _forward(run, step, saved)
+        else:
+            sends += _backward(run, step, saved)
+    for work in sends:
         work.wait()
     return sum(run.losses) if is_last else None
 
 
-def _forward(run: _Pipeline, step: Step, saved: dict[tuple[int, int], _Saved]
-             ) -> list[tuple[Work, torch.Tensor]]:
+def _forward(run: _Pipeline, step: Step, saved: dict[tuple[int, int], _Saved]) -> None:
     comm, m, module = run.comm, step.microbatch, run.modules[step.chunk]
     source = producer_of(step, run.n_stages, run.n_chunks)
     target = consumer_of(step, run.n_stages, run.n_chunks)
@@ -161,19 +164,18 @@ def _forward(run: _Pipeline, step: Step, saved: dict[tuple[int, int], _Saved]
             outputs = run.loss_fn(outputs, run.targets[m]) * share
             run.losses.append(outputs.item())
     token = comm.memory.alloc("activations", acts.nbytes, f"stage {step.stage} {step.token}")
-    saved[step.chunk, m] = _Saved(inputs, outputs, token)
-    if target is None:
-        return []
-    message = outputs.detach().contiguous()
-    return [(comm.isend(message, target.stage, message_tag(target)), message)]
+    send = None if target is None else comm.isend(outputs.detach().contiguous(), target.stage,
+                                                  message_tag(target))
+    saved[step.chunk, m] = _Saved(inputs, outputs, token, send)
 
 
-def _backward(run: _Pipeline, step: Step, saved: dict[tuple[int, int], _Saved]
-              ) -> list[tuple[Work, torch.Tensor]]:
+def _backward(run: _Pipeline, step: Step, saved: dict[tuple[int, int], _Saved]) -> list[Work]:
     comm = run.comm
     source = producer_of(step, run.n_stages, run.n_chunks)
     target = consumer_of(step, run.n_stages, run.n_chunks)
     mine = saved.pop((step.chunk, step.microbatch))
+    if mine.send is not None:  # delivered by now: the gradient comes back only after it
+        mine.send.wait()
     grad = None  # the last stage starts from its loss
     if source is not None:
         grad = torch.empty_like(mine.outputs)
@@ -185,8 +187,7 @@ def _backward(run: _Pipeline, step: Step, saved: dict[tuple[int, int], _Saved]
     comm.memory.free(mine.token)
     if target is None:
         return []
-    message = mine.inputs.grad.contiguous()
-    return [(comm.isend(message, target.stage, message_tag(target)), message)]
+    return [comm.isend(mine.inputs.grad.contiguous(), target.stage, message_tag(target))]
 
 
 class _ActivationBytes(torch.autograd.graph.saved_tensors_hooks):

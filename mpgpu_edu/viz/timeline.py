@@ -182,7 +182,8 @@ def _draw_timeline(ax: Axes, trace: Trace, *, title: str | None, devices: Sequen
     drew_idle = comm_compute = False
     for y, (device, stream) in enumerate(rows):
         events = trace.on(device, stream)
-        kinds.update(e.kind for e in events)
+        # the legend names what can be seen: not a kind whose every bar is under a pixel wide
+        kinds.update(e.kind for e in events if e.duration >= seconds_per_px)
         comm_compute = comm_compute or (stream == "comm"
                                         and any(e.kind == "compute" for e in events))
         split = stream == "comm" and _sends_meet_others(events)

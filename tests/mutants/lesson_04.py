@@ -70,6 +70,36 @@ def whole_number_limits(costs: list[float], n_stages: int) -> list[int]:
     return sorted(boundaries)
 
 
+def bisection_to_a_fixed_epsilon(costs: list[float], n_stages: int) -> list[int]:
+    """Bisects the limit on the largest stage until the interval is below 1e-6: fine for costs
+    in milliseconds, but for costs in seconds (a layer takes 1e-7 s) it stops at once, far from
+    the best split."""
+    if not 1 <= n_stages <= len(costs):
+        raise ValueError("bad stage count")
+
+    def fill(limit: float) -> list[int]:
+        boundaries, held = [], 0.0
+        for i, cost in enumerate(costs):
+            if i > 0 and held + cost > limit:
+                boundaries.append(i)
+                held = 0.0
+            held += cost
+        return boundaries
+
+    low, high = max(costs), sum(costs)
+    while high - low > 1e-6:
+        middle = (low + high) / 2
+        if len(fill(middle)) + 1 <= n_stages:
+            high = middle
+        else:
+            low = middle
+    boundaries = fill(high)
+    for i in range(len(costs) - 1, 0, -1):  # more stages than needed: split off single layers
+        if len(boundaries) < n_stages - 1 and i not in boundaries:
+            boundaries.append(i)
+    return sorted(boundaries)
+
+
 # ---- 4.2 ----------------------------------------------------------------------------------------
 
 
@@ -155,6 +185,25 @@ def forward_returns_detached(comm: Any, stage: nn.Module, step: Step, n_stages: 
     return y
 
 
+def forward_tags_by_microbatch(comm: Any, stage: nn.Module, step: Step, n_stages: int,
+                               x: torch.Tensor | None, in_shape: tuple[int, ...]
+                               ) -> torch.Tensor:
+    """Tags microbatch m's activation m instead of ``message_tag(step)`` (2 m): it arrives here,
+    but a neighbour that receives with ``message_tag`` waits for ever or takes a gradient's
+    tag."""
+    source = recv_from(step, n_stages)
+    if source is not None:
+        x = torch.empty(in_shape)
+        comm.recv(x, source, tag=step.microbatch)
+        x.requires_grad_()
+    with comm.compute("forward", step.token):
+        y = stage(x)
+    target = send_to(step, n_stages)
+    if target is not None:
+        comm.send(y.detach(), target, tag=step.microbatch)
+    return y
+
+
 # ---- 4.5 ----------------------------------------------------------------------------------------
 
 Tensors = Sequence[torch.Tensor] | None
@@ -169,11 +218,13 @@ def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
              stage_seconds: tuple[float, float] | None, *, stash_all: bool = True,
              grad_back: int = -1, mean: bool = True, steps: list[Step] | None = None,
              leaf: bool = True, keep: bool = False, tag_of: Any = message_tag,
-             forget: bool = True) -> float | None:
+             forget: bool = True, hold_sends: bool = False, block_forward: bool = False
+             ) -> float | None:
     """The executor with one mistake switched on (each mutant below names its own)."""
     n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
     forward_s, backward_s = stage_seconds or (None, None)
     stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    sent: dict[int, Any] = {}
     sends, losses = [], []
     for step in steps if steps is not None else steps_of(schedule, comm.rank):
         m, tag = step.microbatch, tag_of(step)
@@ -194,14 +245,20 @@ def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
             if not stash_all:
                 stash.clear()
             stash[m] = (x, y)
-            if target is not None:
+            if target is not None and block_forward:
+                comm.send(y.detach(), target, tag)
+            elif target is not None and hold_sends:
                 message = y.detach()
                 sends.append((comm.isend(message, target, tag), message))
+            elif target is not None:
+                sent[m] = comm.isend(y.detach(), target, tag)
         else:
             if keep:
                 x, y = stash[m]
             else:
                 x, y = stash.pop(m) if m in stash else next(iter(stash.values()))
+            if m in sent:
+                sent.pop(m).wait()
             grad = None
             if source is not None:
                 grad = torch.empty_like(y)
@@ -214,6 +271,8 @@ def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
             if forget:
                 del x, y
     for work, _ in sends:
+        work.wait()
+    for work in sent.values():
         work.wait()
     return sum(losses) if comm.rank == n_stages - 1 else None
 
@@ -293,12 +352,37 @@ def executor_keeps_loop_variables(comm: Any, schedule: Schedule, stage: nn.Modul
                     stage_seconds, forget=False)
 
 
+def executor_holds_every_send(comm: Any, schedule: Schedule, stage: nn.Module,
+                              microbatches: Tensors, targets: Tensors, recv_shapes: Shapes,
+                              loss_fn: Any = MSE, stage_seconds: Seconds = None
+                              ) -> float | None:
+    """Keeps every send's Work and ``y.detach()`` in a list until the end of the step: the
+    detached copy shares y's memory, so every microbatch's output stays in memory until the
+    step ends, whatever the schedule."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, hold_sends=True)
+
+
+def executor_blocking_forward_sends(comm: Any, schedule: Schedule, stage: nn.Module,
+                                    microbatches: Tensors, targets: Tensors,
+                                    recv_shapes: Shapes, loss_fn: Any = MSE,
+                                    stage_seconds: Seconds = None) -> float | None:
+    """Sends activations with the blocking ``comm.send`` (gradients with isend): fine on GPipe
+    and 1F1B, but a schedule whose neighbours run their forwards in different orders
+    deadlocks: stage 0 waits in its send of microbatch 0 while stage 1 waits for microbatch
+    2."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, block_forward=True)
+
+
 MUTANTS: dict[str, list[str]] = {
-    "4.1": ["equal_layer_counts", "greedy_fill", "whole_number_limits"],
+    "4.1": ["equal_layer_counts", "greedy_fill", "whole_number_limits",
+            "bisection_to_a_fixed_epsilon"],
     "4.2": ["gpipe_interleaved", "gpipe_backwards_reversed"],
     "4.3": ["one_f_one_b_warmup_off_by_one", "one_f_one_b_unclamped"],
-    "4.4": ["forward_cuts_the_graph", "forward_returns_detached"],
+    "4.4": ["forward_cuts_the_graph", "forward_returns_detached", "forward_tags_by_microbatch"],
     "4.5": ["executor_stashes_one", "executor_grads_to_next_stage", "executor_sums_losses",
             "executor_always_gpipe", "executor_cuts_the_graph", "executor_never_frees",
-            "executor_one_tag", "executor_keeps_loop_variables"],
+            "executor_one_tag", "executor_keeps_loop_variables", "executor_holds_every_send",
+            "executor_blocking_forward_sends"],
 }

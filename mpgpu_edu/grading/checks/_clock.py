@@ -7,8 +7,9 @@ waits, its compute regions; see ``comm.ops``) and the *recipe* of the cluster it
 name of a check's own cluster builder and its arguments). The grader then, in its own
 process (``resolve``), checks the ops' types and sizes, rebuilds the cluster from the recipe
 with its own copy of the builder, and replays the ops on it with its own copy of the replay
-(``comm.replay``): the bytes and messages per rank (``stats``), the makespan and the timeline
-(``trace``) that the judge reads are the grader's. A submission that patches the simulator's
+(``comm.replay``): the bytes and messages per rank (``stats``), each rank's sends with their
+tags (``sends``), its unwaited works (``works``), the makespan and the timeline (``trace``)
+that the judge reads are the grader's. A submission that patches the simulator's
 clock, its ``Trace`` or its ``CommStats`` in its own process changes nothing the judge sees;
 one that hands back made-up numbers under those names is refused (they are the grader's
 names: ``RESERVED``).
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 MARK = "__launch__"
-RESERVED = ("stats", "makespan", "trace", "works")
+RESERVED = ("stats", "makespan", "trace", "works", "sends")
 MAX_OPS = 2_000_000  # per run: a record larger than this is not replayed
 
 
@@ -93,7 +94,8 @@ _NAMES = {"Wait": "wait", "Submit": "submit", "JobStart": "job_start", "JobEnd":
 
 def resolve(data: Any) -> Any:
     """*judge*'s input: ``data`` with every run record replaced by the grader's own facts
-    (``results``, ``stats``, ``works``, ``makespan`` and, where asked, ``trace``), merged into
+    (``results``, ``stats``, ``works``, ``sends``, ``makespan`` and, where asked, ``trace``),
+    merged into
     the dict that held it. Raises ``RecordError`` for a record that does not add up, and for data
     that names a ``RESERVED`` fact itself."""
     if isinstance(data, list):
@@ -126,7 +128,7 @@ def replayed(payload: Any) -> dict[str, Any]:
     except (RuntimeError, KeyError, AttributeError, TypeError, ValueError) as exc:
         raise RecordError(f"the run's record of its messages does not add up ({exc})") from None
     facts: dict[str, Any] = {"stats": stats_of(op_lists, n), "works": works_of(op_lists, n),
-                             "makespan": float(trace.makespan)}
+                             "sends": sends_of(op_lists, n), "makespan": float(trace.makespan)}
     if payload.get("with_trace"):
         facts["trace"] = trace.to_dict()
     return facts
@@ -151,6 +153,18 @@ def stats_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[dict[st
             row[f"messages_{kind}"] += 1
             row[per][peer] = row[per].get(peer, 0) + op.nbytes
     return stats
+
+
+def sends_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[list[list[int]]]:
+    """Each rank's messages sent, in the order it posted them: ``[peer, tag, bytes]``."""
+    from mpgpu_edu.comm import ops
+
+    sends: list[list[list[int]]] = [[] for _ in range(n)]
+    for (_rank, _lane), op_list in sorted(op_lists.items()):
+        for op in op_list:
+            if isinstance(op, ops.Post) and op.op == "send":
+                sends[op.src].append([op.dst, op.tag, op.nbytes])
+    return sends
 
 
 def works_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[dict[str, int]]:

@@ -5,11 +5,12 @@ boundaries, step orders as ``[stage, microbatch, op]`` triples, a pipeline run's
 gradients, parameters and counts. *judge* rebuilds the package's reference from the example
 alone (``partition_balanced``, ``gpipe``, ``one_f_one_b``, the whole model on one device) and
 compares. The executor is held to one device's training step (loss, gradients and parameters
-after SGD) on GPipe, 1F1B and two hand-made schedules (one where neighbouring stages run their
-backwards in different orders, so that only the tags keep the gradients apart), and to the
-schedule's memory: a wrapper around each stage watches the tensors it hands out
-(``weakref.finalize``) and sees, at the start of every forward and backward, which microbatches
-the executor still keeps alive.
+after SGD) on GPipe, 1F1B and three hand-made schedules (in one neighbouring stages run their
+backwards in different orders, so that only the tags keep the gradients apart; in another their
+forwards, so that a blocking send deadlocks), and to the schedule's memory: a wrapper around
+each stage watches the tensors it hands out and their memory (``weakref.finalize``, a weak
+reference to the storage) and sees, at the start of every forward and backward, which
+microbatches the executor still keeps alive.
 
 Modules: ``partition`` (4.1), ``schedules`` (4.2, 4.3), ``forward`` (4.4), and for 4.5
 ``stages`` (what both halves build), ``executor`` (*compute*), ``executor_judges``.
@@ -49,11 +50,12 @@ REFERENCES = {  # the package's own implementation, out of reach while the learn
 CASES: dict[str, list[Case]] = {
     "4.1": [
         Case("the docstring's example", 1, *_partition_case([([3, 1, 1, 1, 2], 2)])),
-        Case("the best split: uneven layers, fractional costs (milliseconds)", 1,
+        Case("the best split: uneven layers, fractional costs (milliseconds, seconds)", 1,
              *_partition_case([([5, 1, 1, 1, 1, 1], 2), ([1, 2, 3, 4, 5, 6, 7, 8, 9], 3),
                                ([4, 4, 4], 3), ([7, 2], 1), ([0, 0, 9, 0], 2),
                                ([0.5, 0.4, 0.3], 2), ([1.25, 0.5, 0.75, 2.0, 0.25], 3),
-                               ([0.1, 0.2, 0.3, 0.4], 2)])),
+                               ([0.1, 0.2, 0.3, 0.4], 2),
+                               ([5e-07, 4e-07, 3e-07, 6e-07, 1e-07], 3)])),
         Case("too many or too few stages raise ValueError", 1, _compute_bad, _judge_bad),
         Case("hidden: random costs", 1, _compute_partition_hidden, _judge_partition_hidden,
              hidden=True),
@@ -84,7 +86,8 @@ CASES: dict[str, list[Case]] = {
         Case("matches the whole model on one device", 1,
              lambda impl: [_compute_forward(impl, 3, 4), _compute_forward(impl, 1, 2)],
              _judge_values_all),
-        Case("traffic: one activation per microbatch, to the next stage", 1,
+        Case("traffic: one activation per microbatch, to the next stage, tagged message_tag",
+             1,
              lambda impl: _compute_forward(impl, 3, 4), _judge_traffic),
         Case("timed as forward compute; output keeps its graph", 1,
              lambda impl: _compute_forward(impl, 2, 3), _judge_timed),
@@ -96,8 +99,8 @@ CASES: dict[str, list[Case]] = {
              _runs(STEP_GPIPE), _judge_runs, timeout_s=60),
         Case("1F1B from the same executor: equal to one device", 3, _runs(STEP_1F1B),
              _judge_runs, timeout_s=60),
-        Case("any schedule: hand-made orders (backwards last first; neighbours' backwards in "
-             "different orders)", 2,
+        Case("any schedule: hand-made orders (backwards last first; neighbours' backwards, or "
+             "forwards, in different orders)", 2,
              _runs(STEP_OTHER), _judge_runs, timeout_s=60),
         Case("traffic: per microbatch one activation forward, one gradient back", 2,
              _runs(STEP_1F1B[:1]), _judge_traffic_both, timeout_s=60),

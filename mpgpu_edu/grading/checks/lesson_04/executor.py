@@ -13,10 +13,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from mpgpu_edu.grading.checks._support import (compute_examples, examples, launch_facts,
                                                run_spmd, uniform)
-from mpgpu_edu.grading.checks.lesson_04.stages import LR, _data, _named_schedule, _split
+from mpgpu_edu.grading.checks import CheckFailure
+from mpgpu_edu.grading.checks.lesson_04.stages import ABOUT, LR, _data, _named_schedule, _split
 from mpgpu_edu.pipeline import Schedule
 
 Impl = Callable[..., Any]
@@ -34,15 +36,16 @@ class _Release(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         ctx.counter.backwards += 1
-        ctx.counter.events.append(["B", ctx.call, sorted(set(ctx.counter.alive.values()))])
+        ctx.counter.events.append(["B", ctx.call, ctx.counter.kept()])
         return grad, None, None
 
 
 class _Counted(nn.Module):
     """The stage as the learner gets it: counts forwards and backwards, and watches the
     tensors each forward hands out (its output and, on a later stage, the received input)
-    with ``weakref.finalize``, so that at the start of every forward and every backward it
-    knows which forwards' tensors the executor still keeps alive."""
+    with ``weakref.finalize`` and their memory with a weak reference to its storage, so that
+    at the start of every forward and every backward it knows which forwards' tensors the
+    executor still keeps alive, itself or through a view, a ``.detach()`` or a send's Work."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -50,17 +53,25 @@ class _Counted(nn.Module):
         self.forwards = self.backwards = 0
         self.events: list[list] = []  # ["F" or "B", call, [calls still alive at its start]]
         self.alive: dict[int, int] = {}  # watch number -> forward call
+        self.memory: list[tuple[int, StorageWeakRef]] = []  # forward call, its memory
         self._keys = itertools.count()
 
     def _watch(self, tensor: torch.Tensor, call: int) -> None:
         key = next(self._keys)
         self.alive[key] = call
         weakref.finalize(tensor, self.alive.pop, key, None)
+        self.memory.append((call, StorageWeakRef(tensor.untyped_storage())))
+
+    def kept(self) -> list[int]:
+        """The forwards whose tensors, or their memory (a ``.detach()``, a send's Work), are
+        still alive."""
+        self.memory = [(call, ref) for call, ref in self.memory if not ref.expired()]
+        return sorted(set(self.alive.values()) | {call for call, _ in self.memory})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         call = self.forwards
         self.forwards += 1
-        self.events.append(["F", call, sorted(set(self.alive.values()))])
+        self.events.append(["F", call, self.kept()])
         y = self.inner(x)
         if not y.requires_grad:
             return y
@@ -98,7 +109,12 @@ def _run_executor(impl: Impl, p: int, m: int, schedule: str, partition: str = "b
     data = _data(batch or 2 * m, m, seed, model)
     program = _executor_program(impl, stages, widths_in, _named_schedule(schedule, p, m), data,
                                 seconds)
-    return launch_facts(run_spmd(program, uniform(p), timeout=45.0), with_trace=bool(seconds))
+    try:
+        result = run_spmd(program, uniform(p), timeout=45.0)
+    except CheckFailure as exc:  # a deadlock or mismatched messages: say on which schedule
+        raise CheckFailure(f"{schedule}, {p} stages, {m} microbatches{ABOUT.get(schedule, '')}:"
+                           f" {exc}") from None
+    return launch_facts(result, with_trace=bool(seconds))
 
 
 def _runs(examples_: list[dict], seconds: tuple[float, float] | None = None
@@ -109,7 +125,8 @@ def _runs(examples_: list[dict], seconds: tuple[float, float] | None = None
 STEP_GPIPE = [{"p": 3, "m": 4, "schedule": "gpipe"}, {"p": 2, "m": 1, "schedule": "gpipe"}]
 STEP_1F1B = [{"p": 3, "m": 4, "schedule": "1f1b"}, {"p": 4, "m": 6, "schedule": "1f1b"}]
 STEP_OTHER = [{"p": 3, "m": 3, "schedule": "backwards-last-first"},
-              {"p": 4, "m": 3, "schedule": "neighbours-differ"}]
+              {"p": 4, "m": 3, "schedule": "neighbours-differ"},
+              {"p": 3, "m": 3, "schedule": "forwards-differ"}]
 IN_FLIGHT = [{"p": 4, "m": 6, "schedule": "gpipe"}, {"p": 4, "m": 6, "schedule": "1f1b"},
              {"p": 3, "m": 2, "schedule": "1f1b"}]
 SECONDS = (0.002, 0.004)
@@ -131,7 +148,7 @@ def _hidden_executor(impl: Impl) -> list[dict]:
     drawn = examples(6, seed=45, p=(2, 5), m=(1, 7), seed_=(0, 999), extra_rows=(0, 5))
     cases = HIDDEN_EXECUTOR + [
         {"p": d["p"], "m": d["m"] + (d["m"] % d["p"] == 0),  # never a multiple of P
-         "schedule": ("gpipe", "1f1b", "neighbours-differ")[i % 3], "partition": ("random", "balanced")[i % 3 > 0],
+         "schedule": ("gpipe", "1f1b", "neighbours-differ", "forwards-differ")[i % 4], "partition": ("random", "balanced")[i % 3 > 0],
          "batch": 2 * (d["m"] + 1) + d["extra_rows"], "seed": d["seed_"],
          "model": ("mlp", "hourglass")[i % 2]}
         for i, d in enumerate(drawn)]

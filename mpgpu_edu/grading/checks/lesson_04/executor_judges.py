@@ -12,18 +12,9 @@ from torch import nn
 from mpgpu_edu.grading.checks import CheckFailure
 from mpgpu_edu.grading.checks._support import bytes_of, expect, expect_close, judge_examples
 from mpgpu_edu.grading.checks.lesson_04.executor import SECONDS
-from mpgpu_edu.grading.checks.lesson_04.stages import LR, _data, _named_schedule, _split
+from mpgpu_edu.grading.checks.lesson_04.stages import ABOUT, LR, _data, _named_schedule, _split
 from mpgpu_edu.pipeline import Schedule, peak_activations, steps_of
 from mpgpu_edu.cluster.trace import Trace
-
-
-ABOUT = {  # what a hand-made schedule tests, said wherever one of its runs goes wrong
-    "backwards-last-first": " (every stage runs its backwards last microbatch first)",
-    "neighbours-differ": (" (even stages run their backwards in microbatch order, odd stages "
-                          "last first: gradients arrive in another order than a stage "
-                          "receives them, and only the tag, message_tag(step), tells which "
-                          "microbatch a message carries)"),
-}
 
 
 def _reference_step(p: int, m: int, partition: str, batch: int, seed: int, model: str
@@ -88,9 +79,11 @@ def _kept_alive(events: list, schedule: Schedule, rank: int, where: str) -> int:
             raise CheckFailure(
                 f"{where}: at the start of {op}({name(call)}) stage {rank} still keeps "
                 f"microbatch {name(stale[0])}'s input or output alive, after B("
-                f"{name(stale[0])}) has run. A variable keeps a tensor alive too: after the "
-                "backward, drop every name of it (the stash entry, and `del` the loop's "
-                "variables), so that only the microbatches in flight stay in memory")
+                f"{name(stale[0])}) has run. A variable keeps a tensor alive too, and so do a "
+                "send's Work and a .detach() (they share its memory): after the backward, drop "
+                "every name of it (the stash entry, `del` the loop's variables, let go of the "
+                "forward's send once waited), so that only the microbatches in flight stay in "
+                "memory")
         peak = max(peak, len(alive))
         (started if op == "F" else backed).add(call)
     return peak
@@ -134,11 +127,13 @@ def _judge_timed_executor(runs: list) -> None:
         for rank in range(e["p"]):
             for kind, seconds in zip(("forward", "backward"), SECONDS):
                 events = [ev for ev in trace.on(rank, "compute") if ev.kind == kind]
+                seen = sorted({round(ev.duration * 1e3, 6) for ev in events})
                 expect(len(events) == e["m"] and all(abs(ev.duration - seconds) < 1e-9
                                                      for ev in events),
                        f"{e['schedule']}: stage {rank} has {len(events)} {kind} compute "
-                       f"events, expected {e['m']} of {seconds * 1e3:g} ms each "
-                       "(stage_seconds)")
+                       f"events lasting {seen} ms, expected {e['m']} of {seconds * 1e3:g} ms "
+                       f"each: pass seconds=stage_seconds[{kind == 'backward':d}] to "
+                       f"comm.compute(\"{kind}\", ...)")
 
 
 def _judge_hidden_executor(records: list[dict]) -> None:

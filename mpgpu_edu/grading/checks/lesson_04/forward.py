@@ -1,6 +1,7 @@
 """Checks of exercise 4.4, the executor's forward step: the last stage's outputs against the
-whole model on one device, one activation per microbatch to the next stage, forward compute
-on the timeline, and a graph that reaches back to the received activation."""
+whole model on one device, one activation per microbatch to the next stage tagged
+``message_tag(step)``, forward compute on the timeline, and a graph that reaches back to the
+received activation."""
 
 from __future__ import annotations
 
@@ -108,6 +109,14 @@ def _judge_traffic(facts: dict) -> None:
                f"rank {rank} sent {stats['sent_to']} (bytes per peer) in "
                f"{stats['messages_sent']} messages; expected {want}: one activation per "
                "microbatch, to the next stage only")
+        if rank < p - 1:
+            tags, expected = [tag for _peer, tag, _n in facts["sends"][rank]], [2 * mb for mb
+                                                                               in range(m)]
+            expect(tags == expected,
+                   f"rank {rank} tagged its activations for microbatches 0..{m - 1} {tags}; "
+                   f"message_tag(step) gives {expected} (2 m for microbatch m's activation, "
+                   "2 m + 1 for its gradient): a neighbour that receives with message_tag "
+                   "would wait for ever, or take another microbatch's message")
 
 
 def _judge_timed(facts: dict) -> None:

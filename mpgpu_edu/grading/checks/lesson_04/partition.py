@@ -52,9 +52,10 @@ def _judge_partition(out: dict, costs: list[float], n_stages: int) -> None:
            f"{call} returned {got}: boundaries increase strictly and lie in "
            f"1..{len(costs) - 1}, so every stage holds at least one layer")
     best, mine = _optimal_max(costs, n_stages), max(_stage_costs(costs, got))
-    expect(mine <= best + 1e-9 * max(1.0, abs(best)),
-           f"{call} returned {got}: stage costs {[round(c, 6) for c in _stage_costs(costs, got)]}"
-           f", largest {mine:g}; the best split has largest stage {best:g}"
+    shown = [c if type(c) is int else float(format(c, ".6g")) for c in _stage_costs(costs, got)]
+    expect(mine <= best + 1e-9 * abs(best),  # relative: costs may be seconds (1e-6 and less)
+           f"{call} returned {got}: stage costs {shown}, largest {mine:g}; the best split has "
+           f"largest stage {best:g}"
            + ("" if all(float(c).is_integer() for c in costs) else
               " (the costs are fractions here: the best largest stage need not be a whole "
               "number)"))

@@ -25,7 +25,11 @@ def _schedule(data: dict, name: str, function: str) -> Schedule:
     p, m, rows = data["p"], data["m"], data["orders"]
     call = f"{function}({p}, {m})"
     expect(isinstance(rows, list) and len(rows) == p,
-           f"{call} should return one list of Steps per device ({p} lists), got {rows!r:.80}")
+           f"{call} should return one list of Steps per device ({p} lists, device p's steps "
+           "all on stage p), got "
+           + (f"{len(rows)} lists" if isinstance(rows, list) else f"{rows!r:.80}")
+           + " (are n_stages and n_microbatches swapped?)" * (isinstance(rows, list)
+                                                               and len(rows) == m != p))
     for device, row in enumerate(rows):
         for item in row:
             expect(isinstance(item, list), f"{call}: device {device}'s order holds {item}, "

@@ -1,6 +1,6 @@
 """Exercise 4.5's model, data and schedules, built the same way by *compute* and *judge*:
 the stages of a small MLP split by parameters or at random, its microbatches, and the
-schedules by name (GPipe, 1F1B, and two hand-made orders)."""
+schedules by name (GPipe, 1F1B, and three hand-made orders)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,18 @@ from mpgpu_edu.pipeline import Schedule, Step, from_order, gpipe, one_f_one_b, p
 
 
 LR = 0.1
+
+ABOUT = {  # what a hand-made schedule tests, said wherever one of its runs goes wrong
+    "backwards-last-first": " (every stage runs its backwards last microbatch first)",
+    "neighbours-differ": (" (even stages run their backwards in microbatch order, odd stages "
+                          "last first: gradients arrive in another order than a stage "
+                          "receives them, and only the tag, message_tag(step), tells which "
+                          "microbatch a message carries)"),
+    "forwards-differ": (" (odd stages run their forwards last microbatch first: stage 1 first "
+                        "waits for the activation stage 0 sends last, so a send that blocks "
+                        "until it is received never lets stage 0 get there; use comm.isend)"),
+}
+
 MODELS = {  # the widths of Linear layers with a Tanh between each two
     "mlp": (6, 10, 12, 8, 9, 3),  # 9 layers to split
     "hourglass": (4, 16, 3, 12, 5, 7, 2),  # 11 layers, widths up and down
@@ -70,6 +82,11 @@ def _named_schedule(name: str, p: int, m: int) -> Schedule:
         orders = [[*(Step(s, i, "F") for i in range(m)),
                    *(Step(s, i, "B") for i in (range(m) if s % 2 == 0 else reversed(range(m))))]
                   for s in range(p)]
+    elif name == "forwards-differ":
+        # odd stages run their forwards last first: stage 1 waits first for the activation
+        # stage 0 sends last, so a send that blocks until it is received holds up the pipeline
+        orders = [[*(Step(s, i, "F") for i in (range(m) if s % 2 == 0 else reversed(range(m)))),
+                   *(Step(s, i, "B") for i in range(m))] for s in range(p)]
     else:
         raise ValueError(f"unknown schedule {name!r}")
     return from_order(name, orders, m)
