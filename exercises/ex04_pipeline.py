@@ -108,9 +108,10 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
                      loss_fn: LossFn = nn.functional.mse_loss,
                      stage_seconds: tuple[float, float] | None = None) -> float | None:
     """Run this rank's steps of any ``schedule`` (rank p runs stage ``stage``, row p of the
-    grid, in the order ``steps_of(schedule, p)`` gives) and leave the gradients of one
-    training step in ``stage``'s parameters' ``.grad`` (accumulated: the caller zeroes them
-    before and steps the optimizer after). Return the loss on the last stage, None elsewhere.
+    grid, in the order ``steps_of(schedule, p)`` gives) and add the gradients of one
+    training step to ``stage``'s parameters' ``.grad`` (accumulated, as ``backward`` does:
+    never zero them; the caller zeroes them when it wants and steps the optimizer after).
+    Return the loss on the last stage, None elsewhere.
 
     - F(m): stage 0 reads ``microbatches[m]``; a later stage receives microbatch m's
       activation (float32, shape ``recv_shapes[m]``) from ``recv_from(step, P)``. The stage's

@@ -218,9 +218,11 @@ def _execute(comm: Any, schedule: Schedule, stage: nn.Module,
              stage_seconds: tuple[float, float] | None, *, stash_all: bool = True,
              grad_back: int = -1, mean: bool = True, steps: list[Step] | None = None,
              leaf: bool = True, keep: bool = False, tag_of: Any = message_tag,
-             forget: bool = True, hold_sends: bool = False, block_forward: bool = False
-             ) -> float | None:
+             forget: bool = True, hold_sends: bool = False, block_forward: bool = False,
+             zero: bool = False) -> float | None:
     """The executor with one mistake switched on (each mutant below names its own)."""
+    if zero:
+        stage.zero_grad()
     n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches
     forward_s, backward_s = stage_seconds or (None, None)
     stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -375,6 +377,16 @@ def executor_blocking_forward_sends(comm: Any, schedule: Schedule, stage: nn.Mod
                     stage_seconds, block_forward=True)
 
 
+def executor_zeroes_gradients(comm: Any, schedule: Schedule, stage: nn.Module,
+                              microbatches: Tensors, targets: Tensors, recv_shapes: Shapes,
+                              loss_fn: Any = MSE, stage_seconds: Seconds = None
+                              ) -> float | None:
+    """Calls ``stage.zero_grad()`` first: right for one step alone, but it throws away what an
+    earlier step of gradient accumulation left in ``.grad``."""
+    return _execute(comm, schedule, stage, microbatches, targets, recv_shapes, loss_fn,
+                    stage_seconds, zero=True)
+
+
 MUTANTS: dict[str, list[str]] = {
     "4.1": ["equal_layer_counts", "greedy_fill", "whole_number_limits",
             "bisection_to_a_fixed_epsilon"],
@@ -384,5 +396,5 @@ MUTANTS: dict[str, list[str]] = {
     "4.5": ["executor_stashes_one", "executor_grads_to_next_stage", "executor_sums_losses",
             "executor_always_gpipe", "executor_cuts_the_graph", "executor_never_frees",
             "executor_one_tag", "executor_keeps_loop_variables", "executor_holds_every_send",
-            "executor_blocking_forward_sends"],
+            "executor_blocking_forward_sends", "executor_zeroes_gradients"],
 }

@@ -71,7 +71,7 @@ CASES: dict[str, list[Case]] = {
              _hidden_orders_judge(gpipe, "gpipe", "gpipe_orders"), hidden=True),
     ],
     "4.3": [
-        Case("a valid schedule", 1, _orders_case([(2, 2), (4, 6)]),
+        Case("a valid schedule", 1, _orders_case([(2, 2), (4, 6), (4, 2)]),
              _valid_judge("1f1b", "one_f_one_b_orders")),
         Case("as fast as GPipe: 2(M+P-1) ticks", 1, _orders_case(MAKESPAN_SIZES),
              _makespan_judge("1f1b", "one_f_one_b_orders")),

@@ -18,7 +18,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from mpgpu_edu.grading.checks._support import (compute_examples, examples, launch_facts,
                                                run_spmd, uniform)
 from mpgpu_edu.grading.checks import CheckFailure
-from mpgpu_edu.grading.checks.lesson_04.stages import ABOUT, LR, _data, _named_schedule, _split
+from mpgpu_edu.grading.checks.lesson_04.stages import (ABOUT, EARLIER_GRAD, LR, _data,
+                                                       _named_schedule, _split)
 from mpgpu_edu.pipeline import Schedule
 
 Impl = Callable[..., Any]
@@ -88,6 +89,8 @@ def _executor_program(impl: Impl, stages: list[nn.Sequential], widths_in: list[i
     def program(comm: Any) -> dict:
         p, rank, (xs, ys) = schedule.n_stages, comm.rank, data
         stage = _Counted(copy.deepcopy(stages[rank]))
+        for w in stage.inner.parameters():  # as after an earlier accumulation step
+            w.grad = torch.full_like(w, EARLIER_GRAD)
         shapes = [(len(x), widths_in[rank]) for x in xs] if rank > 0 else None
         loss = impl(comm, schedule, stage, xs if rank == 0 else None,
                     ys if rank == p - 1 else None, shapes, nn.functional.mse_loss, seconds)

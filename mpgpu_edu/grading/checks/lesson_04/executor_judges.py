@@ -12,7 +12,8 @@ from torch import nn
 from mpgpu_edu.grading.checks import CheckFailure
 from mpgpu_edu.grading.checks._support import bytes_of, expect, expect_close, judge_examples
 from mpgpu_edu.grading.checks.lesson_04.executor import SECONDS
-from mpgpu_edu.grading.checks.lesson_04.stages import ABOUT, LR, _data, _named_schedule, _split
+from mpgpu_edu.grading.checks.lesson_04.stages import (ABOUT, EARLIER_GRAD, LR, _data,
+                                                       _named_schedule, _split)
 from mpgpu_edu.pipeline import Schedule, peak_activations, steps_of
 from mpgpu_edu.cluster.trace import Trace
 
@@ -22,6 +23,8 @@ def _reference_step(p: int, m: int, partition: str, batch: int, seed: int, model
     """One device: the same stages in a row, gradients accumulated over the same
     microbatches, loss the mean over microbatches; then one SGD step."""
     stages, _ = _split(p, partition, seed, model)
+    for w in nn.Sequential(*stages).parameters():
+        w.grad = torch.full_like(w, EARLIER_GRAD)
     xs, ys = _data(batch or 2 * m, m, seed, model)
     loss = 0.0
     for x, y in zip(xs, ys):
@@ -55,7 +58,9 @@ def _judge_step(facts: dict, p: int, m: int, schedule: str, partition: str = "ba
             expect(got is not None, f"{where}: stage {rank}'s {name} has no gradient after "
                                     "the step: backward never reached it")
             expect_close(got, grad, f"{where}: stage {rank}'s {name}.grad against one device "
-                                    "(loss: mean over microbatches)")
+                                    "(loss: mean over microbatches; every .grad held "
+                                    f"{EARLIER_GRAD} before the step, and the executor adds to "
+                                    "it, never zeroes it)")
             expect_close(results[rank]["params"][name], want["params"][rank][name],
                          f"{where}: stage {rank}'s {name} after one SGD step")
 

@@ -13,6 +13,7 @@ from mpgpu_edu.pipeline import Schedule, Step, from_order, gpipe, one_f_one_b, p
 
 
 LR = 0.1
+EARLIER_GRAD = 0.01  # what every .grad holds before the step: the executor accumulates into it
 
 ABOUT = {  # what a hand-made schedule tests, said wherever one of its runs goes wrong
     "backwards-last-first": " (every stage runs its backwards last microbatch first)",
