@@ -29,8 +29,9 @@ def fits_data_parallel(n_params: int, cluster: Cluster, optimizer: str = "adam",
 def choose_strategy(n_params: int, cluster: Cluster, optimizer: str = "adam",
                     precision: str = "mixed", activations_bytes: int = 0) -> str:
     """The simplest strategy whose per-device memory fits ``cluster``'s devices, by
-    ``estimate_memory`` (with ``activations_bytes`` per device) and ``cluster.capacity_bytes``.
-    A ``Cluster``'s devices are all of one kind, so every device has the same capacity.
+    ``estimate_memory`` (with this ``optimizer``, ``precision`` and ``activations_bytes`` per
+    device: each can change the answer) and ``cluster.capacity_bytes``. A ``Cluster``'s
+    devices are all of one kind, so every device has the same capacity.
 
     A strategy fits when its per-device memory is at most the capacity (``Estimate.fits``):
     an exact fit fits. On one visible device: ``"single"`` if it fits. On several: the first
@@ -83,9 +84,9 @@ def smooth_ring(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Te
     The array is every rank's ``block`` (1-D float, any length >= 1, lengths may differ
     between ranks) in rank order, and it is a ring: after the last element of rank N-1 comes
     the first element of rank 0. One step replaces every element by the mean of itself and
-    its two neighbours in the ring. Return this rank's block after ``steps`` steps (a new
-    tensor of the block's dtype; the caller's ``block`` is left unchanged), equal to smoothing
-    the whole array on one device.
+    its two neighbours in the ring. Return this rank's block after ``steps`` steps
+    (``steps`` >= 0; a new tensor of the block's dtype, also after 0 steps; the caller's
+    ``block`` is left unchanged), equal to smoothing the whole array on one device.
 
     Built from ``comm.send/recv/isend/irecv`` only (no collectives), every ``isend``/``irecv``
     waited on. Per step each rank sends one element to each neighbouring rank and nothing else
@@ -97,7 +98,8 @@ def smooth_ring(comm: Communicator, block: torch.Tensor, steps: int) -> torch.Te
     ### BEGIN SOLUTION 6.3
     n, rank = comm.world_size, comm.rank
     left, right = (rank - 1) % n, (rank + 1) % n
-    to_left, to_right = 1, 2  # tags: with 2 ranks, left and right are the same peer
+    to_left, to_right = 1, 2  # tags: with 2 ranks left and right are one peer, and the tags
+    # keep its two halos apart whatever order they are received in
     x = block.clone()
     for _ in range(steps):
         if n == 1:
@@ -122,10 +124,12 @@ def find_straggler(logs: list[list[str]]) -> tuple[int, float]:
     per-rank logs alone.
 
     ``logs[r]`` is rank r's log as ``launch`` returns it: lines ``"[   12.3456 ms] text"``,
-    time stamps in milliseconds from the start. For each step every rank logs
-    ``"step S: compute start"``, then ``"step S: compute done, waiting in all-reduce"``, then
-    ``"step S: all-reduce done"``; other lines may appear, and a rank may spend time between
-    steps (loading data, say): that time is not compute.
+    time stamps in milliseconds from the start, right-aligned in 10 characters (from
+    10 000 ms on there is no space after the bracket: ``"[12600.0000 ms] text"``). For each
+    step every rank logs ``"step S: compute start"``, then
+    ``"step S: compute done, waiting in all-reduce"``, then ``"step S: all-reduce done"``;
+    other lines may appear, and a rank may spend time between steps (loading data, say):
+    that time is not compute.
 
     Return ``(rank, seconds)``: the rank whose compute (``compute start`` to ``compute done``),
     summed over all steps, took longest, and by how many seconds its total exceeds the median

@@ -1,6 +1,7 @@
 """Lesson 06's checks: that the examples built to tell a mistake apart really do (an exact fit,
-an exact tie, a rank that waits least without computing most), and that each mistake is
-named as such, a barrier not as a chain."""
+an optimizer, a precision and activations that each change the answer, an exact tie, a rank
+that waits least without computing most, one slow step that is not the most compute, time
+stamps past 10 000 ms), and that each mistake is named as such, a barrier not as a chain."""
 
 from __future__ import annotations
 
@@ -67,6 +68,33 @@ def test_a_strict_fit_is_told_that_an_exact_fit_fits() -> None:
     assert "needs exactly the device's" in message
 
 
+def test_each_argument_changes_an_answer_of_the_named_case() -> None:
+    from mpgpu_edu.grading.checks.lesson_06.choice import _reference_choice
+
+    changed = set()
+    for e in _examples("6.1", "activations, fp32 and the optimizer count too"):
+        cluster = Cluster.preset(e["preset"], visible=e["visible"])
+        args = (e["optimizer"], e["precision"], e["activations_bytes"])
+        want = _reference_choice(e["n_params"], cluster, *args)
+        other = "mixed" if e["precision"] == "fp32" else "fp32"
+        for name, variant in (("activations", (args[0], args[1], 0)),
+                              ("optimizer", ("adam", args[1], args[2])),
+                              ("precision", (args[0], other, args[2]))):
+            if _reference_choice(e["n_params"], cluster, *variant) != want:
+                changed.add(name)
+    assert changed == {"activations", "optimizer", "precision"}
+
+
+def test_a_left_out_argument_is_named() -> None:
+    from tests.mutants.lesson_06 import choose_always_adam, choose_ignoring_precision
+
+    name = "activations, fp32 and the optimizer count too"
+    message = _failure("6.1", name, choose_always_adam)
+    assert "expected 'dp'" in message and "would be right for Adam" in message
+    assert "would be right for mixed precision" in _failure("6.1", name,
+                                                            choose_ignoring_precision)
+
+
 # ---- 6.2 and 6.3: what the record shows -------------------------------------------------------
 
 def test_isend_in_the_swap_is_named() -> None:
@@ -84,6 +112,24 @@ def test_a_swap_keeps_the_tensors_dtype() -> None:
     message = _failure("6.2", "any dtype and shape: float64 2-D, bfloat16 3-D, int64",
                        swap_through_float32)
     assert "returned float32 for a float64 tensor" in message
+
+
+def test_a_swap_rounded_through_float32_shows_the_digits_that_differ() -> None:
+    from tests.mutants.lesson_06 import swap_rounded_through_float32
+
+    message = _failure("6.2", "any dtype and shape: float64 2-D, bfloat16 3-D, int64",
+                       swap_rounded_through_float32)
+    assert "right to float32's precision only" in message
+    got, want = message.split("element 1 is ")[1].split(")")[0].split(", expected ")
+    assert got != want and float(got) != float(want)
+
+
+def test_zero_steps_still_return_a_new_tensor() -> None:
+    from tests.mutants.lesson_06 import smooth_zero_steps_returns_block
+
+    message = _failure("6.3", "odd world sizes, uneven blocks, 0 to 3 steps",
+                       smooth_zero_steps_returns_block)
+    assert "0 step(s)" in message and "with 0 steps too, return a copy" in message
 
 
 def test_a_barrier_is_named_a_barrier_not_a_chain() -> None:
@@ -151,3 +197,43 @@ def test_each_straggler_mistake_is_named() -> None:
     assert "how much less it waited" in _failure("6.4", loader, straggler_seconds_from_waits)
     assert "on a tie the straggler is the lowest rank, 2" in _failure(
         "6.4", "two ranks equally slow: the lower one", straggler_ties_to_highest)
+
+
+def test_one_slow_step_is_not_the_most_compute() -> None:
+    from mpgpu_edu.grading.checks.lesson_06.straggler import _slowest_steps
+
+    examples = [e for e in _examples("6.4", "every step counts: the most compute in all, not "
+                                            "the slowest step") if "spiky" in e]
+    assert examples
+    for e in examples:
+        logs, totals, _ = _phases(e)
+        slowest = _slowest_steps(logs)
+        assert max(range(len(slowest)), key=slowest.__getitem__) == e["spiky"], e
+        assert cd.find_straggler_reference(logs)[0] == e["slow_rank"] != e["spiky"], e
+        assert totals[e["spiky"]] < totals[e["slow_rank"]], e
+
+
+def test_a_long_run_stamps_past_10_seconds_without_a_space() -> None:
+    examples = _examples("6.4", "a long run: time stamps past 10 000 ms")
+    assert examples
+    for e in examples:
+        logs, _, _ = _phases(e)
+        stamps = [line for lines in logs for line in lines]
+        assert any(line.startswith("[ ") for line in stamps), e
+        assert any(line[1].isdigit() and float(line[1:line.index(" ms]")]) >= 10_000
+                   for line in stamps), e
+
+
+def test_the_slowest_step_and_a_split_on_spaces_are_caught() -> None:
+    from tests.mutants.lesson_06 import straggler_slowest_step, straggler_split_on_spaces
+
+    message = _failure("6.4", "every step counts: the most compute in all, not the slowest "
+                              "step", straggler_slowest_step)
+    assert "whose slowest single step" in message and "summed over every step" in message
+    case = next(c for c in cases_for("6.4") if c.name == "a long run: time stamps past 10 000 ms")
+    try:
+        case.run(straggler_split_on_spaces)
+    except Exception as exc:  # noqa: BLE001 - the learner's error, as the grader reports it
+        assert "could not convert string to float" in str(exc)
+    else:
+        raise AssertionError("a split on spaces passed the long run")

@@ -8,7 +8,8 @@ EXERCISES = (
     ex('6.1', 'choose_strategy', 'Choosing a strategy that fits', 5,
        ('Every device is its own budget: what matters is the memory ONE device needs under a '
         'strategy (parameters, gradients, optimizer state and activations), against ONE '
-        'device\'s capacity.',
+        'device\'s capacity. The optimizer, the precision and the activations you are given '
+        'all change that memory.',
         'List the candidates from simplest to most sharded (one device: only "single"), ask '
         'the memory estimator about each in turn, return the first that fits, and "none" '
         'when the loop ends.',
@@ -34,9 +35,11 @@ EXERCISES = (
         'every rank does identically with blocking sends can break it; let a send be in '
         'flight while the rank receives.',
         'Per step: post both edge sends without waiting (isend), receive the two halos, wait '
-        'for the sends, then smooth the padded block. Give the two directions different tags, '
-        'because with 2 ranks the left and right neighbour are the same rank; with 1 rank '
-        'the halos are your own edges, and no message is sent.',
+        'for the sends, then smooth the padded block. With 2 ranks the left and right '
+        'neighbour are the same rank, so both halos come from one peer: give the two '
+        'directions different tags, and they cannot be swapped whatever order you receive '
+        'them in (with one tag, messages are matched in the order the peer sent them). With '
+        '1 rank the halos are your own edges, and no message is sent.',
         'x = block.clone()\n'
         'per step (on 1 rank, no messages: the halos are x\'s own last and first element):\n'
         '    sends = [comm.isend(<my first element>, left, tag=1),\n'
@@ -52,9 +55,10 @@ EXERCISES = (
         'computes the longest, and its victims wait the longest. Do not pick the rank that '
         'waits least: one that spends time between steps (loading data, say) waits little '
         'without computing more.',
-        'Parse every line\'s time stamp; per rank and step, compute time = time of "compute '
-        'done" minus time of "compute start"; sum over the steps; take the rank with the most, '
-        'and compare its total with the median rank\'s total.',
+        'Parse every line\'s time stamp (the number between "[" and "ms]": from 10 000 ms on '
+        'there is no space after "["); per rank and step, compute time = time of "compute '
+        'done" minus time of "compute start"; sum over every step (not the slowest one); take '
+        'the rank with the most, and compare its total with the median rank\'s total.',
         'for each rank\'s lines:\n'
         '    stamp = float(line[1:line.index("ms]")]) / 1e3   # seconds\n'
         '    "step S: compute start" -> remember the stamp for step S\n'

@@ -60,6 +60,29 @@ def choose_strict_fit(n_params: int, cluster: Any, optimizer: str = "adam",
             return strategy
     return "none"
 
+def choose_always_adam(n_params: int, cluster: Any, optimizer: str = "adam",
+                       precision: str = "mixed", activations_bytes: int = 0) -> str:
+    """Passes "adam" to the estimator whatever optimizer it is given: SGD's smaller state is
+    never counted, so a model that fits plain data parallelism with SGD gets ZeRO."""
+    n = cluster.world_size
+    for strategy in (["single"] if n == 1 else ["dp", "zero1", "zero2", "zero3"]):
+        if estimate_memory(n_params, "adam", precision, strategy, n,
+                           activations_bytes).fits(cluster.capacity_bytes(0)):
+            return strategy
+    return "none"
+
+
+def choose_ignoring_precision(n_params: int, cluster: Any, optimizer: str = "adam",
+                              precision: str = "mixed", activations_bytes: int = 0) -> str:
+    """Passes "mixed" to the estimator whatever precision it is given: fp32's full-size
+    parameters and gradients are never counted."""
+    n = cluster.world_size
+    for strategy in (["single"] if n == 1 else ["dp", "zero1", "zero2", "zero3"]):
+        if estimate_memory(n_params, optimizer, "mixed", strategy, n,
+                           activations_bytes).fits(cluster.capacity_bytes(0)):
+            return strategy
+    return "none"
+
 # ---- 6.2 ------------------------------------------------------------------------------------
 
 def swap_both_send_first(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
@@ -182,6 +205,20 @@ def swap_with_barrier(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Te
     comm.barrier()
     return received
 
+def swap_rounded_through_float32(comm: Any, tensor: torch.Tensor, partner: int) -> torch.Tensor:
+    """Sends and receives float32 copies and converts the result back to the tensor's dtype:
+    the dtype is right, but a float64 tensor loses its last digits on the way."""
+    if partner == comm.rank:
+        return tensor.clone()
+    received = torch.empty(tensor.shape)
+    if comm.rank < partner:
+        comm.send(tensor.float(), partner)
+        comm.recv(received, partner)
+    else:
+        comm.recv(received, partner)
+        comm.send(tensor.float(), partner)
+    return received.to(tensor.dtype)
+
 # ---- 6.3 ------------------------------------------------------------------------------------
 
 def _smooth(x: torch.Tensor, from_left: torch.Tensor, from_right: torch.Tensor) -> torch.Tensor:
@@ -231,7 +268,8 @@ def smooth_by_parity(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor
 
 
 def smooth_without_tags(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
-    """isend both edges, but with one tag: with 2 ranks the two halos arrive swapped."""
+    """isend both edges with one tag, and receives from the left first: with 2 ranks both
+    halos come from one peer, matched in the order it sent them, so they arrive swapped."""
     n, rank = comm.world_size, comm.rank
     left, right = (rank - 1) % n, (rank + 1) % n
     x = block.clone()
@@ -414,6 +452,17 @@ def smooth_with_barrier(comm: Any, block: torch.Tensor, steps: int) -> torch.Ten
         x = _smooth(x, from_left, from_right)
     return x
 
+def smooth_zero_steps_returns_block(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
+    """Right for one step or more, but with 0 steps hands back the caller's block itself,
+    not a new tensor."""
+    if steps == 0:
+        return block
+    x = block.clone()
+    for _ in range(steps):
+        from_left, from_right = _halo_step(comm, x)
+        x = _smooth(x, from_left, from_right)
+    return x
+
 # ---- 6.4 ------------------------------------------------------------------------------------
 
 def straggler_longest_waiter(logs: list[list[str]]) -> tuple[int, float]:
@@ -518,19 +567,56 @@ def straggler_delay_per_all_reduce(logs: list[list[str]]) -> tuple[int, float]:
         delay += per_step[rank][step] - max(others, default=per_step[rank][step])
     return rank, delay
 
+def _compute_per_step(lines: list[str], stamp_of: Any) -> list[float]:
+    """Each step's compute ("compute start" to "compute done") of one rank's log, in seconds,
+    with ``stamp_of(line)`` reading a line's time stamp in milliseconds."""
+    started: dict[str, float] = {}
+    out = []
+    for line in lines:
+        step, _, text = line[line.index("ms]") + 4:].partition(": ")
+        if text == "compute start":
+            started[step] = stamp_of(line) / 1e3
+        elif text.startswith("compute done"):
+            out.append(stamp_of(line) / 1e3 - started[step])
+    return out
+
+
+def straggler_slowest_step(logs: list[list[str]]) -> tuple[int, float]:
+    """Names the rank with the slowest single step, not the most compute summed over the
+    run; its seconds are that rank's total over the median rank's."""
+    per_step = [_compute_per_step(lines, lambda line: float(line[1:line.index("ms]")]))
+                for lines in logs]
+    slowest = [max(steps) for steps in per_step]
+    rank = max(range(len(slowest)), key=slowest.__getitem__)
+    totals = [sum(steps) for steps in per_step]
+    return rank, totals[rank] - statistics.median(totals)
+
+
+def straggler_split_on_spaces(logs: list[list[str]]) -> tuple[int, float]:
+    """Reads a time stamp as ``float(line.split()[1])``: right while the stamps have a space
+    after "[", a ValueError from 10 000 ms on ("[12600.0000 ms]")."""
+    totals = [sum(_compute_per_step(lines, lambda line: float(line.split()[1])))
+              for lines in logs]
+    rank = max(range(len(totals)), key=totals.__getitem__)
+    return rank, totals[rank] - statistics.median(totals)
+
 MUTANTS: dict[str, list[str]] = {
     "6.1": ["choose_ignoring_optimizer_state", "choose_pooling_memory",
-            "choose_ignoring_activations", "choose_strict_fit"],
+            "choose_ignoring_activations", "choose_strict_fit", "choose_always_adam",
+            "choose_ignoring_precision"],
     "6.2": ["swap_both_send_first", "swap_by_parity", "swap_alone_returns_input",
             "swap_with_isend", "swap_send_never_waited", "swap_float32_buffer",
-            "swap_flat_buffer", "swap_through_float32", "swap_with_barrier"],
+            "swap_flat_buffer", "swap_through_float32", "swap_with_barrier",
+            "swap_rounded_through_float32"],
     "6.3": ["smooth_blocking_sends", "smooth_by_parity", "smooth_without_tags",
             "smooth_halos_swapped", "smooth_chain", "smooth_through_rank_0", "smooth_in_place",
             "smooth_overwrites_block", "smooth_sends_never_waited", "smooth_float32_halos",
-            "smooth_halos_through_float32", "smooth_all_float32", "smooth_with_barrier"],
+            "smooth_halos_through_float32", "smooth_all_float32", "smooth_with_barrier",
+            "smooth_zero_steps_returns_block"],
     "6.4": ["straggler_longest_waiter", "straggler_first_step_only",
             "straggler_against_the_mean", "straggler_last_to_start_step",
             "straggler_least_waiter", "straggler_seconds_from_waits",
             "straggler_counting_time_between_steps", "straggler_ties_to_highest",
-            "straggler_delay_per_all_reduce"],
+            "straggler_delay_per_all_reduce", "straggler_slowest_step",
+            "straggler_split_on_spaces"],
 }

@@ -208,9 +208,19 @@ def expect_close(got: Any, want: torch.Tensor, what: str, rtol: float = 1e-5,
     if not torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol):
         worst = (got.double() - want.double()).abs().argmax().item()
         flat_got, flat_want = got.reshape(-1), want.reshape(-1)
-        raise CheckFailure(f"{what}: wrong values, e.g. element {worst} is "
-                           f"{flat_got[worst].item():.6g}, expected {flat_want[worst].item():.6g}"
-                           + _scaled(got.double(), want.double(), rtol, atol))
+        shown, expected = _digits(flat_got[worst].item(), flat_want[worst].item())
+        raise CheckFailure(f"{what}: wrong values, e.g. element {worst} is {shown}, expected "
+                           f"{expected}" + _scaled(got.double(), want.double(), rtol, atol))
+
+
+def _digits(got: float, want: float) -> tuple[str, str]:
+    """Both numbers with 6 significant digits, or with as many as it takes to tell them
+    apart (a value rounded through float32 differs in the 8th)."""
+    for digits in (6, 9, 12, 17):
+        shown, expected = f"{got:.{digits}g}", f"{want:.{digits}g}"
+        if shown != expected:
+            break
+    return shown, expected
 
 
 def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> str:

@@ -1,7 +1,10 @@
 """Checks of exercise 6.1, choosing a strategy that fits: ``estimate_memory`` against
 ``Cluster.capacity_bytes``, the first strategy that fits in the order single (one device),
-dp, zero1, zero2, zero3. Fitting is ``Estimate.fits``: at most the capacity, so an estimate of
-exactly a device's capacity fits (``_exact_fit`` builds such examples, and one byte over)."""
+dp, zero1, zero2, zero3, with the example's optimizer, precision and activations (each
+changes the answer somewhere: SGD keeps less state than Adam, fp32 more than mixed precision
+once the optimizer state is sharded). Fitting is ``Estimate.fits``: at most the capacity, so
+an estimate of exactly a device's capacity fits (``_exact_fit`` builds such examples, and one
+byte over)."""
 
 from __future__ import annotations
 
@@ -51,12 +54,34 @@ def _judge_choice(got: Any, n_params: int, preset: str, visible: str | None, opt
     exact = want in ("single", "dp", "zero1", "zero2", "zero3") and estimate_memory(
         n_params, optimizer, precision, want, cluster.world_size,
         activations_bytes).per_device_total == capacity
+    note = (f" ({want} needs exactly the device's {capacity} bytes, and a strategy that needs "
+            "no more than the capacity fits)" if exact
+            else _what_was_left_out(got, n_params, cluster, optimizer, precision,
+                                    activations_bytes))
     expect(got == want, f"{n_params:.3g} parameters, {optimizer} {precision}, "
                         f"{activations_bytes} activation bytes, on {where}: you chose {got!r}, "
-                        f"expected {want!r}"
-                        + (f" ({want} needs exactly the device's {capacity} bytes, and a "
-                           "strategy that needs no more than the capacity fits)"
-                           if exact else ""))
+                        f"expected {want!r}" + note)
+
+
+def _what_was_left_out(got: Any, n_params: int, cluster: Cluster, optimizer: str,
+                       precision: str, activations_bytes: int) -> str:
+    """A question when ``got`` is the answer with one argument left out (no activations,
+    Adam for another optimizer, the other precision), else ''."""
+    if got == _reference_choice(n_params, cluster, optimizer, precision, activations_bytes):
+        return ""
+    if activations_bytes and got == _reference_choice(n_params, cluster, optimizer, precision,
+                                                      0):
+        return (f": {got!r} would be right without the activations; does activations_bytes "
+                "reach estimate_memory?")
+    if optimizer != "adam" and got == _reference_choice(n_params, cluster, "adam", precision,
+                                                        activations_bytes):
+        return (f": {got!r} would be right for Adam, and {optimizer} keeps less optimizer "
+                "state; does optimizer reach estimate_memory?")
+    other = "mixed" if precision == "fp32" else "fp32"
+    if got == _reference_choice(n_params, cluster, optimizer, other, activations_bytes):
+        return (f": {got!r} would be right for {other} precision; does precision reach "
+                "estimate_memory?")
+    return ""
 
 
 def _exact_fit(n_params: int, preset: str, visible: str | None, strategy: str,
@@ -76,9 +101,11 @@ def _choice_case(name: str, points: int, cases: list[dict[str, Any]],
 
 def _random_choices() -> list[dict[str, Any]]:
     presets = ["4xRTX4090-pcie", "8xRTX4090-pcie", "8xA100-nvlink", "4xH100-nvswitch"]
+    optimizers = ["adam", "sgd", "sgd-momentum"]
     drawn = examples(40, seed=6, exponent=(60, 110), preset=(0, 3), devices=(1, 4),
-                     fp32=(0, 1), activations=(0, 8))
+                     fp32=(0, 1), activations=(0, 8), optimizer=(0, 2))
     return [_choice_example(int(10 ** (e["exponent"] / 10)), presets[e["preset"]],
                             ",".join(str(i) for i in range(e["devices"])),
+                            optimizer=optimizers[e["optimizer"]],
                             precision="fp32" if e["fp32"] else "mixed",
                             activations_bytes=e["activations"] * 2**30) for e in drawn]

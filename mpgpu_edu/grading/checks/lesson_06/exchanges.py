@@ -1,10 +1,10 @@
 """Checks of exercises 6.2 (a swap) and 6.3 (a halo exchange), neither of which may deadlock:
 the simulator detects a deadlock and names who waits for whom; the values are held to the
-partners' tensors and to the smoothing done on one device (in the input's dtype, as a new
-tensor, the caller's left unchanged), the traffic to one message per partner or neighbour.
-From the grader's record of the run: 6.2 posts no ``isend``/``irecv`` (blocking calls only),
-neither leaves a work unwaited, and a ``comm.barrier()`` (its empty messages carry reserved
-tags) is named as such."""
+partners' tensors (bit for bit, every digit printed) and to the smoothing done on one device
+(in the input's dtype, as a new tensor also after 0 steps, the caller's left unchanged), the
+traffic to one message per partner or neighbour. From the grader's record of the run: 6.2
+posts no ``isend``/``irecv`` (blocking calls only), neither leaves a work unwaited, and a
+``comm.barrier()`` (its empty messages carry reserved tags) is named as such."""
 
 from __future__ import annotations
 
@@ -106,10 +106,28 @@ def _judge_swap(facts: dict[str, Any], partners: list[int], numel: int = 6,
             expect(got.dtype == want.dtype,
                    f"{where} returned {_dtype(got)} for a {_dtype(want)} tensor: receive into "
                    "a buffer of the tensor's own dtype and shape (torch.empty_like(tensor))")
-        expect_close(got, want, f"{where}: what it got", rtol=0, atol=0)
+        _expect_exactly(got, want, f"{where}: what it got")
         alone = " (it has no partner)" if partners[rank] == rank else ""
         expect(not record["is_input"], f"{where}{alone} returned the tensor it was given "
                                        "(or a view of it), not a new tensor")
+
+
+def _expect_exactly(got: Any, want: torch.Tensor, what: str) -> None:
+    """``got`` equals ``want`` bit for bit; a value that differs is printed with every digit
+    its dtype holds, and one rounded through float32 on the way is named as such."""
+    if (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
+            and not torch.equal(got, want)):
+        flat_got, flat_want = got.reshape(-1), want.reshape(-1)
+        worst = int((flat_got.double() - flat_want.double()).abs().argmax())
+        values = (f"element {worst} is {flat_got[worst].item()!r}, expected "
+                  f"{flat_want[worst].item()!r}")
+        rounded = (want.dtype == torch.float64
+                   and torch.equal(got, want.to(torch.float32).to(want.dtype)))
+        expect(not rounded, f"{what} is right to float32's precision only ({values}): the "
+                            "tensor went through float32 on the way; send it and receive it "
+                            "in its own dtype (torch.empty_like(tensor))")
+        expect(False, f"{what}: wrong values, e.g. {values}")
+    expect_close(got, want, what, rtol=0, atol=0)
 
 
 def _swap_case(name: str, points: int, pairings: list[list[int]]) -> Case:
@@ -206,7 +224,9 @@ def _judge_smooth(facts: dict[str, Any], lengths: list[int], steps: int, seed: i
                    f"smoothing) went through float32; keep everything {dtype}, halo buffers "
                    "included (torch.empty_like(block[:1]))")
         expect(not record["is_input"], f"{what}: it returned the block it was given (or a "
-                                       "view of it), not a new tensor")
+                                       "view of it), not a new tensor"
+                                       + (": with 0 steps too, return a copy (block.clone())"
+                                          if steps == 0 else ""))
         expect(torch.equal(record["block_after"], blocks[rank]),
                f"{what}: it changed the block it was given in place; smooth a copy "
                "(block.clone()) and leave the caller's tensor as it was")

@@ -1,12 +1,14 @@
 """Checks of exercise 6.4, the straggler found from per-rank logs: against
 ``cd.find_straggler_reference`` on logs the grader generates itself (other world sizes,
-other slow ranks; ``_busy_steps``: two ranks exactly as slow, a tie, and a rank that loads
-data between steps, so that it waits least without computing most), naming the mistakes of
-picking the rank that waited longest or least, of breaking a tie upwards, and of measuring
-waits instead of compute."""
+other slow ranks; ``_busy_steps``: two ranks exactly as slow, a tie, a rank that loads data
+between steps, so that it waits least without computing most, a rank with the slowest single
+step but not the most compute, and steps long enough that the time stamps pass 10 000 ms),
+naming the mistakes of picking the rank that waited longest or least or had the slowest step,
+of breaking a tie upwards, and of measuring waits instead of compute."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -25,17 +27,22 @@ Impl = Callable[..., Any]
 
 def _busy_steps(comm: Communicator, slow_ranks: list[int], steps: int,
                 slowdown: list[float], loader: int | None, load_seconds: float,
-                step_seconds: float = 0.02, grad_numel: int = 1 << 20) -> None:
-    """``cd.straggler_steps`` with two twists: every rank of ``slow_ranks`` computes exactly
-    what the first one does (equally slow: a tie), and ``loader`` loads its batch for
+                step_seconds: float = 0.02, spiky: int | None = None, spike: float = 1.0,
+                grad_numel: int = 1 << 20) -> None:
+    """``cd.straggler_steps`` with three twists: every rank of ``slow_ranks`` computes exactly
+    what the first one does (equally slow: a tie); ``loader`` loads its batch for
     ``load_seconds`` before each step's compute, saying so in its log (time between steps, not
-    compute: it arrives late at the all-reduce and waits least)."""
+    compute: it arrives late at the all-reduce and waits least); and ``spiky`` computes
+    ``spike`` times longer in its last step only (the slowest single step, not the most
+    compute over the run)."""
     grads = torch.empty(grad_numel, dtype=torch.float32, device="meta")
     like = slow_ranks[0] if comm.rank in slow_ranks else comm.rank
     for step in range(steps):
         seconds = step_seconds * (1 + 0.1 * ((3 * like + 5 * step) % 7) / 6)
         if comm.rank in slow_ranks:
             seconds *= slowdown[step % len(slowdown)]
+        if comm.rank == spiky and step == steps - 1:
+            seconds *= spike
         if comm.rank == loader:
             comm.log(f"step {step}: loading the batch")
             with comm.compute("data", f"load batch {step}", seconds=load_seconds):
@@ -52,34 +59,62 @@ def _busy_steps(comm: Communicator, slow_ranks: list[int], steps: int,
 
 def _straggler_logs(world_size: int, slow_rank: int, steps: int, slowdown: list[float],
                     also_slow: int | None = None, loader: int | None = None,
-                    load_ms: float = 0.0) -> list[list[str]]:
-    if also_slow is None and loader is None:
+                    load_ms: float = 0.0, step_ms: float = 20.0, spiky: int | None = None,
+                    spike: float = 1.0) -> list[list[str]]:
+    if also_slow is None and loader is None and spiky is None and step_ms == 20.0:
         return cd.run_straggler(world_size, slow_rank, steps, tuple(slowdown)).logs
     slow = [slow_rank] + ([also_slow] if also_slow is not None else [])
     return launch(_busy_steps, cd.straggler_cluster(world_size), slow, steps,
-                  list(slowdown), loader, load_ms / 1e3).logs
+                  list(slowdown), loader, load_ms / 1e3, step_ms / 1e3, spiky, spike).logs
+
+
+_STEP = re.compile(r"^\[\s*([0-9.]+) ms\] step (\d+): compute (start|done)")
+
+
+def _slowest_steps(logs: list[list[str]]) -> list[float]:
+    """Per rank, its longest single step's compute in seconds (what a reader who takes the
+    slowest step instead of the sum would compare)."""
+    out = []
+    for lines in logs:
+        started: dict[int, float] = {}
+        longest = 0.0
+        for line in lines:
+            match = _STEP.match(line)
+            if match and match[3] == "start":
+                started[int(match[2])] = float(match[1]) / 1e3
+            elif match:
+                longest = max(longest, float(match[1]) / 1e3 - started[int(match[2])])
+        out.append(longest)
+    return out
 
 
 def _run_find(impl: Impl, world_size: int, slow_rank: int, steps: int,
               slowdown: list[float], also_slow: int | None = None, loader: int | None = None,
-              load_ms: float = 0.0) -> Any:
-    logs = _straggler_logs(world_size, slow_rank, steps, slowdown, also_slow, loader, load_ms)
+              load_ms: float = 0.0, step_ms: float = 20.0, spiky: int | None = None,
+              spike: float = 1.0) -> Any:
+    logs = _straggler_logs(world_size, slow_rank, steps, slowdown, also_slow, loader, load_ms,
+                           step_ms, spiky, spike)
     return impl([list(lines) for lines in logs])
 
 
 def _judge_find(got: Any, world_size: int, slow_rank: int, steps: int,
                 slowdown: list[float], also_slow: int | None = None, loader: int | None = None,
-                load_ms: float = 0.0) -> None:
-    logs = _straggler_logs(world_size, slow_rank, steps, slowdown, also_slow, loader, load_ms)
+                load_ms: float = 0.0, step_ms: float = 20.0, spiky: int | None = None,
+                spike: float = 1.0) -> None:
+    logs = _straggler_logs(world_size, slow_rank, steps, slowdown, also_slow, loader, load_ms,
+                           step_ms, spiky, spike)
     rank, seconds = cd.find_straggler_reference(logs)
     phases = cd.phase_seconds(logs)
     totals = [p["compute"] for p in phases]
     waits = [p["wait"] for p in phases]
-    where = (f"{world_size} ranks, {steps} step(s), rank {slow_rank} slowed "
-             f"{'x'.join(f'{s:g}' for s in slowdown)}"
+    where = (f"{world_size} ranks, {steps} step(s)"
+             + (f" of about {step_ms:g} ms" if step_ms != 20.0 else "")
+             + f", rank {slow_rank} slowed {'x'.join(f'{s:g}' for s in slowdown)}"
              + (f" and rank {also_slow} exactly as much" if also_slow is not None else "")
              + (f", rank {loader} loading data for {load_ms:g} ms before each step's compute"
-                if loader is not None else ""))
+                if loader is not None else "")
+             + (f", rank {spiky} {spike:g} times slower in its last step only"
+                if spiky is not None else ""))
     expect(isinstance(got, list) and len(got) == 2,
            f"{where}: expected (rank, seconds), got {type_name(got)}"
            + (f" of length {len(got)}" if isinstance(got, list) else ""))
@@ -90,6 +125,13 @@ def _judge_find(got: Any, world_size: int, slow_rank: int, steps: int,
         expect(False, f"{where}: ranks {tied} computed equally long ({totals[rank] * 1e3:.4f} "
                       f"ms each) and you named rank {got_rank}; on a tie the straggler is the "
                       f"lowest rank, {rank}")
+    slowest = _slowest_steps(logs)
+    if got_rank != rank and got_rank == max(range(len(slowest)), key=slowest.__getitem__):
+        expect(False, f"{where}: you named rank {got_rank}, whose slowest single step "
+                      f"({slowest[got_rank] * 1e3:.4f} ms) is the longest; the straggler "
+                      f"computes the most summed over every step: rank {rank}, "
+                      f"{totals[rank] * 1e3:.4f} ms in all against rank {got_rank}'s "
+                      f"{totals[got_rank] * 1e3:.4f} ms")
     if got_rank != rank and got_rank == cd.longest_waiter(logs):
         expect(False, f"{where}: you named rank {got_rank}, the rank that waited longest in the "
                       f"all-reduces; the straggler is rank {rank}")
@@ -119,15 +161,21 @@ def _find_case(name: str, points: int, cases: list[dict[str, Any]],
 
 def _straggler(world_size: int, slow_rank: int, steps: int = 3,
                slowdown: tuple[float, ...] = (3.0,), also_slow: int | None = None,
-               loader: int | None = None, load_ms: float = 0.0) -> dict[str, Any]:
-    """An example: ``also_slow``, ``loader`` and ``load_ms`` only where they are used, so the
-    example a failure names says only what its logs hold."""
+               loader: int | None = None, load_ms: float = 0.0, step_ms: float = 20.0,
+               spiky: int | None = None, spike: float = 1.0) -> dict[str, Any]:
+    """An example: ``also_slow``, ``loader`` and ``load_ms``, ``step_ms`` (a step's compute
+    before any slowdown), ``spiky`` and ``spike`` only where they are used, so the example a
+    failure names says only what its logs hold."""
     example: dict[str, Any] = {"world_size": world_size, "slow_rank": slow_rank,
                                "steps": steps, "slowdown": list(slowdown)}
     if also_slow is not None:
         example["also_slow"] = also_slow
     if loader is not None:
         example.update(loader=loader, load_ms=load_ms)
+    if step_ms != 20.0:
+        example["step_ms"] = step_ms
+    if spiky is not None:
+        example.update(spiky=spiky, spike=spike)
     return example
 
 
