@@ -198,3 +198,19 @@ def test_the_checker_can_be_warmed_up_in_the_background(course: Path) -> None:
     runner.warm_up()
     assert mp.check("0.2", impl="solutions").passed
     assert local_server().running() and local_server().server_pid
+
+
+def test_a_failed_case_that_earns_no_points_is_named_in_the_verdict() -> None:
+    """Every point earned but a 0-point case failed: the exercise is not done, and its line
+    says why instead of reading '4/4 points (failed)'."""
+    from mpgpu_edu.grading.report import CaseResult, ExerciseResult, exercise_status
+
+    cases = [CaseResult("values", 4, "passed"),
+             CaseResult("FLOPs per rank", 0, "failed", message="3x the FLOPs")]
+    result = ExerciseResult("5.1", "column-parallel", exercise_status(cases), 4, cases)
+    assert result.points == 4 and result.status == "failed"
+    assert "(failed: every point earned, but a case that earns no points failed)" in str(result)
+    assert "a case that earns no points failed" in result._repr_html_()
+    honest = ExerciseResult("5.1", "column-parallel", "failed", 4,
+                            [CaseResult("values", 4, "failed")])
+    assert "(failed)" in str(honest) and "earns no points" not in str(honest)

@@ -81,6 +81,17 @@ class ExerciseResult:
     def passed(self) -> bool:
         return self.status == "passed"
 
+    @property
+    def verdict(self) -> str:
+        """The status in words; with every point earned but a case failed, that the failed
+        case earns no points (shown only: a fact the grader cannot re-derive) and is still
+        wrong, so the exercise is not done."""
+        words = self.status.replace("_", " ")
+        unscored = [c for c in self.cases if c.max_points == 0 and c.status != "passed"]
+        if self.status != "passed" and unscored and self.points == self.max_points:
+            words += ": every point earned, but a case that earns no points failed"
+        return words
+
     def to_dict(self, figure: bool = False) -> dict:
         data = asdict(self)
         data["points"] = self.points
@@ -91,7 +102,7 @@ class ExerciseResult:
 
     def __str__(self) -> str:
         lines = [f"{_WORD[self.status]:7s} Exercise {self.id} {self.title}: "
-                 f"{self.points}/{self.max_points} points ({self.status.replace('_', ' ')})"]
+                 f"{self.points}/{self.max_points} points ({self.verdict})"]
         if self.message:
             lines += ["  " + line for line in self.message.splitlines()]
         for case in self.cases:
@@ -131,7 +142,7 @@ def exercise_html(result: ExerciseResult) -> str:
              'font-family:sans-serif;font-size:13px">',
              f"<div><b>{_ICON[result.status]} Exercise {_esc(result.id)}: "
              f"{_esc(result.title)}</b> &mdash; {result.points}/{result.max_points} points "
-             f'<span style="color:{colour}">({result.status.replace("_", " ")})</span></div>']
+             f'<span style="color:{colour}">({_esc(result.verdict)})</span></div>']
     if result.message:
         parts.append(f'<pre style="white-space:pre-wrap;margin:4px 0">'
                      f"{_esc(result.message)}</pre>")
