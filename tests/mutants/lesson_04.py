@@ -40,34 +40,40 @@ def greedy_fill(costs: list[float], n_stages: int) -> list[int]:
     return boundaries
 
 
+def _fill(costs: list[float], limit: float) -> list[int]:
+    """Greedy: a new stage whenever the next layer would take this one past ``limit``."""
+    boundaries, held = [], 0.0
+    for i, cost in enumerate(costs):
+        if i > 0 and held + cost > limit:
+            boundaries.append(i)
+            held = 0.0
+        held += cost
+    return boundaries
+
+
+def _split_off_singles(boundaries: list[int], costs: list[float], n_stages: int) -> list[int]:
+    """More stages than the fill needed: split off single layers from the end."""
+    boundaries = list(boundaries)
+    for i in range(len(costs) - 1, 0, -1):
+        if len(boundaries) < n_stages - 1 and i not in boundaries:
+            boundaries.append(i)
+    return sorted(boundaries)
+
+
 def whole_number_limits(costs: list[float], n_stages: int) -> list[int]:
     """Binary search over whole-number limits for the largest stage, then a greedy fill: right
     for whole costs, but with costs in fractions of a millisecond the best limit lies between
     two whole numbers."""
     if not 1 <= n_stages <= len(costs):
         raise ValueError("bad stage count")
-
-    def fill(limit: float) -> list[int]:
-        boundaries, held = [], 0.0
-        for i, cost in enumerate(costs):
-            if i > 0 and held + cost > limit:
-                boundaries.append(i)
-                held = 0.0
-            held += cost
-        return boundaries
-
     low, high = math.ceil(max(costs)), math.ceil(sum(costs))
     while low < high:
         middle = (low + high) // 2
-        if len(fill(middle)) + 1 <= n_stages:
+        if len(_fill(costs, middle)) + 1 <= n_stages:
             high = middle
         else:
             low = middle + 1
-    boundaries = fill(low)
-    for i in range(len(costs) - 1, 0, -1):  # more stages than needed: split off single layers
-        if len(boundaries) < n_stages - 1 and i not in boundaries:
-            boundaries.append(i)
-    return sorted(boundaries)
+    return _split_off_singles(_fill(costs, low), costs, n_stages)
 
 
 def bisection_to_a_fixed_epsilon(costs: list[float], n_stages: int) -> list[int]:
@@ -76,28 +82,14 @@ def bisection_to_a_fixed_epsilon(costs: list[float], n_stages: int) -> list[int]
     the best split."""
     if not 1 <= n_stages <= len(costs):
         raise ValueError("bad stage count")
-
-    def fill(limit: float) -> list[int]:
-        boundaries, held = [], 0.0
-        for i, cost in enumerate(costs):
-            if i > 0 and held + cost > limit:
-                boundaries.append(i)
-                held = 0.0
-            held += cost
-        return boundaries
-
     low, high = max(costs), sum(costs)
     while high - low > 1e-6:
         middle = (low + high) / 2
-        if len(fill(middle)) + 1 <= n_stages:
+        if len(_fill(costs, middle)) + 1 <= n_stages:
             high = middle
         else:
             low = middle
-    boundaries = fill(high)
-    for i in range(len(costs) - 1, 0, -1):  # more stages than needed: split off single layers
-        if len(boundaries) < n_stages - 1 and i not in boundaries:
-            boundaries.append(i)
-    return sorted(boundaries)
+    return _split_off_singles(_fill(costs, high), costs, n_stages)
 
 
 # ---- 4.2 ----------------------------------------------------------------------------------------
