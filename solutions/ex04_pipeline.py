@@ -150,8 +150,9 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
                      recv_shapes: Sequence[tuple[int, ...]] | None,
                      loss_fn: LossFn = nn.functional.mse_loss,
                      stage_seconds: tuple[float, float] | None = None) -> float | None:
-    """Run this rank's steps of any ``schedule`` (rank p runs stage ``stage``, row p of the
-    grid, in the order ``steps_of(schedule, p)`` gives) and add the gradients of one
+    """Run this rank's steps of any ``schedule`` (P = ``schedule.n_stages`` stages, M =
+    ``schedule.n_microbatches`` microbatches; rank p runs stage ``stage``, row p of the grid,
+    in the order ``steps_of(schedule, p)`` gives) and add the gradients of one
     training step to ``stage``'s parameters' ``.grad`` (accumulated, as ``backward`` does:
     never zero them; the caller zeroes them when it wants and steps the optimizer after).
     Return the loss on the last stage, None elsewhere.
@@ -168,11 +169,13 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
       so that the pipeline trains exactly as one device that accumulates the same M
       microbatches (with microbatches of equal size, that is the whole batch's mean loss).
     - Memory: between F(m) and B(m) the stage keeps what B(m) needs (microbatch m's input and
-      output), and nothing of m after B(m): not in a loop variable, nor in a send's Work or a
-      ``.detach()`` (which shares its numbers' memory). A stage keeps alive as many
+      output), and nothing of them after B(m): not in a loop variable, nor in a send's Work or
+      a ``.detach()`` (which shares its numbers' memory). A stage keeps alive as many
       microbatches as the schedule has in flight there (the check looks at the start of every
       F and B which tensors' memory is still alive). Each F and each B runs the stage's
-      forward or backward once (no recomputation).
+      forward or backward once (no recomputation). The gradients sent back are the exception:
+      nothing this stage does later tells it that the previous stage has received one (that
+      stage may run its backwards in another order), so their Works are waited on at the end.
     - Messages: tag ``message_tag(step)``, as in 4.4. Under 1F1B two neighbouring stages
       send to each other at the same tick (stage p an activation to p + 1, stage p + 1 a
       gradient to p), each before it receives; and a schedule may have neighbours run their
@@ -183,7 +186,10 @@ def execute_schedule(comm: Communicator, schedule: Schedule, stage: nn.Module,
       ``comm.compute("backward", ...)``, with ``stage_seconds = (forward_s, backward_s)`` as
       the seconds when given (a stand-in duration for the simulator's timeline).
 
-    Cost per microbatch and cut: one activation message forward, one gradient message back.
+    The calls: ``comm.recv(tensor, src, tag)`` fills ``tensor``; ``comm.isend(tensor, dst,
+    tag)`` returns a Work (``.wait()``); ``with comm.compute(kind, label, seconds=None):``
+    times a region. Cost per microbatch and cut: one activation message forward, one
+    gradient message back.
     """
     ### BEGIN SOLUTION 4.5
     n_stages, n_mbs = schedule.n_stages, schedule.n_microbatches

@@ -69,8 +69,9 @@ EXERCISES = (
         'stage); backward; isend x.grad to send_to; then del x, y, so that nothing keeps m '
         'alive. isend returns at once, so a stage goes on to the receive its neighbour is '
         'waiting on instead of blocking while that neighbour blocks on its own send. Wait for '
-        'the gradient sends at the end. On the last stage return the sum of the M parts '
-        'loss_fn(...) / M, which is their mean.',
+        'the gradient sends at the end (nothing earlier tells you they arrived). P and M are '
+        'schedule.n_stages and schedule.n_microbatches. On the last stage return the sum of '
+        'the M parts loss_fn(...) / M, which is their mean.',
         'for step in steps_of(schedule, comm.rank):\n'
         '    m, tag = step.microbatch, message_tag(step)\n'
         '    src, dst = recv_from(step, P), send_to(step, P)\n'

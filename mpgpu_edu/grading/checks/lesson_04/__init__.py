@@ -30,7 +30,8 @@ from mpgpu_edu.grading.checks.lesson_04.forward import (_compute_forward,
                                                         _judge_backward_reaches_input,
                                                         _judge_timed, _judge_traffic,
                                                         _judge_values_all)
-from mpgpu_edu.grading.checks.lesson_04.partition import (_compute_bad, _compute_partition_hidden,
+from mpgpu_edu.grading.checks.lesson_04.partition import (DEEP_COSTS, _compute_bad,
+                                                          _compute_partition_hidden,
                                                           _judge_bad, _judge_partition_hidden,
                                                           _partition_case)
 from mpgpu_edu.grading.checks.lesson_04.schedules import (MAKESPAN_SIZES, _gpipe_ticks_memory,
@@ -49,9 +50,10 @@ REFERENCES = {  # the package's own implementation, out of reach while the learn
 
 CASES: dict[str, list[Case]] = {
     "4.1": [
-        Case("the docstring's example", 1, *_partition_case([([3, 1, 1, 1, 2], 2)])),
-        Case("the best split: uneven layers, fractional costs (milliseconds, seconds)", 1,
-             *_partition_case([([5, 1, 1, 1, 1, 1], 2), ([1, 2, 3, 4, 5, 6, 7, 8, 9], 3),
+        Case("the best split: the docstring's example, uneven layers, fractional costs "
+             "(milliseconds, seconds)", 1,
+             *_partition_case([([3, 1, 1, 1, 2], 2), ([5, 1, 1, 1, 1, 1], 2),
+                               ([9, 6, 10, 8], 3), ([1, 2, 3, 4, 5, 6, 7, 8, 9], 3),
                                ([4, 4, 4], 3), ([7, 2], 1), ([0, 0, 9, 0], 2),
                                ([0.5, 0.4, 0.3], 2), ([1.25, 0.5, 0.75, 2.0, 0.25], 3),
                                ([0.1, 0.2, 0.3, 0.4], 2),
@@ -59,6 +61,8 @@ CASES: dict[str, list[Case]] = {
         Case("too many or too few stages raise ValueError", 1, _compute_bad, _judge_bad),
         Case("hidden: random costs", 1, _compute_partition_hidden, _judge_partition_hidden,
              hidden=True),
+        Case("96 layers into 8 stages within 10 s (trying every split would take hours)", 1,
+             *_partition_case([(DEEP_COSTS, 8)]), timeout_s=10),
     ],
     "4.2": [
         Case("a valid schedule", 1, _orders_case([(2, 2), (4, 3)]),

@@ -124,6 +124,13 @@ def _judge_traffic_both(runs: list) -> None:
                    f"{where}: stage {rank} sent {stats['sent_to']} (bytes per stage) in "
                    f"{stats['messages_sent']} messages; expected {want}: per microbatch one "
                    "activation to the next stage and one gradient to the previous one")
+            for peer, tag, _n in facts["sends"][rank]:
+                what, mb = ("activation", tag // 2) if peer == rank + 1 else ("gradient",
+                                                                              (tag - 1) // 2)
+                expect(tag == (2 * mb if peer == rank + 1 else 2 * mb + 1) and 0 <= mb < m,
+                       f"{where}: stage {rank} sent a {what} to stage {peer} with tag {tag}; "
+                       "message_tag(step) gives 2 m for microbatch m's activation and "
+                       "2 m + 1 for its gradient, so that no tag means two things")
 
 
 def _judge_timed_executor(runs: list) -> None:

@@ -43,7 +43,8 @@ def _partition_one(impl: Impl, costs: list[float], n_stages: int) -> dict:
 
 
 def _judge_partition(out: dict, costs: list[float], n_stages: int) -> None:
-    got, call = out["got"], f"balanced_boundaries({costs}, {n_stages})"
+    shown = costs if len(costs) <= 12 else f"[{len(costs)} costs: {costs[:4]} ...]"
+    got, call = out["got"], f"balanced_boundaries({shown}, {n_stages})"
     expect(out["input_after"] == costs, f"{call} changed its input to {out['input_after']}")
     expect(isinstance(got, list) and len(got) == n_stages - 1,
            f"{call} returned {got!r}; expected a list of {n_stages - 1} boundaries")
@@ -52,9 +53,9 @@ def _judge_partition(out: dict, costs: list[float], n_stages: int) -> None:
            f"{call} returned {got}: boundaries increase strictly and lie in "
            f"1..{len(costs) - 1}, so every stage holds at least one layer")
     best, mine = _optimal_max(costs, n_stages), max(_stage_costs(costs, got))
-    shown = [c if type(c) is int else float(format(c, ".6g")) for c in _stage_costs(costs, got)]
+    stages = [c if type(c) is int else float(format(c, ".6g")) for c in _stage_costs(costs, got)]
     expect(mine <= best + 1e-9 * abs(best),  # relative: costs may be seconds (1e-6 and less)
-           f"{call} returned {got}: stage costs {shown}, largest {mine:g}; the best split has "
+           f"{call} returned {got}: stage costs {stages}, largest {mine:g}; the best split has "
            f"largest stage {best:g}"
            + ("" if all(float(c).is_integer() for c in costs) else
               " (the costs are fractions here: the best largest stage need not be a whole "
@@ -82,6 +83,9 @@ def _judge_bad(records: list[dict]) -> None:
         expect(r["got"] == "raised ValueError",
                f"balanced_boundaries({r['costs']}, {r['n_stages']}) returned {r['got']!r}; it "
                "should raise ValueError (each stage needs at least one layer)")
+
+
+DEEP_COSTS = [(7 * i) % 23 + 1 for i in range(96)]  # a deep model: too many splits to try
 
 
 def _random_costs(n_layers: int, draw: int) -> list[float]:
