@@ -66,10 +66,11 @@ def column_parallel_linear(comm: Communicator, x: torch.Tensor, weight_shard: to
 
     ``x`` (B, in) is the same on every rank. This rank holds ``weight_shard``, rows
     ``rank * k .. (rank + 1) * k - 1`` of W (k = out / N, the same on every rank), and the
-    matching ``bias_shard`` (or None). Returns (B, out), equal to the unsplit layer's output,
-    on every rank; output features in W's row order.
+    matching ``bias_shard`` (or None). Returns (B, out), equal to the unsplit layer's output
+    and of its dtype (float64 in, float64 out), on every rank; output features in W's row
+    order. The caller's tensors are left unchanged.
     Cost: 1/N of the layer's FLOPs per rank, then an all-gather of the output: each rank
-    sends (N - 1) of its (B, k) slices.
+    sends N - 1 slices of (B, k) (on a ring: its own, then the N - 2 it passes on).
     """
     # Exercise 5.1 (about 5 lines). mp.hint("5.1") when stuck.
     raise NotImplementedError("Exercise 5.1: column_parallel_linear (notebooks/05_tensor_and_hybrid.ipynb)")
@@ -83,7 +84,8 @@ def zero1_adam_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor
     Adam on the *mean* of every rank's ``grad`` (1-D, this rank's own gradient). This rank
     owns shard ``rank`` of ``torch.tensor_split(params, N)`` and keeps Adam's state for that
     shard only, in ``state`` (pass it to ``adam_update``): 1/N of the state per rank, and
-    exactly the moments ``torch.optim.Adam`` would hold for that shard.
+    exactly the moments ``torch.optim.Adam`` would hold for that shard. ``grad`` is left
+    unchanged (the caller may still need it).
     Cost: as much traffic as one all-reduce of the gradient (2 (N - 1) / N of it per rank).
     The collectives this takes: ``reduce_scatter`` (``op`` ``"sum"`` or ``"mean"``) and
     ``all_gather``, as the module's docstring states them.

@@ -23,7 +23,7 @@ EXERCISES = (
         "Three moves: a reduce-scatter of the gradient that averages (your shard of the mean "
         "gradient); adam_update on your shard of params with `state`; an all-gather of the "
         "updated shards back into params. torch.tensor_split(params, N)[rank] is a view, so "
-        "an update to it lands in params.",
+        "an update to it lands in params. Leave grad itself as it is.",
         "mine = reduce_scatter(comm, grad, op=...)   # a sum makes Adam's moments N times "
         "too big\n"
         "shard = torch.tensor_split(params, comm.world_size)[comm.rank]\n"
@@ -53,7 +53,8 @@ EXERCISES = (
         "gradient backward; g, an all-reduce forward and identity backward. Then f(x), the "
         "first linear with this rank's rows, GeLU, the second linear with this rank's "
         "columns and no bias, g, and b2 added after g. All-reduce a clone, never a tensor "
-        "autograd still needs.",
+        "autograd still needs. Not a hook on x: x's gradient can also come from outside the "
+        "block (a residual), and that share is not summed.",
         "class CopyToParallel(torch.autograd.Function):   # f: on x, before the first linear\n"
         "    @staticmethod\n"
         "    def forward(ctx, t): ...       # identity (return a view of t)\n"

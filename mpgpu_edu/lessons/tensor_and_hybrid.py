@@ -6,8 +6,9 @@
 - ``mlp_pass``: SPMD, forward and backward of a tensor-parallel MLP (Megatron's column then
   row, or the naive split) on meta tensors: shapes, FLOPs and bytes, no data.
 - ``megatron_pass``: SPMD, the same block run by a function with exercise 5.4's signature
-  (the learner's ``megatron_mlp`` once it passes), on meta tensors; ``all_reduces`` counts
-  the all-reduces its bytes make; ``link_lines`` lists bytes per link.
+  (the learner's ``megatron_mlp`` once it passes, else ``reference_megatron_mlp``), on meta
+  tensors; ``all_reduces`` counts the all-reduces its bytes make; ``link_lines`` lists bytes
+  per link.
 - ``traffic_by_group``: bytes a DP x PP run sent inside pipelines and inside data groups.
 - ``sharded_update_traffic``: SPMD, the communication of a ZeRO step (reduce-scatter, then
   all-gather) or of plain data parallelism (all-reduce), on meta tensors.
@@ -179,6 +180,16 @@ def mlp_pass(comm: Communicator, tokens: int, d_model: int, naive: bool = False)
 
 
 MegatronMLP = Callable[..., torch.Tensor]  # exercise 5.4: (comm, x, w1, b1, w2, b2) -> out
+
+
+def reference_megatron_mlp(comm: Communicator, x: torch.Tensor, w1_shard: torch.Tensor,
+                           b1_shard: torch.Tensor | None, w2_shard: torch.Tensor,
+                           b2: torch.Tensor | None) -> torch.Tensor:
+    """The package's Megatron MLP block (``mpgpu_edu.tensor.megatron``): what the notebook's
+    demos run until the learner's 5.4 passes (``mp.yours``)."""
+    from mpgpu_edu.tensor.megatron import megatron_mlp
+
+    return megatron_mlp(comm, x, w1_shard, b1_shard, w2_shard, b2)
 
 
 def megatron_pass(comm: Communicator, mlp: MegatronMLP, tokens: int, d_model: int

@@ -38,6 +38,26 @@ def column_whole_weight_everywhere(comm: Any, x: torch.Tensor, weight_shard: tor
     return out
 
 
+def column_zeroes_callers_x(comm: Any, x: torch.Tensor, weight_shard: torch.Tensor,
+                            bias_shard: torch.Tensor | None) -> torch.Tensor:
+    """Right output, but clears x in place afterwards ("to free it"): the caller's input is
+    destroyed."""
+    local = x @ weight_shard.T
+    if bias_shard is not None:
+        local = local + bias_shard
+    x.zero_()
+    return torch.cat(all_gather(comm, local.contiguous()), dim=-1)
+
+
+def column_casts_to_float32(comm: Any, x: torch.Tensor, weight_shard: torch.Tensor,
+                            bias_shard: torch.Tensor | None) -> torch.Tensor:
+    """Casts its slice to float32 before gathering: float64 inputs come back as float32."""
+    local = x @ weight_shard.T
+    if bias_shard is not None:
+        local = local + bias_shard
+    return torch.cat(all_gather(comm, local.float().contiguous()), dim=-1)
+
+
 # ---- 5.2 ZeRO-1 ----------------------------------------------------------------------------------
 
 def _adam(param: torch.Tensor, grad: torch.Tensor, state: dict, lr: float) -> None:
@@ -78,6 +98,17 @@ def zero1_forgets_all_gather(comm: Any, params: torch.Tensor, grad: torch.Tensor
     _adam(torch.tensor_split(params, comm.world_size)[comm.rank], mine, state, lr)
 
 
+def zero1_divides_callers_grad(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                               state: dict, lr: float = 1e-3) -> None:
+    """Divides grad by N in place, then reduce-scatters a sum: the update is right, but the
+    caller's gradient is changed."""
+    grad.div_(comm.world_size)
+    mine = reduce_scatter(comm, grad, op="sum")
+    shard = torch.tensor_split(params, comm.world_size)[comm.rank]
+    _adam(shard, mine, state, lr)
+    params.copy_(torch.cat(all_gather(comm, shard.clone())))
+
+
 # ---- 5.3 the mesh --------------------------------------------------------------------------------
 
 def groups_stage_major(world_size: int, pp_size: int) -> tuple[list, list]:
@@ -101,6 +132,24 @@ def groups_swapped(world_size: int, pp_size: int) -> tuple[list, list]:
 def groups_no_validation(world_size: int, pp_size: int) -> tuple[list, list]:
     """Never raises: a pp_size that does not divide world_size drops ranks silently."""
     dp = world_size // pp_size if pp_size else 0
+    return ([[d * pp_size + s for s in range(pp_size)] for d in range(dp)],
+            [[d * pp_size + s for d in range(dp)] for s in range(pp_size)])
+
+
+def groups_checks_pp_size_only(world_size: int, pp_size: int) -> tuple[list, list]:
+    """Checks pp_size >= 1 and divisibility, never world_size: hybrid_groups(0, 1) returns
+    ([], [[]])."""
+    if pp_size < 1 or world_size % pp_size:
+        raise ValueError("pp_size must divide world_size")
+    dp = world_size // pp_size
+    return ([[d * pp_size + s for s in range(pp_size)] for d in range(dp)],
+            [[d * pp_size + s for d in range(dp)] for s in range(pp_size)])
+
+
+def groups_asserts(world_size: int, pp_size: int) -> tuple[list, list]:
+    """An assert where the contract asks for ValueError."""
+    assert pp_size >= 1 and world_size >= 1 and world_size % pp_size == 0
+    dp = world_size // pp_size
     return ([[d * pp_size + s for s in range(pp_size)] for d in range(dp)],
             [[d * pp_size + s for d in range(dp)] for s in range(pp_size)])
 
@@ -227,11 +276,32 @@ def megatron_plain_all_reduce(comm: Any, x: torch.Tensor, w1_shard: torch.Tensor
     return partial + b2 if b2 is not None else partial
 
 
+def megatron_hook_on_x(comm: Any, x: torch.Tensor, w1_shard: torch.Tensor,
+                       b1_shard: torch.Tensor | None, w2_shard: torch.Tensor,
+                       b2: torch.Tensor | None) -> torch.Tensor:
+    """f as a hook on x that all-reduces x's gradient: right while x feeds nothing else, but
+    the hook sums all of x's gradient (a residual's share too), and a second call adds a
+    second hook."""
+    def summed(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()
+        all_reduce(comm, grad)
+        return grad
+
+    if x.requires_grad:
+        x.register_hook(summed)
+    hidden = F.gelu(F.linear(x, w1_shard, b1_shard))
+    out = _G.apply(F.linear(hidden, w2_shard), comm)
+    return out + b2 if b2 is not None else out
+
+
 MUTANTS: dict[str, list[str]] = {
-    "5.1": ["column_cat_on_batch_dim", "column_forgets_bias", "column_whole_weight_everywhere"],
-    "5.2": ["zero1_sums_gradients", "zero1_replicated_state", "zero1_forgets_all_gather"],
-    "5.3": ["groups_stage_major", "groups_swapped", "groups_no_validation"],
+    "5.1": ["column_cat_on_batch_dim", "column_forgets_bias", "column_whole_weight_everywhere",
+            "column_zeroes_callers_x", "column_casts_to_float32"],
+    "5.2": ["zero1_sums_gradients", "zero1_replicated_state", "zero1_forgets_all_gather",
+            "zero1_divides_callers_grad"],
+    "5.3": ["groups_stage_major", "groups_swapped", "groups_no_validation",
+            "groups_checks_pp_size_only", "groups_asserts"],
     "5.4": ["megatron_reduces_twice", "megatron_bias_before_sum", "megatron_bias_on_rank_0",
             "megatron_without_f", "megatron_g_reduces_backward", "megatron_relu",
-            "megatron_plain_all_reduce"],
+            "megatron_plain_all_reduce", "megatron_hook_on_x"],
 }

@@ -5,7 +5,9 @@ data) and a *judge* half (rebuilds the same inputs from the case's seed and comp
 Oracles: ``torch.nn.functional.linear`` and an unsplit MLP under autograd on the whole
 weights, ``torch.optim.Adam`` on the whole parameter vector with the *mean* gradient (its
 moments too: Adam's update hides a gradient's scale, its moments do not),
-``mpgpu_edu.hybrid.Mesh`` for the groups. Structure: FLOPs per rank from the simulator's
+``mpgpu_edu.hybrid.Mesh`` for the groups. Each also checks that the caller's inputs are
+left as they were (5.1's tensors, 5.2's gradient), and 5.4 that x's gradient is right where x
+reaches the loss outside the block too or goes through it twice. Structure: FLOPs per rank from the simulator's
 compute events, bytes per rank, optimizer state per rank, bytes sent in the forward and in
 the backward (an all-reduce of S bytes on N ranks sends 2 (N - 1) S in all, whatever its
 algorithm).
@@ -17,31 +19,45 @@ from __future__ import annotations
 
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._support import each, examples
-from mpgpu_edu.grading.checks.lesson_05.column import (_COLUMN_BIG, _COLUMN_SHAPES,
-                                                       _column_compute, _column_flops,
+from mpgpu_edu.grading.checks.lesson_05.column import (_COLUMN_BIG, _COLUMN_KEEPS,
+                                                       _COLUMN_SHAPES, _column_compute,
+                                                       _column_flops, _column_keeps,
                                                        _column_traffic, _column_values)
-from mpgpu_edu.grading.checks.lesson_05.megatron import (_MLP_MAIN, _MLP_UNEVEN, _mlp_compute,
-                                                         _mlp_everything, _mlp_forward,
-                                                         _mlp_hidden_examples, _mlp_input_grad,
+from mpgpu_edu.grading.checks.lesson_05.megatron import (_MLP_MAIN, _MLP_REUSED, _MLP_UNEVEN,
+                                                         _mlp_compute, _mlp_everything,
+                                                         _mlp_forward, _mlp_hidden_examples,
+                                                         _mlp_input_grad,
+                                                         _mlp_reused_input_grad,
                                                          _mlp_weight_grads,
                                                          _one_all_reduce_each_way)
 from mpgpu_edu.grading.checks.lesson_05.mesh import (_groups_agree, _groups_bad_compute,
                                                      _groups_bad_judge, _groups_compute,
                                                      _groups_examples)
 from mpgpu_edu.grading.checks.lesson_05.zero1 import (_ZERO1_VALUES, _zero1_all, _zero1_compute,
-                                                      _zero1_moments, _zero1_params,
-                                                      _zero1_state, _zero1_traffic)
+                                                      _zero1_keeps_grad, _zero1_moments,
+                                                      _zero1_params, _zero1_state,
+                                                      _zero1_traffic)
 
-REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
-    "5.1": ["mpgpu_edu.tensor.layers:ColumnParallelLinear"],
-    "5.3": ["mpgpu_edu.hybrid.mesh:Mesh", "mpgpu_edu.hybrid.mesh:make_groups"],
-    "5.4": ["mpgpu_edu.tensor.layers:ParallelMLP"],
+# The package's own implementation of each exercise, out of reach while the learner's runs
+# (5.2 has none: the package has no ZeRO-1 step of that signature). The notebook's demos take
+# 5.4's from ``lessons.tensor_and_hybrid.reference_megatron_mlp``, which calls the package's
+# megatron_mlp and so is blocked with it.
+REFERENCES = {
+    "5.1": ["mpgpu_edu.tensor.layers:ColumnParallelLinear",
+            "mpgpu_edu.tensor.mappings:gather_from_parallel"],
+    "5.3": ["mpgpu_edu.hybrid.mesh:Mesh", "mpgpu_edu.hybrid.mesh:Mesh.replica_ranks",
+            "mpgpu_edu.hybrid.mesh:Mesh.stage_ranks", "mpgpu_edu.hybrid.mesh:make_groups"],
+    "5.4": ["mpgpu_edu.tensor.megatron:megatron_mlp", "mpgpu_edu.tensor.layers:ParallelMLP",
+            "mpgpu_edu.tensor.mappings:copy_to_parallel",
+            "mpgpu_edu.tensor.mappings:reduce_from_parallel"],
 }
 
 CASES: dict[str, list[Case]] = {
     "5.1": [
-        Case("the full output on every rank, with and without a bias", 2,
+        Case("the full output on every rank, with and without a bias", 1,
              *each(_COLUMN_SHAPES, _column_compute, _column_values)),
+        Case("float64 in, float64 out; the caller's x, weight_shard and bias_shard left "
+             "unchanged", 1, *each(_COLUMN_KEEPS, _column_compute, _column_keeps)),
         # FLOPs are counted inside the submission's process, where the grader cannot verify
         # them: the case tells the learner, and earns no points.
         Case("each rank computes 1/N of the FLOPs (feedback, no points: counted inside your "
@@ -55,8 +71,10 @@ CASES: dict[str, list[Case]] = {
     "5.2": [
         Case("matches torch.optim.Adam on the mean gradient", 1,
              *each(_ZERO1_VALUES, _zero1_compute, _zero1_params)),
-        Case("Adam's moments are the mean gradient's, shard by shard", 2,
+        Case("Adam's moments are the mean gradient's, shard by shard", 1,
              *each(_ZERO1_VALUES, _zero1_compute, _zero1_moments)),
+        Case("the caller's grad is left unchanged", 1,
+             *each(_ZERO1_VALUES, _zero1_compute, _zero1_keeps_grad)),
         Case("optimizer state per rank is 1/N", 1,
              *each([dict(n=4, shard=5, steps=2)], _zero1_compute, _zero1_state)),
         Case("traffic: a reduce-scatter and an all-gather", 1,
@@ -70,18 +88,22 @@ CASES: dict[str, list[Case]] = {
              *each([dict(world_size=w, pp_size=p)
                     for w, p in [(4, 2), (8, 4), (8, 2), (3, 1), (3, 3)]],
                    _groups_compute, _groups_agree)),
-        Case("pp_size must divide world_size", 1, _groups_bad_compute, _groups_bad_judge),
+        Case("ValueError unless both are at least 1 and pp_size divides world_size", 1,
+             _groups_bad_compute, _groups_bad_judge),
         Case("hidden: random meshes", 1,
              *each(_groups_examples(), _groups_compute, _groups_agree), hidden=True),
     ],
     "5.4": [
-        Case("forward: the unsplit MLP's output on every rank", 3,
+        Case("forward: the unsplit MLP's output on every rank", 2,
              *each(_MLP_MAIN, _mlp_compute, _mlp_forward)),
         Case("backward: x.grad is the unsplit MLP's input gradient on every rank", 2,
              *each(_MLP_MAIN, _mlp_compute, _mlp_input_grad)),
         Case("backward: each rank's weight gradients are its shards of the unsplit MLP's; "
-             "b2's is whole", 3,
+             "b2's is whole", 2,
              *each(_MLP_MAIN, _mlp_compute, _mlp_weight_grads)),
+        Case("backward: x.grad is still right when x also feeds a residual, or goes through "
+             "the block twice", 2,
+             *each(_MLP_REUSED, _mlp_compute, _mlp_reused_input_grad)),
         Case("traffic: one all-reduce of the output forward, one of x's gradient backward", 2,
              *each(_MLP_MAIN, _mlp_compute, _one_all_reduce_each_way)),
         Case("hidden features not a multiple of N: 7 or 3 on 4 ranks, and 4 on 3 ranks "

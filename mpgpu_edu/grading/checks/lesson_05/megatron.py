@@ -1,6 +1,7 @@
 """Checks of exercise 5.4, Megatron's MLP: against an unsplit MLP under autograd on the whole
-weights (output, input gradient, each rank's shards of the weight gradients), and the bytes
-sent in the forward and in the backward (an all-reduce of S bytes on N ranks sends
+weights (output, input gradient, each rank's shards of the weight gradients), also where x
+feeds the loss outside the block too (a residual) or goes through the block twice, and the
+bytes sent in the forward and in the backward (an all-reduce of S bytes on N ranks sends
 2 (N - 1) S in all, whatever its algorithm)."""
 
 from __future__ import annotations
@@ -28,11 +29,28 @@ def _mlp_inputs(n: int, batch: list[int], d_in: int, hidden: int, d_out: int, bi
                "w2": torch.randn(d_out, hidden, generator=generator) / hidden ** 0.5,
                "b2": torch.randn(d_out, generator=generator) if bias else None,
                "dy": torch.randn(*batch, d_out, generator=generator)}
+    tensors["residual"] = torch.randn(*batch, d_in, generator=generator)
     return tensors
 
 
+REUSES = ("", "residual", "twice")  # x used by the block once; also outside it; by it twice
+
+
+def _loss(out: torch.Tensor, again: torch.Tensor | None, x: torch.Tensor,
+          t: dict[str, Any], reuse: str) -> torch.Tensor:
+    """``(out * dy).sum()``, plus ``(x * residual).sum()`` with ``reuse="residual"`` (x
+    reaches the loss outside the block too), plus ``(again * dy).sum()`` with ``"twice"``
+    (the block's second output on the same x)."""
+    loss = (out * t["dy"]).sum()
+    if reuse == "residual":
+        loss = loss + (x * t["residual"]).sum()
+    if again is not None:
+        loss = loss + (again * t["dy"]).sum()
+    return loss
+
+
 def _mlp_compute(impl: Impl, n: int, batch: list[int], d_in: int, hidden: int, d_out: int,
-                 bias: int = 1, seed: int = 0) -> dict[str, Any]:
+                 bias: int = 1, seed: int = 0, reuse: str = "") -> dict[str, Any]:
     t = _mlp_inputs(n, batch, d_in, hidden, d_out, bias, seed)
 
     def program(comm: Any, backward: bool) -> dict[str, Any]:
@@ -52,7 +70,16 @@ def _mlp_compute(impl: Impl, n: int, batch: list[int], d_in: int, hidden: int, d
             return record
         if not backward:
             return record
-        out.backward(t["dy"].clone())
+        if not reuse:
+            out.backward(t["dy"].clone())
+        else:
+            again = (impl(comm, mine["x"], mine["w1"], mine["b1"], mine["w2"], mine["b2"])
+                     if reuse == "twice" else None)
+            if again is not None and not (isinstance(again, torch.Tensor)
+                                          and again.requires_grad):
+                record["no_backward"] = True
+                return record
+            _loss(out, again, mine["x"], t, reuse).backward()
         record["grads"] = {name: (leaf.grad if leaf is not None else "no tensor")
                            for name, leaf in mine.items()}
         return record
@@ -63,13 +90,18 @@ def _mlp_compute(impl: Impl, n: int, batch: list[int], d_in: int, hidden: int, d
 
 
 def _mlp_reference(n: int, batch: list[int], d_in: int, hidden: int, d_out: int,
-                   bias: int, seed: int) -> tuple[dict[str, Any], torch.Tensor, dict]:
+                   bias: int, seed: int, reuse: str = ""
+                   ) -> tuple[dict[str, Any], torch.Tensor, dict]:
     t = _mlp_inputs(n, batch, d_in, hidden, d_out, bias, seed)
     leaves = {k: v.clone().requires_grad_(True) for k, v in t.items()
-              if k != "dy" and v is not None}
-    out = F.linear(F.gelu(F.linear(leaves["x"], leaves["w1"], leaves.get("b1"))),
-                   leaves["w2"], leaves.get("b2"))
-    out.backward(t["dy"])
+              if k not in ("dy", "residual") and v is not None}
+
+    def block() -> torch.Tensor:
+        return F.linear(F.gelu(F.linear(leaves["x"], leaves["w1"], leaves.get("b1"))),
+                        leaves["w2"], leaves.get("b2"))
+
+    out = block()
+    _loss(out, block() if reuse == "twice" else None, leaves["x"], t, reuse).backward()
     return t, out.detach(), {k: v.grad for k, v in leaves.items()}
 
 
@@ -113,6 +145,28 @@ def _mlp_input_grad(facts: dict, n: int, batch: list[int], d_in: int, hidden: in
         expect(is_tensor(got), f"{where}: after backward, rank {rank}'s x has no gradient")
         expect_close(got, grads["x"], f"{where}: rank {rank}'s x.grad against the unsplit "
                                       "MLP's input gradient", rtol=1e-4, atol=1e-5)
+
+
+def _mlp_reused_input_grad(facts: dict, n: int, batch: list[int], d_in: int, hidden: int,
+                           d_out: int, bias: int = 1, seed: int = 0, reuse: str = "") -> None:
+    """x.grad where x reaches the loss outside the block too, or through it twice: only the
+    block's own share of x's gradient is a sum over the ranks."""
+    _, _, grads = _mlp_reference(n, batch, d_in, hidden, d_out, bias, seed, reuse)
+    where = _where(n, batch, d_in, hidden, d_out, bias) + (
+        ", the loss also adds x * r (a residual)" if reuse == "residual"
+        else ", the block called twice on the same x")
+    for rank, record in enumerate(facts["results"]):
+        _backward_ran(record, rank, where)
+        got = record["grads"]["x"]
+        expect(is_tensor(got), f"{where}: after backward, rank {rank}'s x has no gradient")
+        try:
+            expect_close(got, grads["x"], f"{where}: rank {rank}'s x.grad against the "
+                                          "unsplit MLP's", rtol=1e-4, atol=1e-5)
+        except CheckFailure as exc:
+            raise CheckFailure(f"{exc}. Only the block's own share of x's gradient is a sum "
+                               "over the ranks: sum it in f's backward (an autograd.Function "
+                               "on x inside the block), not in a hook on x, which gets all of "
+                               "x's gradient") from None
 
 
 def _mlp_weight_grads(facts: dict, n: int, batch: list[int], d_in: int, hidden: int,
@@ -167,6 +221,8 @@ def _mlp_everything(facts: dict, **example: Any) -> None:
 
 _MLP_MAIN = [dict(n=4, batch=[3], d_in=6, hidden=8, d_out=5),
              dict(n=2, batch=[4], d_in=3, hidden=6, d_out=2)]
+_MLP_REUSED = [dict(n=4, batch=[3], d_in=6, hidden=8, d_out=5, reuse="residual"),
+               dict(n=2, batch=[4], d_in=3, hidden=6, d_out=2, reuse="twice")]
 _MLP_UNEVEN = [dict(n=4, batch=[2], d_in=5, hidden=7, d_out=3),
                dict(n=4, batch=[3], d_in=4, hidden=3, d_out=2),
                dict(n=3, batch=[2], d_in=3, hidden=4, d_out=3, bias=0)]

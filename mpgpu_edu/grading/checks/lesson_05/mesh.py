@@ -24,23 +24,38 @@ def _groups_agree(got: Any, world_size: int, pp_size: int) -> None:
                         f"{want} (pipeline groups, data groups)")
 
 
+_BAD_INPUTS = [(6, 4), (4, 0), (0, 1), (-4, 2), (4, -2)]
+
+
 def _groups_bad_compute(impl: Impl) -> list[Any]:
+    """What ``impl`` did with each input it should refuse: raised ValueError, raised another
+    exception (its type's name), or returned (what it returned)."""
     outcomes = []
-    for world_size, pp_size in [(6, 4), (4, 0)]:
+    for world_size, pp_size in _BAD_INPUTS:
+        outcome: dict[str, Any] = {"args": [world_size, pp_size]}
         try:
-            outcomes.append({"args": [world_size, pp_size], "returned": impl(world_size, pp_size)})
+            outcome["returned"] = impl(world_size, pp_size)
+        except (NotImplementedError, CheckFailure):  # a stub; a blocked reference
+            raise
         except ValueError:
-            outcomes.append({"args": [world_size, pp_size], "raised": "ValueError"})
+            outcome["raised"] = "ValueError"
+        except Exception as exc:  # noqa: BLE001 - reported as what it is, with its input
+            outcome["raised"] = type(exc).__name__
+        outcomes.append(outcome)
     return outcomes
 
 
 def _groups_bad_judge(outcomes: list[dict]) -> None:
     for outcome in outcomes:
-        if outcome.get("raised") != "ValueError":
-            world_size, pp_size = outcome["args"]
-            raise CheckFailure(f"hybrid_groups({world_size}, {pp_size}) returned "
-                               f"{outcome.get('returned')} instead of raising ValueError "
-                               f"(pp_size {pp_size} does not divide world_size {world_size})")
+        world_size, pp_size = outcome["args"]
+        if outcome.get("raised") == "ValueError":
+            continue
+        why = (f"pp_size {pp_size} does not divide world_size {world_size}"
+               if world_size >= 1 and pp_size >= 1 else "both must be at least 1")
+        did = (f"raised {outcome['raised']}" if "raised" in outcome
+               else f"returned {outcome.get('returned')}")
+        raise CheckFailure(f"hybrid_groups({world_size}, {pp_size}) {did}; it must raise "
+                           f"ValueError ({why})")
 
 
 def _groups_examples() -> list[dict[str, int]]:

@@ -1,7 +1,7 @@
 """Checks of exercise 5.2, ZeRO-1 Adam: against ``torch.optim.Adam`` on the whole parameter
 vector with the *mean* gradient (its moments too: Adam's update hides a gradient's scale, its
-moments do not), optimizer state per rank, and the bytes of a reduce-scatter and an
-all-gather per step."""
+moments do not), the caller's gradient left as it was, optimizer state per rank, and the bytes
+of a reduce-scatter and an all-gather per step."""
 
 from __future__ import annotations
 
@@ -34,10 +34,12 @@ def _zero1_compute(impl: Impl, n: int, shard: int, steps: int, seed: int = 0
     start, grads = _zero1_inputs(n, shard, steps, seed)
 
     def program(comm: Any) -> dict[str, Any]:
-        params, state = start.clone(), {}
+        params, state, grads_after = start.clone(), {}, []
         for step in range(steps):
-            impl(comm, params, grads[step][comm.rank].clone(), state, LR)
-        return {"params": params, "state": state}
+            grad = grads[step][comm.rank].clone()
+            impl(comm, params, grad, state, LR)
+            grads_after.append(grad.clone())  # the caller's gradient, as the step left it
+        return {"params": params, "state": state, "grads_after": grads_after}
 
     return launch_facts(run_spmd(program, uniform(n)))
 
@@ -58,6 +60,16 @@ def _zero1_params(facts: dict, n: int, shard: int, steps: int, seed: int = 0) ->
         expect_close(out["params"], want, f"N={n}, {n * shard} parameters, {steps} steps: "
                                           f"rank {rank}'s parameters against "
                                           "torch.optim.Adam on the mean gradient")
+
+
+def _zero1_keeps_grad(facts: dict, n: int, shard: int, steps: int, seed: int = 0) -> None:
+    _, grads = _zero1_inputs(n, shard, steps, seed)
+    for rank, out in enumerate(facts["results"]):
+        for step, after in enumerate(out["grads_after"]):
+            expect(torch.equal(after, grads[step][rank]),
+                   f"N={n}: after step {step + 1}, rank {rank}'s grad is not what it passed in; "
+                   "leave grad as it is (the caller may still need it) and reduce a copy, or "
+                   "let reduce_scatter average")
 
 
 def _zero1_moments(facts: dict, n: int, shard: int, steps: int, seed: int = 0) -> None:
