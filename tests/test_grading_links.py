@@ -75,3 +75,15 @@ def test_progress_is_not_fooled_by_stale_entries(course: Path) -> None:
     assert shown.entries["8.2"]["status"] == "changed since its check"
     assert sum(lesson.points for lesson in shown.lessons) == 0
     assert repr(shown) == str(shown) and "total" in repr(shown)
+
+
+def test_progress_names_an_exercise_with_every_point_but_not_done(course: Path) -> None:
+    """A failed case that earns no points (5.1's FLOPs) leaves every point earned and the
+    exercise not done: the table says which exercise and why."""
+    from mpgpu_edu.grading.progress import update_state
+
+    update_state(course, "exercises", "5.1", {"status": "failed", "points": 4})
+    update_state(course, "exercises", "5.2", {"status": "failed", "points": 2})
+    shown = str(progress(course))
+    assert "5.1: every point earned but not done, a case that earns no points failed" in shown
+    assert "5.2:" not in shown

@@ -182,9 +182,14 @@ def progress(root: Path | str | None = None) -> Progress:
     impl = os.environ.get(IMPL_ENV, "")
     elsewhere = impl not in ("", "exercises") and (
         Path(impl).resolve() != (folder / "exercises").resolve())
-    note = (f"(checks of {IMPL_ENV}={impl} are not counted here: this table counts the "
-            "course's exercises/ folder)" if elsewhere else "")
-    return Progress(lessons, entries, note)
+    notes = [f"(checks of {IMPL_ENV}={impl} are not counted here: this table counts the "
+             "course's exercises/ folder)"] if elsewhere else []
+    notes += [f"{i}: every point earned but not done, a case that earns no points failed "
+              f"(mp.check(\"{i}\") shows which)"
+              for i, e in sorted(entries.items()) if isinstance(e, dict)
+              and e.get("status") not in ("passed", None) and EXERCISES[i].points > 0
+              and int(e.get("points", 0) or 0) >= EXERCISES[i].points]
+    return Progress(lessons, entries, "\n".join(notes))
 
 
 # ---- reset ------------------------------------------------------------------------------------
