@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -106,6 +107,18 @@ def cut_nearest_the_even_share(costs: list[float], n_stages: int) -> list[int]:
         share = k * prefix[-1] / n_stages
         boundaries.append(min(range(low, high + 1), key=lambda i: abs(prefix[i] - share)))
     return boundaries
+
+
+def search_every_split(costs: list[float], n_stages: int) -> list[int]:
+    """Right, but tries every split: about 10^10 for 96 layers in 8 stages. Not in MUTANTS (the
+    mutant test runs cases in its own process, with no time limit); the grader's child process
+    is stopped at the case's limit instead (tests/test_grading_checks.py)."""
+    if not 1 <= n_stages <= len(costs):
+        raise ValueError("bad stage count")
+    best = min(itertools.combinations(range(1, len(costs)), n_stages - 1),
+               key=lambda cut: max(sum(costs[a:b]) for a, b in
+                                   zip((0, *cut), (*cut, len(costs)))))
+    return list(best)
 
 
 # ---- 4.2 ----------------------------------------------------------------------------------------
