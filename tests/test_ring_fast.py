@@ -233,3 +233,73 @@ def test_training_with_gradient_views_matches_one_device() -> None:
         for name, ref in ref_params.items():
             torch.testing.assert_close(result["params"][name], ref, rtol=1e-5, atol=1e-6)
         assert result["losses"] == pytest.approx(ref_losses, rel=1e-5)
+
+
+# ---- comm.neighbours: the fast ring's messages, checked once per call -----------------------
+def fast_ring_traffic(comm, numel: int) -> dict:  # noqa: ANN001
+    """One fast all-reduce: its result, and the messages this rank counted and drew."""
+    tensor = torch.full((numel,), float(comm.rank + 1))
+    RingAllReduce(segment_bytes=64)(comm, tensor)
+    events = getattr(comm, "events", None)
+    drawn = None if events is None else sorted(
+        (e.kind, e.peer, e.nbytes) for e in events if e.stream == "comm")
+    return {"sum": tensor.tolist(), "stats": comm.stats.to_dict(), "drawn": drawn}
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("n", [2, 3])
+def test_on_gloo_every_message_is_counted_and_drawn_as_on_the_simulator(n: int) -> None:
+    """Inside ``comm.neighbours`` a message is one torch isend/irecv and nothing else, but it
+    still counts: the same messages and bytes per peer as the simulator counts, each one an
+    event on the rank's timeline."""
+    sim = launch(fast_ring_traffic, n, 1001).results
+    gloo = launch(fast_ring_traffic, n, 1001, backend="gloo", timeout=120).results
+    total = float(n * (n + 1) // 2)
+    for rank in range(n):
+        assert gloo[rank]["sum"] == [total] * 1001
+        assert gloo[rank]["stats"] == sim[rank]["stats"]
+        drawn = gloo[rank]["drawn"]
+        sends = [d for d in drawn if d[0] == "send"]
+        assert len(sends) == sim[rank]["stats"]["messages_sent"]
+        assert {d[1] for d in sends} == {(rank + 1) % n}
+        assert sum(d[2] for d in sends) == sim[rank]["stats"]["bytes_sent"]
+
+
+def neighbours_unwaited(comm) -> list:  # noqa: ANN001
+    """Three messages to the right, three receives from the left; the last of each never
+    waited by the caller: ``neighbours`` waits them on the way out."""
+    n = comm.world_size
+    got = [torch.zeros(4) for _ in range(3)]
+    with comm.neighbours(got[0], (comm.rank + 1) % n, (comm.rank - 1) % n, tag=5) as (
+            isend, irecv):
+        sends = [isend(torch.full((4,), 10.0 * comm.rank + k)) for k in range(3)]
+        recvs = [irecv(g) for g in got]
+        for work in sends[:2] + recvs[:2]:
+            work.wait()
+    return [g.tolist() for g in got] + [comm.stats.to_dict()["messages_received"]]
+
+
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=pytest.mark.gloo)])
+def test_neighbours_waits_what_the_caller_left_and_counts_it(backend: str) -> None:
+    kwargs = {} if backend == "sim" else {"backend": "gloo", "timeout": 60}
+    results = launch(neighbours_unwaited, 3, **kwargs).results
+    for rank, got in enumerate(results):
+        left = (rank - 1) % 3
+        assert got[:3] == [[10.0 * left + k] * 4 for k in range(3)]
+        assert got[3] == 3
+
+
+def ring_in_groups(comm) -> list:  # noqa: ANN001
+    """Ranks {0, 2} and {1, 3} each all-reduce with the fast ring in their own group."""
+    group = comm.group([r for r in range(4) if r % 2 == comm.rank % 2])
+    tensor = torch.full((301,), float(comm.rank))
+    RingAllReduce(segment_bytes=64)(group, tensor)
+    return [tensor[0].item(), sorted(comm.stats.to_dict()["sent_to"])]
+
+
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=pytest.mark.gloo)])
+def test_the_fast_ring_in_a_group_talks_to_its_group_neighbours(backend: str) -> None:
+    kwargs = {} if backend == "sim" else {"backend": "gloo", "timeout": 60}
+    results = launch(ring_in_groups, 4, **kwargs).results
+    assert [r[0] for r in results] == [2.0, 4.0, 2.0, 4.0]
+    assert [r[1] for r in results] == [[2], [3], [0], [1]]  # global ranks

@@ -22,12 +22,16 @@ is *when* things happen. Each step below is one engineering idea; its effect is 
 4. **Little Python per segment.** The plan holds every step's segment indices and receive
    buffers; a call makes all segment views with one ``split`` and then only posts,
    waits and adds.
-5. **Sizes checked once per call.** On gloo every message normally carries an envelope, a
-   small message of its own that the receiver checks first (``comm.envelope``). Both
-   neighbours cut the same plan from the same tensor size, so ``comm.sized_by`` checks the
-   tensors once, in one envelope at the start, and the segments travel without one
-   (``MPGPU_EDU_CHECK_MESSAGES=0`` switches all envelopes off: the benchmark's ``unchecked``
-   numbers).
+5. **Checked once per call, not per message.** On gloo every message normally carries an
+   envelope, a small message of its own that the receiver checks first
+   (``comm.envelope``), and every ``isend`` checks its arguments, names itself on the
+   rank's board and keeps a handle until it is waited. Both neighbours cut the same plan
+   from the same tensor size, and a ring only ever sends right and receives from the left,
+   so ``comm.neighbours`` checks the tensors once, in one envelope at the start
+   (``sized_by``), checks the peers and tag once, and hands back an ``isend``/``irecv``
+   bound to them that posts the torch message and records it when waited, nothing more
+   (``MPGPU_EDU_CHECK_MESSAGES=0`` switches all envelopes off: the benchmark's
+   ``unchecked`` numbers).
 
 Messages between two neighbours match in the order they are posted (the simulator, gloo
 and MPI all keep that order per sender, receiver and tag), so many can be in flight on one
@@ -39,6 +43,7 @@ per-message overhead hidden behind transfers. Same idea as NCCL's and gloo's rin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -128,32 +133,35 @@ class RingAllReduce:
         with flat_view(tensor) as flat:
             plan = self.reserve(comm, flat)
             n = comm.world_size  # both neighbours cut the same plan from the same size:
-            with comm.sized_by(flat, (comm.rank + 1) % n, (comm.rank - 1) % n, self.tag):
-                self._reduce(comm, flat, op, plan)  # checked once, not every message
+            with comm.neighbours(flat, (comm.rank + 1) % n, (comm.rank - 1) % n,
+                                 self.tag) as (isend, irecv):  # checked once, not per message
+                self._reduce(flat, op, n, plan, isend, irecv)
 
-    def _reduce(self, comm: Communicator, flat: torch.Tensor, op: str, plan: RingPlan) -> None:
-        n, tag, isend, irecv = comm.world_size, self.tag, comm.isend, comm.irecv
-        right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
+    @staticmethod
+    def _reduce(flat: torch.Tensor, op: str, n: int, plan: RingPlan,
+                isend: Callable[[torch.Tensor], Work],
+                irecv: Callable[[torch.Tensor], Work]) -> None:
+        """``isend(t)`` goes to the right neighbour, ``irecv(t)`` comes from the left one."""
         segs = flat.split_with_sizes(plan.sizes)  # (Tensor.split imports torch._dynamo)
         outgoing, incoming, buffers = plan.outgoing, plan.incoming, plan.buffers
         units = len(outgoing)
         last = units - plan.segments  # units from here on finish a chunk: this rank's own
         # Reduce-scatter. Step 0 sends this rank's own data: all of it can leave at once.
-        sends = [isend(segs[i], right, tag) for i in outgoing[: plan.segments]]
+        sends = [isend(segs[i]) for i in outgoing[: plan.segments]]
         forwards: list[Work] = []
-        recvs = [irecv(buffers[0], left, tag)]
+        recvs = [irecv(buffers[0])]
         for u in range(units):
             if u + 1 < units:  # the next transfer runs while this segment is added
-                recvs.append(irecv(buffers[u + 1], left, tag))
+                recvs.append(irecv(buffers[u + 1]))
             recvs[u].wait()
             seg = segs[incoming[u]]
             seg.add_(buffers[u])
             if u < last:
-                sends.append(isend(seg, right, tag))
+                sends.append(isend(seg))
                 continue
             if op == "mean":
                 seg.div_(n)  # by the owner, once, as all_reduce_ring does
-            forwards.append(isend(seg, right, tag))  # all-gather, step 0
+            forwards.append(isend(seg))  # all-gather, step 0
         # All-gather: received straight into place, then passed on. A segment is
         # overwritten only after its reduce-scatter send has left, and its receive is posted
         # only then. (Posted at once, the all-gather's transfers are ready beside the
@@ -163,10 +171,10 @@ class RingAllReduce:
         for u in range(units):
             for v in range(len(gathered), min(u + 2, units)):
                 sends[v].wait()
-                gathered.append(irecv(segs[outgoing[v]], left, tag))
+                gathered.append(irecv(segs[outgoing[v]]))
             gathered[u].wait()
             if u < last:
-                forwards.append(isend(segs[outgoing[u]], right, tag))
+                forwards.append(isend(segs[outgoing[u]]))
         for work in forwards:
             work.wait()
 

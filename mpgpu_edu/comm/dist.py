@@ -29,8 +29,8 @@ import torch.distributed as dist
 from mpgpu_edu.cluster.ledger import MemoryLedger
 from mpgpu_edu.comm.base import CommStats, Communicator, Work, nbytes_of
 from mpgpu_edu.comm.dist_work import (MAIN, STREAM, DistMemory, DistWork, JobWork, Lanes,
-                                      OpBoard, Stream, check_args, device_capacity,
-                                      init_lanes, wait_first)
+                                      OpBoard, QuickWork, Stream, check_args,
+                                      device_capacity, init_lanes, wait_first)
 from mpgpu_edu.comm.dist_errors import (MessageTimeoutError, NotPicklableError, PeerLostError,
                                        WorkerDiedError)
 from mpgpu_edu.comm.envelope import (check_envelope, check_same_tensor, checking_from_env,
@@ -163,8 +163,8 @@ class DistCommunicator(Communicator):
             return
         group, mine = self._group(), self.envelope_of(tensor)
         head = _Head(self, tensor, mine, recv_from, tag)
-        sent = dist.isend(mine, send_to, group=group, tag=tag)
-        head.work = dist.irecv(head.theirs, recv_from, group=group, tag=tag)
+        head.work = dist.irecv(head.theirs, recv_from, group=group, tag=tag)  # posted first:
+        sent = dist.isend(mine, send_to, group=group, tag=tag)  # the left's lands at once
         self._local.sized = head
         try:
             yield
@@ -174,6 +174,39 @@ class DistCommunicator(Communicator):
                 sent.wait()
         finally:
             self._local.sized = None
+
+    @contextlib.contextmanager
+    def neighbours(self, tensor: torch.Tensor, send_to: int, recv_from: int,
+                   tag: int = 0) -> Iterator[tuple[Callable[[torch.Tensor], Work],
+                                                   Callable[[torch.Tensor], Work]]]:
+        """See ``Communicator.neighbours``. Here the peers, tag and device are checked once,
+        the tensors' sizes once (``sized_by``), and the board says once what the rank waits
+        for; each message is then one ``dist.isend``/``dist.irecv`` and, when waited, one
+        record (``record_message``): none of ``isend``'s checks, words and bookkeeping per
+        message. A message left unwaited is waited on the way out."""
+        self._check("send", tensor, send_to, tag)
+        self._check("recv", tensor, recv_from, tag)
+        group, now, posted = self._group(), self.now, []
+        what = f"waiting for its messages to rank {send_to} and from rank {recv_from}, tag {tag}"
+        with self.sized_by(tensor, send_to, recv_from, tag):
+            head = getattr(self._local, "sized", None)
+
+            def isend(t: torch.Tensor) -> Work:
+                work = QuickWork(self, dist.isend(t, send_to, group=group, tag=tag), "send",
+                                 t, send_to, tag, now(), None)
+                posted.append(work)
+                return work
+
+            def irecv(t: torch.Tensor) -> Work:
+                work = QuickWork(self, dist.irecv(t, recv_from, group=group, tag=tag), "recv",
+                                 t, recv_from, tag, now(), head)
+                posted.append(work)
+                return work
+
+            with self.blocked(what, "recv", recv_from, tag):
+                yield isend, irecv
+                for work in posted:
+                    work.wait()
 
     # ---- point to point -------------------------------------------------------------------
     def _check(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:

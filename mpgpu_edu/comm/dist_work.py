@@ -128,6 +128,29 @@ class DistWork(Work):
                            self.comm.envelope_of(self.tensor))
 
 
+class QuickWork(Work):
+    """A message posted inside ``DistCommunicator.neighbours``: one torch work, checked
+    (``head``: the burst's size check, for a receive) and recorded when first waited."""
+
+    __slots__ = ("comm", "work", "op", "tensor", "peer", "tag", "start", "head", "done")
+
+    def __init__(self, comm: Any, work: Any, op: str, tensor: torch.Tensor, peer: int,
+                 tag: int, start: float, head: Any) -> None:
+        self.comm, self.work, self.op, self.tensor = comm, work, op, tensor
+        self.peer, self.tag, self.start, self.head, self.done = peer, tag, start, head, False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        if self.head is not None:
+            self.head.check()  # the other rank's tensor first (``sized_by``)
+        self.work.wait()
+        self.done = True
+        comm = self.comm
+        comm.sync()
+        comm.record_message(self.op, self.tensor, self.peer, self.tag, self.start)
+
+
 def check_args(rank: int, world_size: int, device: torch.device, op: str,
            tensor: torch.Tensor, peer: int, tag: int) -> None:
     """The arguments of a send or receive, checked before anything is posted."""
