@@ -95,7 +95,8 @@ def pipeline_forward_step(comm: Communicator, stage: nn.Module, step: Step, n_st
       crosses the wire is data only, never the graph.
 
     Every message is tagged ``message_tag(step)`` (``2 m`` for microbatch m's activation,
-    ``2 m + 1`` for its gradient), so microbatches cannot be mixed up.
+    ``2 m + 1`` for its gradient), so microbatches cannot be mixed up, and has left or
+    arrived when the function returns (blocking ``send``/``recv``, or every work waited).
     """
     # Exercise 4.4 (about 11 lines). mp.hint("4.4") when stuck.
     raise NotImplementedError("Exercise 4.4: pipeline_forward_step (notebooks/04_pipeline.ipynb)")

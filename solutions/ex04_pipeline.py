@@ -127,7 +127,8 @@ def pipeline_forward_step(comm: Communicator, stage: nn.Module, step: Step, n_st
       crosses the wire is data only, never the graph.
 
     Every message is tagged ``message_tag(step)`` (``2 m`` for microbatch m's activation,
-    ``2 m + 1`` for its gradient), so microbatches cannot be mixed up.
+    ``2 m + 1`` for its gradient), so microbatches cannot be mixed up, and has left or
+    arrived when the function returns (blocking ``send``/``recv``, or every work waited).
     """
     ### BEGIN SOLUTION 4.4
     source = recv_from(step, n_stages)

@@ -438,7 +438,7 @@ def test_steps_of_the_executor_must_send_to_the_next_stage_only() -> None:
 
     results = verdicts("4.4", broadcast_activations)
     assert failing(results) == {"traffic: one activation per microbatch, to the next stage, "
-                                "tagged message_tag"}
+                                "tagged message_tag, every message waited"}
 
 
 def test_a_forward_step_must_let_the_gradient_flow_back() -> None:
@@ -475,7 +475,8 @@ def test_a_forward_step_must_tag_its_messages_with_message_tag() -> None:
         return y
 
     results = verdicts("4.4", tags_by_microbatch)
-    name = "traffic: one activation per microbatch, to the next stage, tagged message_tag"
+    name = ("traffic: one activation per microbatch, to the next stage, tagged message_tag, "
+            "every message waited")
     assert failing(results) == {name}
     assert "tagged its activations for microbatches 0..3 [0, 1, 2, 3]" in results[name][1]
     assert "message_tag(step) gives [0, 2, 4, 6]" in results[name][1]

@@ -225,6 +225,23 @@ def forward_tags_by_microbatch(comm: Any, stage: nn.Module, step: Step, n_stages
     return y
 
 
+def forward_never_waits(comm: Any, stage: nn.Module, step: Step, n_stages: int,
+                        x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
+    """Sends with ``isend`` and drops the work: the activation arrives on the simulator, but
+    on gloo or NCCL its buffer may be read or reused before it has left."""
+    source = recv_from(step, n_stages)
+    if source is not None:
+        x = torch.empty(in_shape)
+        comm.recv(x, source, tag=message_tag(step))
+        x.requires_grad_()
+    with comm.compute("forward", step.token):
+        y = stage(x)
+    target = send_to(step, n_stages)
+    if target is not None:
+        comm.isend(y.detach(), target, tag=message_tag(step))
+    return y
+
+
 # ---- 4.5 ----------------------------------------------------------------------------------------
 
 Tensors = Sequence[torch.Tensor] | None
@@ -413,7 +430,8 @@ MUTANTS: dict[str, list[str]] = {
             "bisection_to_a_fixed_epsilon", "cut_nearest_the_even_share"],
     "4.2": ["gpipe_interleaved", "gpipe_backwards_reversed"],
     "4.3": ["one_f_one_b_warmup_off_by_one", "one_f_one_b_unclamped"],
-    "4.4": ["forward_cuts_the_graph", "forward_returns_detached", "forward_tags_by_microbatch"],
+    "4.4": ["forward_cuts_the_graph", "forward_returns_detached", "forward_tags_by_microbatch",
+            "forward_never_waits"],
     "4.5": ["executor_stashes_one", "executor_grads_to_next_stage", "executor_sums_losses",
             "executor_always_gpipe", "executor_cuts_the_graph", "executor_never_frees",
             "executor_one_tag", "executor_keeps_loop_variables", "executor_holds_every_send",

@@ -90,8 +90,8 @@ CASES: dict[str, list[Case]] = {
         Case("matches the whole model on one device", 1,
              lambda impl: [_compute_forward(impl, 3, 4), _compute_forward(impl, 1, 2)],
              _judge_values_all),
-        Case("traffic: one activation per microbatch, to the next stage, tagged message_tag",
-             1,
+        Case("traffic: one activation per microbatch, to the next stage, tagged message_tag, "
+             "every message waited", 1,
              lambda impl: _compute_forward(impl, 3, 4), _judge_traffic),
         Case("timed as forward compute; output keeps its graph", 1,
              lambda impl: _compute_forward(impl, 2, 3), _judge_timed),

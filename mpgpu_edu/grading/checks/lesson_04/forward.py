@@ -117,6 +117,12 @@ def _judge_traffic(facts: dict) -> None:
                    f"message_tag(step) gives {expected} (2 m for microbatch m's activation, "
                    "2 m + 1 for its gradient): a neighbour that receives with message_tag "
                    "would wait for ever, or take another microbatch's message")
+    for rank, works in enumerate(facts["works"]):
+        left = works["isend_unwaited"] + works["irecv_unwaited"]
+        expect(not left, f"rank {rank} returned from pipeline_forward_step with {left} of its "
+                         "isend/irecv works never waited on: the activation may still be in "
+                         "flight (on gloo or NCCL its buffer can be read or reused too early); "
+                         "wait on every work, or use the blocking comm.send and comm.recv")
 
 
 def _judge_timed(facts: dict) -> None:
