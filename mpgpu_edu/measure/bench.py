@@ -30,7 +30,9 @@ How it is timed, so that the comparison is fair on a busy machine:
 The tensor holds zeros while it is timed: repeated sums neither overflow nor change the work.
 Besides ``ring`` and ``naive``, ``algos=`` can time ``ring_reused`` (the same ring, keeping its
 scratch buffer between calls), ``ring_fast`` (``mpgpu_edu.collectives.ring_fast``) and
-``ring_fast_unsegmented`` (the same, one message per chunk): each engineering step alone.
+``ring_fast_unsegmented`` (the same, one message per chunk): each engineering step alone;
+``ring_fast_bare`` is ``ring_fast`` posted straight on ``torch.distributed``, without the
+course's communicator (no size check, no records): what the communicator costs on top.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ from mpgpu_edu.collectives.ring_fast import RingAllReduce
 
 FP32_BYTES = 4
 BUILTIN = "builtin"
-ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented")
+ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented",
+         "ring_fast_bare")
 DEFAULT_SIZES = [4**k * 2**10 for k in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
 DEFAULT_REPEATS = 10
 WARMUP = 2
@@ -65,6 +68,19 @@ def all_reduce_ring_reused(comm: Any, tensor: torch.Tensor, buffer: torch.Tensor
     all_reduce_ring(comm, tensor, "sum", buffer=buffer)
 
 
+def ring_fast_bare(ring: RingAllReduce) -> Op:
+    """``ring``'s algorithm, plan and scratch, its messages posted straight with
+    ``dist.isend``/``dist.irecv`` on ``comm``'s process group: no size check, no record, no
+    board. Not for use: it shows what the course's communicator costs on top (sum only)."""
+    def op(comm: Any, tensor: torch.Tensor) -> None:
+        flat, n, group, tag = tensor.view(-1), comm.world_size, comm.lanes.main, ring.tag
+        right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
+        ring._reduce(flat, "sum", n, ring.reserve(comm, flat),
+                     lambda t: dist.isend(t, right, group=group, tag=tag),
+                     lambda t: dist.irecv(t, left, group=group, tag=tag))
+    return op
+
+
 def builtin_all_reduce(comm: Any, tensor: torch.Tensor) -> None:
     """``torch.distributed.all_reduce`` (sum) on the process group under ``comm``."""
     dist.all_reduce(tensor, group=comm.lanes.main)
@@ -78,6 +94,8 @@ def operations(algos: Sequence[str], numel: int, world_size: int,
     made: dict[str, Op] = {"ring": all_reduce_ring, "naive": all_reduce_naive,
                            "ring_fast": RingAllReduce(),
                            "ring_fast_unsegmented": RingAllReduce(segment_bytes=None)}
+    if "ring_fast_bare" in algos:
+        made["ring_fast_bare"] = ring_fast_bare(RingAllReduce())
     if "ring_reused" in algos:
         buffer = torch.empty(chunk, device=device)
         made["ring_reused"] = lambda comm, t: all_reduce_ring_reused(comm, t, buffer)
