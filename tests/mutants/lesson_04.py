@@ -174,72 +174,48 @@ def one_f_one_b_unclamped(n_stages: int, n_microbatches: int) -> list[list[Step]
 # ---- 4.4 ----------------------------------------------------------------------------------------
 
 
-def forward_cuts_the_graph(comm: Any, stage: nn.Module, step: Step, n_stages: int,
-                           x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
-    """Receives into a plain tensor that never requires grad: the output's graph stops at the
-    stage's parameters, and no gradient can go back to the previous stage."""
+def _forward(comm: Any, stage: nn.Module, step: Step, n_stages: int, x: torch.Tensor | None,
+             in_shape: tuple[int, ...], *, grad: bool = True, detach_output: bool = False,
+             tag_of: Callable[[Step], int] = message_tag, blocking: bool = True
+             ) -> torch.Tensor:
+    """4.4's forward step with one slip switched on by the keywords (the defaults: right)."""
     source = recv_from(step, n_stages)
     if source is not None:
         x = torch.empty(in_shape)
-        comm.recv(x, source, tag=message_tag(step))
+        comm.recv(x, source, tag=tag_of(step))
+        if grad:
+            x.requires_grad_()
     with comm.compute("forward", step.token):
         y = stage(x)
+    y = y.detach() if detach_output else y
     target = send_to(step, n_stages)
     if target is not None:
-        comm.send(y.detach(), target, tag=message_tag(step))
+        (comm.send if blocking else comm.isend)(y.detach(), target, tag=tag_of(step))
     return y
 
 
-def forward_returns_detached(comm: Any, stage: nn.Module, step: Step, n_stages: int,
-                             x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
+def forward_cuts_the_graph(*args: Any) -> torch.Tensor:
+    """Receives into a plain tensor that never requires grad: the output's graph stops at the
+    stage's parameters, and no gradient can go back to the previous stage."""
+    return _forward(*args, grad=False)
+
+
+def forward_returns_detached(*args: Any) -> torch.Tensor:
     """Returns the detached copy it sent: a backward step could not reach the parameters."""
-    source = recv_from(step, n_stages)
-    if source is not None:
-        x = torch.empty(in_shape)
-        comm.recv(x, source, tag=message_tag(step))
-        x.requires_grad_()
-    with comm.compute("forward", step.token):
-        y = stage(x).detach()
-    target = send_to(step, n_stages)
-    if target is not None:
-        comm.send(y, target, tag=message_tag(step))
-    return y
+    return _forward(*args, detach_output=True)
 
 
-def forward_tags_by_microbatch(comm: Any, stage: nn.Module, step: Step, n_stages: int,
-                               x: torch.Tensor | None, in_shape: tuple[int, ...]
-                               ) -> torch.Tensor:
+def forward_tags_by_microbatch(*args: Any) -> torch.Tensor:
     """Tags microbatch m's activation m instead of ``message_tag(step)`` (2 m): it arrives here,
     but a neighbour that receives with ``message_tag`` waits for ever or takes a gradient's
     tag."""
-    source = recv_from(step, n_stages)
-    if source is not None:
-        x = torch.empty(in_shape)
-        comm.recv(x, source, tag=step.microbatch)
-        x.requires_grad_()
-    with comm.compute("forward", step.token):
-        y = stage(x)
-    target = send_to(step, n_stages)
-    if target is not None:
-        comm.send(y.detach(), target, tag=step.microbatch)
-    return y
+    return _forward(*args, tag_of=lambda step: step.microbatch)
 
 
-def forward_never_waits(comm: Any, stage: nn.Module, step: Step, n_stages: int,
-                        x: torch.Tensor | None, in_shape: tuple[int, ...]) -> torch.Tensor:
+def forward_never_waits(*args: Any) -> torch.Tensor:
     """Sends with ``isend`` and drops the work: the activation arrives on the simulator, but
     on gloo or NCCL its buffer may be read or reused before it has left."""
-    source = recv_from(step, n_stages)
-    if source is not None:
-        x = torch.empty(in_shape)
-        comm.recv(x, source, tag=message_tag(step))
-        x.requires_grad_()
-    with comm.compute("forward", step.token):
-        y = stage(x)
-    target = send_to(step, n_stages)
-    if target is not None:
-        comm.isend(y.detach(), target, tag=message_tag(step))
-    return y
+    return _forward(*args, blocking=False)
 
 
 # ---- 4.5 ----------------------------------------------------------------------------------------
