@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -241,19 +242,27 @@ def smooth_blocking_sends(comm: Any, block: torch.Tensor, steps: int) -> torch.T
     return x
 
 
+def _loop(comm: Any, x: torch.Tensor, steps: int,
+          exchange: Callable[[Any, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]]
+          ) -> torch.Tensor:
+    """``steps`` smoothing steps of ``x``, each step's halos from ``exchange(comm, x, left,
+    right)`` (one rank: its own edges, no messages)."""
+    n, rank = comm.world_size, comm.rank
+    for _ in range(steps):
+        if n == 1:
+            from_left, from_right = x[-1:], x[:1]
+        else:
+            from_left, from_right = exchange(comm, x, (rank - 1) % n, (rank + 1) % n)
+        x = _smooth(x, from_left, from_right)
+    return x
+
+
 def smooth_by_parity(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
     """Even ranks send first, odd ranks receive first: fine on even rings, deadlocks on odd
     ones (ranks N-1 and 0 are both even)."""
-    n, rank = comm.world_size, comm.rank
-    left, right = (rank - 1) % n, (rank + 1) % n
-    x = block.clone()
-    if n == 1:
-        for _ in range(steps):
-            x = _smooth(x, x[-1:], x[:1])
-        return x
-    for _ in range(steps):
+    def exchange(comm: Any, x: torch.Tensor, left: int, right: int) -> tuple:
         from_left, from_right = torch.empty(1), torch.empty(1)
-        if rank % 2 == 0:
+        if comm.rank % 2 == 0:
             comm.send(x[:1].clone(), left, tag=1)
             comm.send(x[-1:].clone(), right, tag=2)
             comm.recv(from_left, left, tag=2)
@@ -263,61 +272,49 @@ def smooth_by_parity(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor
             comm.recv(from_right, right, tag=1)
             comm.send(x[:1].clone(), left, tag=1)
             comm.send(x[-1:].clone(), right, tag=2)
-        x = _smooth(x, from_left, from_right)
-    return x
+        return from_left, from_right
+    return _loop(comm, block.clone(), steps, exchange)
+
+
+def _isend_both(comm: Any, x: torch.Tensor, left: int, right: int, tags: tuple[int, int],
+                receive: Callable[[torch.Tensor, torch.Tensor], None]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """isend the left edge (tag ``tags[0]``) and the right edge (``tags[1]``), receive into
+    two float32 buffers with ``receive(from_left, from_right)``, wait on the sends."""
+    from_left, from_right = torch.empty(1), torch.empty(1)
+    sends = [comm.isend(x[:1].clone(), left, tag=tags[0]),
+             comm.isend(x[-1:].clone(), right, tag=tags[1])]
+    receive(from_left, from_right)
+    for work in sends:
+        work.wait()
+    return from_left, from_right
 
 
 def smooth_without_tags(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
     """isend both edges with one tag, and receives from the left first: with 2 ranks both
     halos come from one peer, matched in the order it sent them, so they arrive swapped."""
-    n, rank = comm.world_size, comm.rank
-    left, right = (rank - 1) % n, (rank + 1) % n
-    x = block.clone()
-    for _ in range(steps):
-        if n == 1:
-            x = _smooth(x, x[-1:], x[:1])
-            continue
-        from_left, from_right = torch.empty(1), torch.empty(1)
-        sends = [comm.isend(x[:1].clone(), left), comm.isend(x[-1:].clone(), right)]
-        comm.recv(from_left, left)
-        comm.recv(from_right, right)
-        for work in sends:
-            work.wait()
-        x = _smooth(x, from_left, from_right)
-    return x
+    def exchange(comm: Any, x: torch.Tensor, left: int, right: int) -> tuple:
+        return _isend_both(comm, x, left, right, (0, 0),
+                           lambda fl, fr: (comm.recv(fl, left), comm.recv(fr, right)))
+    return _loop(comm, block.clone(), steps, exchange)
 
 
 def smooth_halos_swapped(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
     """Pads the block with the halos on the wrong sides (left's edge on the right)."""
-    n, rank = comm.world_size, comm.rank
-    left, right = (rank - 1) % n, (rank + 1) % n
-    x = block.clone()
-    for _ in range(steps):
-        if n == 1:
-            x = _smooth(x, x[-1:], x[:1])
-            continue
-        from_left, from_right = torch.empty(1), torch.empty(1)
-        sends = [comm.isend(x[:1].clone(), left, tag=1), comm.isend(x[-1:].clone(), right, tag=2)]
-        comm.recv(from_left, left, tag=2)
-        comm.recv(from_right, right, tag=1)
-        for work in sends:
-            work.wait()
-        x = _smooth(x, from_right, from_left)
-    return x
+    def exchange(comm: Any, x: torch.Tensor, left: int, right: int) -> tuple:
+        from_left, from_right = _isend_both(
+            comm, x, left, right, (1, 2),
+            lambda fl, fr: (comm.recv(fl, left, tag=2), comm.recv(fr, right, tag=1)))
+        return from_right, from_left
+    return _loop(comm, block.clone(), steps, exchange)
 
 
 def smooth_chain(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
     """Rank 0 receives first, every other rank sends first: no deadlock, but every step
     waits for a chain of messages around the whole ring."""
-    n, rank = comm.world_size, comm.rank
-    left, right = (rank - 1) % n, (rank + 1) % n
-    x = block.clone()
-    for _ in range(steps):
-        if n == 1:
-            x = _smooth(x, x[-1:], x[:1])
-            continue
+    def exchange(comm: Any, x: torch.Tensor, left: int, right: int) -> tuple:
         from_left, from_right = torch.empty(1), torch.empty(1)
-        if rank == 0:  # each direction: a chain of blocking sends that rank 0 unblocks
+        if comm.rank == 0:  # each direction: a chain of blocking sends that rank 0 unblocks
             comm.recv(from_left, left, tag=2)
             comm.send(x[-1:].clone(), right, tag=2)
             comm.recv(from_right, right, tag=1)
@@ -327,8 +324,8 @@ def smooth_chain(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
             comm.recv(from_left, left, tag=2)
             comm.send(x[:1].clone(), left, tag=1)
             comm.recv(from_right, right, tag=1)
-        x = _smooth(x, from_left, from_right)
-    return x
+        return from_left, from_right
+    return _loop(comm, block.clone(), steps, exchange)
 
 
 def smooth_through_rank_0(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
@@ -405,21 +402,11 @@ def smooth_sends_never_waited(comm: Any, block: torch.Tensor, steps: int) -> tor
 
 def smooth_float32_halos(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
     """Receives the halos into torch.empty(1): float32 buffers whatever the block's dtype."""
-    n, rank = comm.world_size, comm.rank
-    left, right = (rank - 1) % n, (rank + 1) % n
-    x = block.clone()
-    for _ in range(steps):
-        if n == 1:
-            x = _smooth(x, x[-1:], x[:1])
-            continue
-        from_left, from_right = torch.empty(1), torch.empty(1)
-        sends = [comm.isend(x[:1].clone(), left, tag=1), comm.isend(x[-1:].clone(), right, tag=2)]
-        comm.recv(from_right, right, tag=1)
-        comm.recv(from_left, left, tag=2)
-        for work in sends:
-            work.wait()
-        x = _smooth(x, from_left, from_right)
-    return x
+    def exchange(comm: Any, x: torch.Tensor, left: int, right: int) -> tuple:
+        return _isend_both(comm, x, left, right, (1, 2),
+                           lambda fl, fr: (comm.recv(fr, right, tag=1),
+                                           comm.recv(fl, left, tag=2)))
+    return _loop(comm, block.clone(), steps, exchange)
 
 
 def smooth_halos_through_float32(comm: Any, block: torch.Tensor, steps: int) -> torch.Tensor:
