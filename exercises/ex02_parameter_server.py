@@ -27,7 +27,9 @@ def sgd_update(params: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
 def ps_worker_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor,
                    server: int) -> None:
     """One step of a worker: send this rank's gradient ``grad`` to rank ``server`` (tag 0),
-    then receive the updated parameters from it (tag 0) into ``params``, in place.
+    then receive the updated parameters from it (tag 0) into ``params``, in place. ``grad``
+    is the caller's: send it, leave it as it is. Every message has arrived or left when the
+    function returns.
 
     A worker talks to the server only. Cost: one message of S bytes each way.
     """
@@ -37,9 +39,10 @@ def ps_worker_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor,
 
 def ps_server_step(comm: Communicator, params: torch.Tensor, lr: float) -> None:
     """One step of the server (this rank): receive one gradient (tag 0) from every other
-    rank, average them, apply ``sgd_update`` with ``lr`` to ``params`` (in place), then send
-    the updated ``params`` (tag 0) to every other rank. The server computes no gradient of
-    its own: the average is over the N - 1 workers.
+    rank, average them, apply ``sgd_update`` with ``lr`` to ``params`` (in place, once,
+    after the last gradient is in), then send the updated ``params`` (tag 0) to every other
+    rank. The server computes no gradient of its own: the average is over the N - 1 workers.
+    Every message has arrived or left when the function returns.
 
     Cost: the server's link carries (N - 1) S bytes in and (N - 1) S out, one message at
     a time: 2(N - 1)(alpha + S / beta). That single link is the bottleneck as N grows.
@@ -73,7 +76,8 @@ def ps_sharded_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor
     parameters, ``torch.tensor_split(params, N)[r]`` (sizes differ by one when N does not
     divide), and only rank r averages and updates it.
 
-    On return ``params`` is ``params - lr * mean(grads over all N ranks)`` on every rank.
+    On return ``params`` is ``params - lr * mean(grads over all N ranks)`` on every rank;
+    ``grad`` is the caller's and stays as it was.
     Traffic: rank r sends each other rank k only what k serves (shard k of r's gradient)
     and what k needs from r (r's updated shard), nothing else.
     Cost: each rank sends and receives (N - 1)/N of S twice, with every link busy at once:

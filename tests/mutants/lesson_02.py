@@ -36,6 +36,29 @@ def worker_sends_to_rank_zero(comm: Any, params: torch.Tensor, grad: torch.Tenso
     comm.recv(params, 0 if comm.rank != 0 else server)
 
 
+def worker_leaves_its_receive(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                              server: int) -> None:
+    """irecv straight into params and returns without waiting: the simulator delivers the
+    values when the message matches, but on gloo or NCCL params may not be filled yet."""
+    comm.send(grad, server)
+    comm.irecv(params, server)
+
+
+def worker_leaves_its_send(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                           server: int) -> None:
+    """isend of the gradient, never waited on."""
+    comm.isend(grad, server)
+    comm.recv(params, server)
+
+
+def worker_receives_into_grad(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                              server: int) -> None:
+    """Uses the caller's gradient as the receive buffer, then copies it into params."""
+    comm.send(grad, server)
+    comm.recv(grad, server)
+    params.copy_(grad)
+
+
 # ---- 2.2 ----------------------------------------------------------------------------------
 
 def server_sums(comm: Any, params: torch.Tensor, lr: float) -> None:
@@ -69,6 +92,29 @@ def server_updates_per_gradient(comm: Any, params: torch.Tensor, lr: float) -> N
         params.sub_(buffer / len(workers) * 1.0001, alpha=lr)
     for w in workers:
         comm.send(params, w)
+
+
+def server_steps_per_gradient_exactly(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """One SGD step per arriving gradient with 1/(N-1) of it: with plain SGD the same numbers
+    as one step on the mean, but the parameters change before every gradient is in."""
+    buffer = torch.empty_like(params)
+    workers = _workers(comm)
+    for w in workers:
+        comm.recv(buffer, w)
+        params.sub_(buffer / len(workers), alpha=lr)
+    for w in workers:
+        comm.send(params, w)
+
+
+def server_leaves_its_sends(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """Sends the new parameters with isend and never waits on them."""
+    total, buffer = torch.zeros_like(params), torch.empty_like(params)
+    for w in _workers(comm):
+        comm.recv(buffer, w)
+        total.add_(buffer)
+    params.sub_(total / len(_workers(comm)), alpha=lr)
+    for w in _workers(comm):
+        comm.isend(params, w)
 
 
 # ---- 2.3 ----------------------------------------------------------------------------------
@@ -166,7 +212,7 @@ def loop_one_step_only(comm: Any, params: torch.Tensor, steps: int, lr: float) -
 # ---- 2.4 ----------------------------------------------------------------------------------
 
 def _exchange(comm: Any, params: torch.Tensor, grad: torch.Tensor, lr: float,
-              bounds: list[int], divide_by: int) -> None:
+              bounds: list[int], divide_by: int, into_grad: bool = False) -> None:
     n, me = comm.world_size, comm.rank
     others = [r for r in range(n) if r != me]
     gs = [grad[bounds[k]:bounds[k + 1]] for k in range(n)]
@@ -176,7 +222,7 @@ def _exchange(comm: Any, params: torch.Tensor, grad: torch.Tensor, lr: float,
     works += [comm.irecv(inbox[r], r, tag=0) for r in others]
     for w in works:
         w.wait()
-    total = gs[me].clone()
+    total = gs[me] if into_grad else gs[me].clone()
     for r in others:
         total.add_(inbox[r])
     ps[me].sub_(total / divide_by, alpha=lr)
@@ -269,13 +315,24 @@ def sharded_blocking_sends_first(comm: Any, params: torch.Tensor, grad: torch.Te
     ps[me].sub_(total / n, alpha=lr)
 
 
+def sharded_adds_into_grad(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                           lr: float) -> None:
+    """Right step, but adds the others' shards into a view of the caller's grad."""
+    n = comm.world_size
+    sizes = [len(p) for p in torch.tensor_split(params, n)]
+    bounds = [sum(sizes[:k]) for k in range(n + 1)]
+    _exchange(comm, params, grad, lr, bounds, n, into_grad=True)
+
+
 MUTANTS: dict[str, list[str]] = {
-    "2.1": ["worker_never_waits", "worker_updates_itself", "worker_sends_to_rank_zero"],
-    "2.2": ["server_sums", "server_averages_over_world", "server_updates_per_gradient"],
+    "2.1": ["worker_never_waits", "worker_updates_itself", "worker_sends_to_rank_zero",
+            "worker_leaves_its_receive", "worker_leaves_its_send", "worker_receives_into_grad"],
+    "2.2": ["server_sums", "server_averages_over_world", "server_updates_per_gradient",
+            "server_steps_per_gradient_exactly", "server_leaves_its_sends"],
     "2.3": ["loop_in_rank_order", "loop_updates_on_arrival",
             "loop_updates_each_arrival_by_its_share", "loop_never_waits_its_sends",
             "loop_sums", "loop_one_step_only"],
     "2.4": ["sharded_last_takes_the_rest", "sharded_divides_by_others",
             "sharded_never_gathers", "sharded_never_waits_its_sends",
-            "sharded_blocking_sends_first"],
+            "sharded_blocking_sends_first", "sharded_adds_into_grad"],
 }

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks.lesson_02.arrivals import (_judge_no_early_update, _judge_uneven,
-                                                         _judge_waits, _uneven_workers)
+                                                         _uneven_workers)
 from mpgpu_edu.grading.checks.lesson_02.sharded import (_hidden_sharded, _judge_sharded,
                                                         _judge_sharded_waits, _run_sharded)
-from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _judge_step, _run_step,
-                                                      _server_traffic, _steps, _worker_traffic)
+from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _judge_waits, _run_step,
+                                                      _server_step_traffic, _steps,
+                                                      _worker_traffic)
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training, _training
 
 
@@ -35,16 +36,16 @@ CASES: dict[str, list[Case]] = {
     "2.1": [
         Case("sends the gradient, receives the new parameters", 1, *_steps("worker", [(3, 2)])),
         Case("the server need not be the last rank", 1, *_steps("worker", [(4, 0), (2, 1)])),
-        Case("traffic: one message each way, with the server only", 1,
-             lambda impl: _run_step(impl, "worker", 4, 100, 3), _worker_traffic),
+        Case("traffic: one message each way, with the server only, both waited; grad "
+             "unchanged", 1, lambda impl: _run_step(impl, "worker", 4, 100, 3), _worker_traffic),
         Case("hidden: random sizes and servers", 1, *_hidden_steps("worker"), hidden=True),
     ],
     "2.2": [
         Case("averages the workers' gradients and updates", 2, *_steps("server", [(4, 3)])),
         Case("any server rank, N = 2, 3, 5", 1, *_steps("server", [(2, 0), (3, 1), (5, 4)])),
-        Case("traffic: (N-1) gradients in, (N-1) parameter copies out", 1,
-             lambda impl: _run_step(impl, "server", 5, 100, 4),
-             lambda facts: (_judge_step(facts, 5, 100, 4), _server_traffic(facts)) and None),
+        Case("traffic: (N-1) gradients in, then one update, (N-1) parameter copies out, all "
+             "waited", 1, lambda impl: _run_step(impl, "server", 5, 100, 4, watch=True),
+             _server_step_traffic),
         Case("hidden: random sizes and servers", 1, *_hidden_steps("server"), hidden=True),
     ],
     "2.3": [
@@ -66,7 +67,8 @@ CASES: dict[str, list[Case]] = {
         Case("shards that differ in size: N = 3, 10 parameters", 2,
              lambda impl: _run_sharded(impl, 3, 10), lambda f: _judge_sharded(f, 3, 10)),
         Case("trains an MLP like one device, N = 4", 2, *_training("2.4", [(4, "mlp", 3)])),
-        Case("waits: every isend and irecv is waited on, N = 3, 10 parameters", 1,
+        Case("the step again, every isend and irecv waited on, the caller's grad unchanged, "
+             "N = 3, 10 parameters", 1,
              lambda impl: _run_sharded(impl, 3, 10),
              lambda f: _judge_sharded_waits(f, 3, 10)),
         Case("hidden: other world sizes, models, sizes that do not divide", 3,

@@ -19,15 +19,6 @@ DELAYS = (3e-3, 1e-3, 2e-3)  # seconds of compute of workers 0, 1, 2: worker 0 i
 UNEVEN_STEPS = 2
 
 
-def _judge_waits(works: dict, where: str) -> None:
-    for kind in ("isend", "irecv"):
-        left = works[f"{kind}_unwaited"]
-        expect(left == 0,
-               f"{where} started {works[kind]} {kind}(s) and returned without waiting on "
-               f"{left} of them; until its work is waited on, an {kind}'s tensor may still "
-               "be in flight (on gloo or NCCL it can be read or overwritten too early)")
-
-
 def _uneven_workers(impl: Impl) -> dict:
     """compute: the learner's server loop for two steps against reference workers that need
     ``DELAYS`` seconds per gradient; the server's communicator is a ``WorkLedger`` watching its
@@ -35,6 +26,7 @@ def _uneven_workers(impl: Impl) -> dict:
     n, numel = len(DELAYS) + 1, 100
     params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, 1)
     ledgers: list[Any] = [None]
+    held: list[list[torch.Tensor]] = [[] for _ in range(n - 1)]
 
     def program(comm: Any) -> torch.Tensor:
         mine = params.clone()
@@ -45,12 +37,14 @@ def _uneven_workers(impl: Impl) -> dict:
         for _step in range(UNEVEN_STEPS):
             with comm.compute("backward", "gradient", seconds=DELAYS[comm.rank]):
                 pass
+            held[comm.rank].append(mine.clone())  # what this step's gradient is computed at
             _reference_worker(comm, mine, grads[comm.rank].clone(), n - 1)
         return mine
 
     with from_scratch(impl, "2.3"):
         facts = launch_facts(run_spmd(program, n), with_trace=True)
     facts["at_receive"] = ledgers[0].at_receive  # the server's parameters
+    facts["held"] = held  # each worker's parameters when it sent each step's gradient
     return facts
 
 
@@ -72,20 +66,19 @@ def _judge_uneven(facts: dict) -> None:
 
 def _judge_no_early_update(facts: dict) -> None:
     """The server's parameters, each time one of its receives completed, against the
-    parameters every worker started the step from."""
-    n, numel = len(DELAYS) + 1, 100
-    start, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, 1)
-    mean = torch.stack(grads[: n - 1]).mean(0)
-    seen = facts["at_receive"]
+    parameters the worker that sent it held when it computed that gradient (what the server
+    sent it the step before; the start's in step 0)."""
+    n = len(DELAYS) + 1
+    seen, held = facts["at_receive"], facts["held"]
     expect(len(seen) == UNEVEN_STEPS * (n - 1),
            f"in {UNEVEN_STEPS} steps with {n - 1} workers the server should complete "
            f"{UNEVEN_STEPS * (n - 1)} receives; it completed {len(seen)}")
     for i, record in enumerate(seen):
         step, k = divmod(i, n - 1)
-        want = start - step * LR * mean
+        src = record["src"] if record["src"] is not None else 0
         who = "" if record["src"] is None else f" (from worker {record['src']})"
-        expect_close(record["params"], want,
+        expect_close(record["params"], held[src][step],
                      f"step {step}: when gradient {k + 1} of {n - 1}{who} arrived, the "
-                     "server's parameters were no longer those the workers computed this "
-                     "step's gradients at: they changed before every gradient of the step "
-                     "was in")
+                     "server's parameters were not those the worker computed it at (the ones "
+                     "the server sent it last): the server changed them before every gradient "
+                     "of the step was in")

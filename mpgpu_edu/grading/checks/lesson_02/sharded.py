@@ -13,8 +13,7 @@ from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
                                                expect_close, from_scratch, judge_examples,
                                                launch_facts, rank_inputs, run_spmd)
-from mpgpu_edu.grading.checks.lesson_02.arrivals import _judge_waits
-from mpgpu_edu.grading.checks.lesson_02.steps import LR, _one_step
+from mpgpu_edu.grading.checks.lesson_02.steps import LR, _judge_waits, _one_step
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training
 
 Impl = Callable[..., Any]
@@ -24,20 +23,28 @@ def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0) -> dict:
     """compute: the learner's sharded step on every rank (the grader counts each rank's
     works, started and waited, from the run's record: ``works``)."""
     params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
+    changed = [False] * n
 
     def program(comm: Any) -> torch.Tensor:
-        mine = params.clone()
-        impl(comm, mine, grads[comm.rank].clone(), LR)
+        mine, grad = params.clone(), grads[comm.rank].clone()
+        impl(comm, mine, grad, LR)
+        changed[comm.rank] = not torch.equal(grad, grads[comm.rank])
         return mine
 
     with from_scratch(impl, "2.4"):
-        return launch_facts(run_spmd(program, n))
+        facts = launch_facts(run_spmd(program, n))
+    facts["grad_changed"] = changed
+    return facts
 
 
 def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
     _judge_sharded(facts, n, numel)
     for rank, works in enumerate(facts["works"]):
         _judge_waits(works, f"N={n}: rank {rank}")
+        expect(not facts["grad_changed"][rank],
+               f"N={n}: rank {rank} changed the gradient it was handed (grad is the caller's): "
+               "add the other ranks' shards into a tensor of your own, not into a view of "
+               "grad")
 
 
 def _judge_sharded(facts: dict, n: int, numel: int, seed: int = 0) -> None:

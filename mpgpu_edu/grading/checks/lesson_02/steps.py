@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks._ledger import WorkLedger
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
                                                expect_close, from_scratch, judge_examples,
                                                launch_facts, rank_inputs, run_spmd)
@@ -48,14 +49,20 @@ def _one_step(n: int, numel: int, server: int | None, seed: int) -> torch.Tensor
 # ---- one step, one side from the learner ---------------------------------------------------
 
 def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int = 0,
-              with_trace: bool = False) -> dict:
+              with_trace: bool = False, watch: bool = False) -> dict:
     """One step with the learner's ``side`` ("worker", "server" or "loop": 2.3 for one step)
-    against the reference of the other side."""
+    against the reference of the other side. ``grad_changed``: per rank, whether the
+    learner's worker changed the gradient it was handed; ``watch``: the server's
+    communicator is a ``WorkLedger``, and ``at_receive`` what its parameters held each time
+    one of its receives completed."""
     params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
+    changed, ledgers = [False] * n, [None]
 
     def program(comm: Any) -> torch.Tensor:
         mine = params.clone()
         if comm.rank == server:
+            if watch:
+                comm = ledgers[0] = WorkLedger(comm, watch=mine)
             if side == "server":
                 impl(comm, mine, LR)
             elif side == "loop":
@@ -63,20 +70,30 @@ def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int 
             else:
                 _reference_server(comm, mine, LR)
         elif side == "worker":
-            impl(comm, mine, grads[comm.rank].clone(), server)
+            grad = grads[comm.rank].clone()
+            impl(comm, mine, grad, server)
+            changed[comm.rank] = not torch.equal(grad, grads[comm.rank])
         else:
             _reference_worker(comm, mine, grads[comm.rank].clone(), server)
         return mine
 
     exercise = {"worker": "2.1", "server": "2.2", "loop": "2.3"}[side]
     with from_scratch(impl, exercise):
-        return launch_facts(run_spmd(program, n), with_trace)
+        facts = launch_facts(run_spmd(program, n), with_trace)
+    facts["grad_changed"] = changed
+    if watch:
+        facts["at_receive"] = ledgers[0].at_receive
+    return facts
 
 
 def _judge_step(facts: dict, n: int, numel: int, server: int, seed: int = 0) -> None:
-    want = _one_step(n, numel, server, seed)
+    want, start = _one_step(n, numel, server, seed), torch.linspace(-1, 1, numel)
     for rank, got in enumerate(facts["results"]):
         who = "the server" if rank == server else f"worker {rank}"
+        expect(not (isinstance(got, torch.Tensor) and torch.equal(got, start)),
+               f"N={n}, server rank {server}: the parameters on {who} never changed in the "
+               "step: update the caller's params in place (sgd_update, copy_, recv into it); "
+               "a new tensor bound to the name params is lost when the function returns")
         expect_close(got, want, f"N={n}, server rank {server}: parameters on {who} after the "
                                 "step")
 
@@ -97,6 +114,10 @@ def _worker_traffic(facts: dict) -> None:
     _judge_step(facts, n, numel, server)
     size = bytes_of(numel)
     for rank in range(n - 1):
+        expect(not facts["grad_changed"][rank],
+               f"worker {rank} changed the gradient it was handed (grad is the caller's: it "
+               "only travels to the server); receive the parameters into params")
+        _judge_waits(facts["works"][rank], f"worker {rank}")
         stats = facts["stats"][rank]
         expect(stats["sent_to"] == {server: size} and stats["messages_sent"] == 1
                and stats["bytes_received"] == size,
@@ -104,6 +125,35 @@ def _worker_traffic(facts: dict) -> None:
                f"receive the parameters once; it sent {stats['sent_to']} (bytes per peer) "
                f"in {stats['messages_sent']} messages and received {stats['bytes_received']} "
                "bytes")
+
+
+def _judge_waits(works: dict, where: str) -> None:
+    for kind in ("isend", "irecv"):
+        left = works[f"{kind}_unwaited"]
+        expect(left == 0,
+               f"{where} started {works[kind]} {kind}(s) and returned without waiting on "
+               f"{left} of them; until its work is waited on, an {kind}'s tensor may still "
+               "be in flight (on gloo or NCCL it can be read or overwritten too early)")
+
+
+def _judge_one_update(facts: dict, n: int, numel: int) -> None:
+    """The server's parameters at each of its receives in one step: still the start's."""
+    start = torch.linspace(-1, 1, numel)
+    seen = facts["at_receive"]
+    for k, record in enumerate(seen):
+        expect(torch.equal(record["params"], start),
+               f"when gradient {k + 1} of {n - 1} arrived, the server's parameters had already "
+               "changed: it updated before every gradient of the step was in (with plain SGD "
+               "the numbers come out the same, with momentum or Adam they would not); add "
+               "the gradients up, then update once")
+
+
+def _server_step_traffic(facts: dict) -> None:
+    n, numel = 5, 100
+    _judge_step(facts, n, numel, n - 1)
+    _server_traffic(facts, n)
+    _judge_waits(facts["works"][n - 1], "the server")
+    _judge_one_update(facts, n, numel)
 
 
 def _server_traffic(facts: dict, n: int = 5, steps: int = 1) -> None:
