@@ -39,7 +39,8 @@ def ring_shift(comm: Communicator, tensor: torch.Tensor) -> torch.Tensor:
 def p2p_time(cluster: Cluster, src: int, dst: int, nbytes: int) -> float:
     """Seconds one message of ``nbytes`` bytes takes from logical device ``src`` to logical
     device ``dst`` of ``cluster`` when nothing else uses the link, in the alpha-beta model
-    with the latency and bandwidth of the route between the two devices.
+    with the latency and bandwidth of the route between the two devices
+    (``cluster.route(src, dst)``: ``help()`` on what it returns names its fields).
 
     >>> p2p_time(Cluster.uniform(2, alpha_s=1e-5, beta_Bps=1e9), 0, 1, 10**6)
     0.00101

@@ -18,6 +18,28 @@ def _solution() -> Any:
 
 
 _SOL = _solution()
+# the halves by the names a learner's file has them (1.7's check counts calls to these)
+ring_reduce_scatter, ring_all_gather = _SOL.ring_reduce_scatter, _SOL.ring_all_gather
+
+
+class _Unwaited:
+    """A communicator whose isend works are never waited on (their ``wait`` does nothing);
+    everything else is the real one's."""
+
+    def __init__(self, comm: Any) -> None:
+        self._comm = comm
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comm, name)
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Any:
+        self._comm.isend(tensor, dst, tag)
+        return _NoWait()
+
+
+class _NoWait:
+    def wait(self) -> None:
+        return None
 
 
 # ---- 1.1 ----------------------------------------------------------------------------------
@@ -33,7 +55,28 @@ def p2p_bits_not_bytes(cluster: Any, src: int, dst: int, nbytes: int) -> float:
     return route.alpha_s + 8 * nbytes / route.beta_Bps
 
 
+def p2p_fixed_route(cluster: Any, src: int, dst: int, nbytes: int) -> float:
+    """Takes alpha and beta from the route 0 -> 1 whatever the devices: right wherever every
+    route is the same."""
+    route = cluster.route(0, 1)
+    return route.alpha_s + nbytes / route.beta_Bps
+
+
 # ---- 1.2 ----------------------------------------------------------------------------------
+
+def naive_root_never_waits(comm: Any, tensor: torch.Tensor) -> None:
+    """Rank 0 sends the sum back with isend and never waits."""
+    if comm.rank != 0:
+        comm.send(tensor, 0)
+        comm.recv(tensor, 0)
+        return
+    buffer = torch.empty_like(tensor)
+    for peer in range(1, comm.world_size):
+        comm.recv(buffer, peer)
+        tensor.add_(buffer)
+    for peer in range(1, comm.world_size):
+        comm.isend(tensor, peer)
+
 
 def naive_forgets_to_send_back(comm: Any, tensor: torch.Tensor) -> None:
     """Rank 0 sums everything but never sends the sum back."""
@@ -275,8 +318,8 @@ def composed_averages(comm: Any, tensor: torch.Tensor) -> None:
 
 def composed_without_padding(comm: Any, tensor: torch.Tensor) -> None:
     """All-gathers tensor_split's chunks as they are: unequal when N does not divide."""
-    mine = _SOL.ring_reduce_scatter(comm, tensor)
-    tensor.copy_(torch.cat(_SOL.ring_all_gather(comm, mine)).view_as(tensor))
+    mine = ring_reduce_scatter(comm, tensor)
+    tensor.copy_(torch.cat(ring_all_gather(comm, mine)).view_as(tensor))
 
 
 
@@ -287,18 +330,43 @@ def composed_buffer_on_the_cpu(comm: Any, tensor: torch.Tensor) -> None:
     flat = tensor.reshape(-1)
     padded = torch.zeros(-(-flat.numel() // n) * n, dtype=tensor.dtype)
     padded[: flat.numel()] = flat
-    full = torch.cat(_SOL.ring_all_gather(comm, _SOL.ring_reduce_scatter(comm, padded)))
+    full = torch.cat(ring_all_gather(comm, ring_reduce_scatter(comm, padded)))
     tensor.copy_(full[: flat.numel()].view_as(tensor))
 
+def reduce_scatter_never_waits(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """The right reduce-scatter, its isend works never waited on."""
+    return _SOL.ring_reduce_scatter(_Unwaited(comm), tensor)
+
+
+def all_gather_never_waits(comm: Any, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The right all-gather, its isend works never waited on."""
+    return _SOL.ring_all_gather(_Unwaited(comm), tensor)
+
+
+def tree_never_waits_its_sends(comm: Any, tensor: torch.Tensor) -> None:
+    """The right tree, its isends down the tree never waited on."""
+    _SOL.tree_all_reduce(_Unwaited(comm), tensor)
+
+
+def composed_of_the_ring(comm: Any, tensor: torch.Tensor) -> None:
+    """Pads and runs the ring of 1.3: the ring's bytes, but not composed of 1.4 and 1.5."""
+    n, numel = comm.world_size, tensor.numel()
+    padded = tensor.new_zeros(-(-numel // n) * n)
+    padded[:numel] = tensor.reshape(-1)
+    _SOL.ring_all_reduce(comm, padded)
+    tensor.copy_(padded[:numel].view_as(tensor))
+
+
 MUTANTS: dict[str, list[str]] = {
-    "1.1": ["p2p_ignores_alpha", "p2p_bits_not_bytes"],
-    "1.2": ["naive_forgets_to_send_back", "naive_averages"],
+    "1.1": ["p2p_ignores_alpha", "p2p_bits_not_bytes", "p2p_fixed_route"],
+    "1.2": ["naive_forgets_to_send_back", "naive_averages", "naive_root_never_waits"],
     "1.3": ["ring_chunk_off_by_one", "ring_sends_left", "ring_without_all_gather",
             "ring_never_waits"],
-    "1.4": ["reduce_scatter_next_chunk", "reduce_scatter_in_place"],
+    "1.4": ["reduce_scatter_next_chunk", "reduce_scatter_in_place", "reduce_scatter_never_waits"],
     "1.5": ["all_gather_slot_off_by_one", "all_gather_sends_everything",
-            "all_gather_own_entry_is_input"],
+            "all_gather_own_entry_is_input", "all_gather_never_waits"],
     "1.6": ["tree_skips_last_level", "tree_through_the_root", "tree_binomial",
-            "tree_children_one_after_another", "tree_is_a_ring"],
-    "1.7": ["composed_averages", "composed_without_padding", "composed_buffer_on_the_cpu"],
+            "tree_children_one_after_another", "tree_is_a_ring", "tree_never_waits_its_sends"],
+    "1.7": ["composed_averages", "composed_without_padding", "composed_buffer_on_the_cpu",
+            "composed_of_the_ring"],
 }

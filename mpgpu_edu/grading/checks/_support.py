@@ -226,8 +226,8 @@ def _digits(got: float, want: float) -> tuple[str, str]:
 def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> str:
     """A note when every value is a simple multiple of the expected one (a gradient added
     twice, a mean divided twice, a sign flipped), else ''."""
-    if not bool(want.ne(0).any()):
-        return ""
+    if not bool(want.ne(0).any()) or want.unique().numel() < 2:
+        return ""  # one value (one element): every wrong answer is a multiple of it
     for factor, note in ((2.0, "exactly twice the expected values: added twice, or divided "
                                "by half as many?"),
                          (0.5, "exactly half the expected values: divided twice, or by "
@@ -240,8 +240,9 @@ def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> 
     for k in range(3, 65):  # a sum where the mean was asked, or the wrong count divided by
         for factor, words in ((float(k), f"exactly {k} times the expected values: a sum "
                                           "where the mean was asked, or divided by too few?"),
-                              (1 / k, f"exactly 1/{k} of the expected values: divided by "
-                                      "too many, or twice?")):
+                              (1 / k, f"exactly 1/{k} of the expected values: a mean "
+                                      "where the sum was asked, divided by too many, or "
+                                      "twice?")):
             if abs(ratio - factor) <= 1e-6 * factor and torch.allclose(
                     got, factor * want, rtol=rtol, atol=atol):
                 return f" ({words})"

@@ -33,12 +33,13 @@ from mpgpu_edu.lessons.communication import binary_tree_all_reduce
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs (the
     # collectives of 1.2-1.7 are, for every case: ``from_scratch``)
     "1.1": ["mpgpu_edu.cluster.topology:Route.seconds", "mpgpu_edu.collectives.cost:message_time"],
+    "1.6": ["mpgpu_edu.lessons.communication:binary_tree_all_reduce"],  # the lesson's tree
 }
 
 CASES: dict[str, list[Case]] = {
     "1.1": [
         _p2p_case("uniform cluster: alpha + n / beta", "uniform"),
-        _p2p_case("PCIe preset: matches a simulated send", "preset"),
+        _p2p_case("presets: matches a simulated send, on every kind of route", "preset"),
         _p2p_case("logical ids under CUDA_VISIBLE_DEVICES", "visible"),
     ],
     "1.2": [
@@ -91,8 +92,9 @@ CASES: dict[str, list[Case]] = {
     "1.7": [
         _sums_case("sums in place, any size", 2, "1.7",
                    [(4, 1000), (3, 10), (5, 3), (2, 1), (1, 4)]),
-        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 3, "1.7",
-                      padded=True),
+        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour; built of "
+                      "your ring_reduce_scatter and ring_all_gather", 3, "1.7", padded=True,
+                      parts=("ring_reduce_scatter", "ring_all_gather")),
         _meta_case("1.7"),
         _time_case("time: as fast as the ring", "1.7", all_reduce_ring, "ring",
                    [(4, 2**18 + 3)], "do all ranks send at the same time?"),

@@ -76,16 +76,21 @@ def _waits_case(exercise: str, points: int, sizes: list[tuple[int, int]]) -> Cas
     def judge(runs: list[Facts]) -> None:
         for facts, (n, numel) in zip(runs, sizes):
             _judge_sums(facts, n, numel)
-            for rank, works in enumerate(facts["works"]):
-                for kind in ("isend", "irecv"):
-                    left = works[f"{kind}_unwaited"]
-                    expect(left == 0,
-                           f"N={n}: rank {rank} started {_count(works[kind], kind)} and "
-                           f"returned without waiting on {left} of them; until its work is "
-                           f"waited on, an {kind}'s tensor may still be in flight (on gloo "
-                           f"or NCCL it can be read or overwritten too early)")
+            judge_waited(facts, n)
     return Case("waits: every isend and irecv is waited on before returning", points,
                 compute, judge)
+
+
+def judge_waited(facts: Facts, n: int) -> None:
+    """Every isend and irecv work of every rank waited on (the grader's ``works``)."""
+    for rank, works in enumerate(facts["works"]):
+        for kind in ("isend", "irecv"):
+            left = works[f"{kind}_unwaited"]
+            expect(left == 0,
+                   f"N={n}: rank {rank} started {_count(works[kind], kind)} and returned "
+                   f"without waiting on {left} of them; until its work is waited on, an "
+                   f"{kind}'s tensor may still be in flight (on gloo or NCCL it can be read "
+                   "or overwritten too early)")
 
 
 def _judge_sums(facts: Facts, n: int, numel: int, seed: int = 0) -> None:

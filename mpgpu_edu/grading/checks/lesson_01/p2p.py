@@ -18,7 +18,10 @@ Impl = Callable[..., Any]
 
 P2P_SETS: dict[str, list[tuple[Callable[[], Cluster], list[tuple[int, int]], list[int]]]] = {
     "uniform": [(lambda: uniform(2), [(0, 1), (1, 0)], [0, 1, 1000, 10**6])],
-    "preset": [(lambda: Cluster.preset("4xRTX4090-pcie"), [(0, 2)], [4096, 2**20])],
+    # routes that differ from 0 -> 1's: across the socket, and between nodes
+    "preset": [(lambda: Cluster.preset("4xRTX4090-pcie"), [(0, 2)], [4096, 2**20]),
+               (lambda: Cluster.preset("8xRTX4090-pcie"), [(0, 7)], [2**20]),
+               (lambda: Cluster.preset("2x8xH100-ib"), [(0, 8)], [4096, 2**20])],
     # both PCIe cards on one socket: across the socket link even a lone transfer runs at that
     # link's shared 10 GB/s, which the route's beta_Bps (24 GB/s) does not carry
     "visible": [(lambda: Cluster.preset("8xRTX4090-pcie", visible="5,4"), [(0, 1)], [2**20]),

@@ -13,7 +13,8 @@ from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._plain import is_tensor, type_name
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, from_scratch,
                                                launch_facts, rank_inputs, run_spmd, uniform)
-from mpgpu_edu.grading.checks.lesson_01.all_reduce import _count, _hidden_case, _runs_case
+from mpgpu_edu.grading.checks.lesson_01.all_reduce import (_count, _hidden_case, _runs_case,
+                                                           judge_waited)
 
 Impl = Callable[..., Any]
 Facts = dict[str, Any]
@@ -110,7 +111,8 @@ def _half_traffic_case(name: str, points: int, exercise: str, judge_one: Callabl
         judge_one(facts, n, (numel,))
         per = numel // n if exercise == "1.4" else numel
         _judge_half_traffic(facts, n, (n - 1) * bytes_of(per), what)
-    return Case(name, points, compute, judge)
+        judge_waited(facts, n)
+    return Case(name + ", every message waited", points, compute, judge)
 
 
 def _half_hidden(exercise: str, judge_one: Callable[..., None]) -> Case:

@@ -5,12 +5,15 @@ messages per rank (``launch_facts``' ``stats``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._support import bytes_of, expect
-from mpgpu_edu.grading.checks.lesson_01.all_reduce import _all_reduce_facts, _count, _judge_sums
+from mpgpu_edu.grading.checks.lesson_01.all_reduce import (_all_reduce_facts, _count, _judge_sums,
+                                                           judge_waited)
 from mpgpu_edu.lessons.communication import tree_children
 
 Impl = Callable[..., Any]
@@ -45,7 +48,9 @@ def _naive_traffic() -> Case:
     def judge(facts: Facts) -> None:
         _judge_sums(facts, 4, 1000)
         _judge_naive_traffic(facts, 4, 1000)
-    return Case("traffic: everything goes through rank 0", 1, compute, judge)
+        judge_waited(facts, 4)
+    return Case("traffic: everything goes through rank 0, every message waited", 1, compute,
+                judge)
 
 
 def _judge_naive_hidden(facts: Facts, world_size: int, numel: int, seed: int) -> None:
@@ -83,15 +88,52 @@ def _judge_ring_traffic(facts: Facts, n: int, numel: int, padded: bool = False) 
 RING_TRAFFIC = [(4, 1000), (3, 1000), (5, 12), (6, 1001)]
 
 
-def _traffic_case(name: str, points: int, exercise: str, padded: bool = False) -> Case:
+def _traffic_case(name: str, points: int, exercise: str, padded: bool = False,
+                  parts: tuple[str, ...] = ()) -> Case:
+    """``parts``: names of the learner's own functions (1.4, 1.5) the exercise must be
+    composed of; each rank must call each once per all-reduce."""
     def compute(impl: Impl) -> list[Facts]:
-        return [_all_reduce_facts(impl, exercise, n, numel) for n, numel in RING_TRAFFIC]
+        runs = []
+        for n, numel in RING_TRAFFIC:
+            with _counting_calls(impl, parts) as calls:
+                facts = _all_reduce_facts(impl, exercise, n, numel)
+            facts["calls"] = {name: [calls[name].count(r) for r in range(n)] for name in parts}
+            runs.append(facts)
+        return runs
 
     def judge(runs: list[Facts]) -> None:
         for facts, (n, numel) in zip(runs, RING_TRAFFIC):
             _judge_sums(facts, n, numel)
             _judge_ring_traffic(facts, n, numel, padded)
+            for part, per_rank in facts["calls"].items():
+                expect(per_rank == [1] * n,
+                       f"N={n}: each rank should call your {part} once per all-reduce (the "
+                       f"exercise composes the all-reduce of 1.4 and 1.5); the ranks called "
+                       f"it {per_rank} times")
     return Case(name, points, compute, judge)
+
+
+@contextlib.contextmanager
+def _counting_calls(impl: Impl, names: tuple[str, ...]) -> Iterator[dict[str, list[int]]]:
+    """While inside, the functions ``names`` of ``impl``'s module count the ranks that call
+    them (by their ``comm``'s rank): ``{name: [rank of each call]}``."""
+    where = getattr(impl, "__globals__", {})
+    calls: dict[str, list[int]] = {name: [] for name in names}
+    saved = {name: where[name] for name in names if callable(where.get(name))}
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(comm: Any, *args: Any, **kwargs: Any) -> Any:
+            calls[name].append(getattr(comm, "rank", -1))
+            return fn(comm, *args, **kwargs)
+        return call
+
+    for name, fn in saved.items():
+        where[name] = counted(name, fn)
+    try:
+        yield calls
+    finally:
+        where.update(saved)
 
 
 def _judge_ring_hidden(padded: bool) -> Callable[..., None]:
@@ -129,7 +171,9 @@ def _tree_traffic() -> Case:
         for facts, (n, numel) in zip(runs, sizes):
             _judge_sums(facts, n, numel)
             _judge_tree_traffic(facts, n, numel)
-    return Case("traffic: each rank talks to its parent and children only", 3, compute, judge)
+            judge_waited(facts, n)
+    return Case("traffic: each rank talks to its parent and children only, every message "
+                "waited", 3, compute, judge)
 
 
 def _judge_tree_hidden(facts: Facts, world_size: int, numel: int, seed: int) -> None:
