@@ -103,7 +103,7 @@ def ring_all_reduce(comm: Communicator, tensor: torch.Tensor) -> None:
 def ring_reduce_scatter(comm: Communicator, tensor: torch.Tensor) -> torch.Tensor:
     """Reduce-scatter (sum) on a ring: return chunk ``rank`` of
     ``torch.tensor_split(total.reshape(-1), N)``, where ``total`` is the sum of every
-    rank's ``tensor`` (a new tensor). Do not change ``tensor`` itself.
+    rank's ``tensor`` (a new tensor, of ``tensor``'s dtype). Do not change ``tensor`` itself.
 
     Traffic: every rank sends to its right neighbour only, N - 1 messages of one chunk.
     Cost: (N - 1)(alpha + S / (N beta)); every rank sends (N - 1)/N of S.
@@ -124,7 +124,7 @@ def ring_reduce_scatter(comm: Communicator, tensor: torch.Tensor) -> torch.Tenso
 
 def ring_all_gather(comm: Communicator, tensor: torch.Tensor) -> list[torch.Tensor]:
     """All-gather on a ring: return ``[tensor of rank 0, ..., tensor of rank N-1]`` (new
-    tensors; every rank passes a tensor of the same shape and dtype).
+    tensors, of the input's dtype; every rank passes a tensor of the same shape and dtype).
 
     Traffic: every rank sends to its right neighbour only, N - 1 messages of s bytes.
     Cost: (N - 1)(alpha + s / beta) for tensors of s bytes; each rank sends (N - 1) s.

@@ -357,14 +357,33 @@ def composed_of_the_ring(comm: Any, tensor: torch.Tensor) -> None:
     tensor.copy_(padded[:numel].view_as(tensor))
 
 
+def reduce_scatter_returns_float64(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """The right chunk, returned as float64 whatever the input's dtype."""
+    return _SOL.ring_reduce_scatter(comm, tensor).double()
+
+
+def all_gather_float32_slots(comm: Any, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Makes its slots with torch.empty(shape): float32 whatever the input's dtype."""
+    n, rank = comm.world_size, comm.rank
+    slots = [torch.empty(tensor.shape) for _ in range(n)]
+    slots[rank].copy_(tensor)
+    for k in range(n - 1):
+        work = comm.isend(slots[(rank - k) % n], (rank + 1) % n)
+        comm.recv(slots[(rank - 1 - k) % n], (rank - 1) % n)
+        work.wait()
+    return slots
+
+
 MUTANTS: dict[str, list[str]] = {
     "1.1": ["p2p_ignores_alpha", "p2p_bits_not_bytes", "p2p_fixed_route"],
     "1.2": ["naive_forgets_to_send_back", "naive_averages", "naive_root_never_waits"],
     "1.3": ["ring_chunk_off_by_one", "ring_sends_left", "ring_without_all_gather",
             "ring_never_waits"],
-    "1.4": ["reduce_scatter_next_chunk", "reduce_scatter_in_place", "reduce_scatter_never_waits"],
+    "1.4": ["reduce_scatter_next_chunk", "reduce_scatter_in_place", "reduce_scatter_never_waits",
+            "reduce_scatter_returns_float64"],
     "1.5": ["all_gather_slot_off_by_one", "all_gather_sends_everything",
-            "all_gather_own_entry_is_input", "all_gather_never_waits"],
+            "all_gather_own_entry_is_input", "all_gather_never_waits",
+            "all_gather_float32_slots"],
     "1.6": ["tree_skips_last_level", "tree_through_the_root", "tree_binomial",
             "tree_children_one_after_another", "tree_is_a_ring", "tree_never_waits_its_sends"],
     "1.7": ["composed_averages", "composed_without_padding", "composed_buffer_on_the_cpu",

@@ -9,22 +9,21 @@ from typing import Any
 
 import torch
 
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import Case, CheckFailure
 from mpgpu_edu.grading.checks._plain import is_tensor, type_name
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, from_scratch,
                                                launch_facts, rank_inputs, run_spmd, uniform)
-from mpgpu_edu.grading.checks.lesson_01.all_reduce import (_count, _hidden_case, _runs_case,
-                                                           judge_waited)
+from mpgpu_edu.grading.checks.lesson_01.all_reduce import _count, _hidden_case, judge_waited
 
 Impl = Callable[..., Any]
 Facts = dict[str, Any]
 
 
 def _collective_facts(impl: Impl, exercise: str, n: int, shape: tuple[int, ...],
-                      seed: int = 0) -> Facts:
+                      seed: int = 0, dtype: str = "float32") -> Facts:
     """compute: what each rank's input and returned value are afterwards, and (``shares``)
     whether each returned tensor shares memory with the rank's input tensor."""
-    inputs = _inputs(n, shape, seed)
+    inputs = _inputs(n, shape, seed, dtype)
     shares: list[Any] = [None] * n
 
     def program(comm: Any) -> tuple[torch.Tensor, Any]:
@@ -46,25 +45,43 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _inputs(n: int, shape: tuple[int, ...], seed: int) -> list[torch.Tensor]:
+def _inputs(n: int, shape: tuple[int, ...], seed: int, dtype: str = "float32"
+            ) -> list[torch.Tensor]:
+    """Rank r's input; in float64 plus sevenths, which float32 cannot hold."""
     numel = 1
     for dim in shape:
         numel *= dim
-    return [t.reshape(shape) for t in rank_inputs(n, numel, seed)]
+    tensors = [t.reshape(shape) for t in rank_inputs(n, numel, seed)]
+    if dtype == "float64":
+        tensors = [t.double() + (r + 1) / 7 for r, t in enumerate(tensors)]
+    return tensors
 
 
-def _judge_reduce_scatter(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0) -> None:
-    inputs = _inputs(n, shape, seed)
+def _expect_like(got: Any, want: torch.Tensor, what: str) -> None:
+    """``got`` has ``want``'s dtype and values (float64: to float64's precision)."""
+    if is_tensor(got) and got.dtype != want.dtype:
+        raise CheckFailure(f"{what}: {str(got.dtype).replace('torch.', '')} for "
+                           f"{str(want.dtype).replace('torch.', '')} inputs; make every buffer "
+                           "with the input's dtype (torch.empty_like, tensor.new_empty)")
+    tight = want.dtype == torch.float64
+    expect_close(got, want, what, *((1e-12, 1e-12) if tight else ()))
+
+
+def _judge_reduce_scatter(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0,
+                          dtype: str = "float32") -> None:
+    inputs = _inputs(n, shape, seed, dtype)
     chunks = torch.tensor_split(torch.stack(inputs).sum(0).reshape(-1), n)
     for rank, (tensor, got) in enumerate(facts["results"]):
         expect(is_tensor(tensor) and torch.equal(tensor, inputs[rank]),
                f"N={n}: rank {rank}'s input tensor was changed; reduce-scatter must leave it "
                "as it was")
-        expect_close(got, chunks[rank], f"N={n}, shape {list(shape)}, rank {rank}'s chunk")
+        _expect_like(got, chunks[rank], f"N={n}, {dtype} of shape {list(shape)}, rank {rank}'s "
+                                        "chunk")
 
 
-def _judge_all_gather(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0) -> None:
-    inputs = _inputs(n, shape, seed)
+def _judge_all_gather(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0,
+                      dtype: str = "float32") -> None:
+    inputs = _inputs(n, shape, seed, dtype)
     for rank, (tensor, got) in enumerate(facts["results"]):
         expect(is_tensor(tensor) and torch.equal(tensor, inputs[rank]),
                f"rank {rank}'s input tensor was changed")
@@ -72,12 +89,14 @@ def _judge_all_gather(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 
                f"rank {rank} should return a list of {n} tensors, got {type_name(got)}"
                + (f" of length {len(got)}" if isinstance(got, list) else ""))
         for source in range(n):
-            expect_close(got[source], inputs[source],
-                         f"N={n}: rank {rank}'s entry {source} (rank {source}'s tensor)")
+            _expect_like(got[source], inputs[source],
+                         f"N={n}, {dtype}: rank {rank}'s entry {source} (rank {source}'s "
+                         "tensor)")
 
 
-def _judge_new_tensors(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0) -> None:
-    _judge_all_gather(facts, n, shape, seed)
+def _judge_new_tensors(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0,
+                       dtype: str = "float32") -> None:
+    _judge_all_gather(facts, n, shape, seed, dtype)
     for rank, shares in enumerate(facts["shares"]):
         for entry, shared in enumerate(shares):
             expect(not shared, f"N={n}: rank {rank}'s entry {entry} is its input tensor itself "
@@ -86,8 +105,18 @@ def _judge_new_tensors(facts: Facts, n: int, shape: tuple[int, ...], seed: int =
 
 
 def _values_case(name: str, exercise: str, judge_one: Callable[..., None],
-                 runs: list[tuple[int, tuple[int, ...]]], points: int = 2) -> Case:
-    return _runs_case(name, points, exercise, runs, _collective_facts, judge_one)
+                 runs: list[tuple], points: int = 2) -> Case:
+    """``runs``: ``(N, shape)`` in float32, or ``(N, shape, dtype)``."""
+    typed = [(run[0], run[1], run[2] if len(run) > 2 else "float32") for run in runs]
+
+    def compute(impl: Impl) -> list[Facts]:
+        return [_collective_facts(impl, exercise, n, shape, dtype=dtype)
+                for n, shape, dtype in typed]
+
+    def judge(all_facts: list[Facts]) -> None:
+        for facts, (n, shape, dtype) in zip(all_facts, typed):
+            judge_one(facts, n, shape, dtype=dtype)
+    return Case(name, points, compute, judge)
 
 
 def _judge_half_traffic(facts: Facts, n: int, want: int, what: str) -> None:
