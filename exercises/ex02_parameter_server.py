@@ -77,7 +77,8 @@ def ps_sharded_step(comm: Communicator, params: torch.Tensor, grad: torch.Tensor
     divide), and only rank r averages and updates it.
 
     On return ``params`` is ``params - lr * mean(grads over all N ranks)`` on every rank;
-    ``grad`` is the caller's and stays as it was.
+    ``grad`` is the caller's and stays as it was. Rank r updates its shard once, with
+    ``sgd_update``, after every rank's shard r of the gradient is in.
     Traffic: rank r sends each other rank k only what k serves (shard k of r's gradient)
     and what k needs from r (r's updated shard), nothing else.
     Cost: each rank sends and receives (N - 1)/N of S twice, with every link busy at once:

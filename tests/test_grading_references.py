@@ -74,3 +74,18 @@ def test_every_reference_names_a_real_function_of_its_lesson() -> None:
                 for part in name.split("."):
                     owner = getattr(owner, part)
                 assert callable(owner), target
+
+
+def test_a_function_checked_in_the_kernel_cannot_call_the_reference_either() -> None:
+    """``check("1.6", fn)`` with a notebook's function runs in this process: its compute
+    half has the lesson's reference tree out of reach too, and its judge still uses it."""
+    from mpgpu_edu.lessons import communication as cm
+
+    def tree_all_reduce(comm, tensor):  # noqa: ANN001, ANN202 - as a notebook defines it
+        cm.binary_tree_all_reduce(comm, tensor)
+
+    tree_all_reduce.__module__ = "__main__"
+    result = check("1.6", tree_all_reduce, figures=False)
+    assert result.points == 0, str(result)
+    assert "yours to write" in str(result)
+    assert cm.binary_tree_all_reduce.__name__ == "binary_tree_all_reduce"  # put back after

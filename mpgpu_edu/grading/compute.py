@@ -157,7 +157,7 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
         case_start = time.monotonic()
         message: dict[str, Any] = {"type": "computed", "index": index}
         try:
-            with _alarm(soft), _references_blocked(request["exercise"]):
+            with _alarm(soft), references_blocked(request["exercise"]):
                 message["data"] = plain(case.compute(impl))
         except BaseException as exc:  # noqa: BLE001 - classified for the report
             timed_out = isinstance(exc, CaseTimeout)
@@ -190,7 +190,7 @@ def _judged(case: Any, message: dict, request: dict, figure_sent: bool) -> dict:
 
 
 @contextlib.contextmanager
-def _references_blocked(exercise_id: str) -> Iterator[None]:
+def references_blocked(exercise_id: str) -> Iterator[None]:
     """While inside (a case's *compute* half), the package's own implementation of the
     function being written (a lesson's checks name it in ``REFERENCES``) raises when called,
     wherever it was imported, the learner's module included (as ``checks._support.

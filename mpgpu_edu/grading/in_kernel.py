@@ -43,8 +43,8 @@ def run_in_thread(exercise_id: str, fn: Callable[..., Any], *, limits: Limits = 
             continue
         soft = min(case.timeout_s, limits.case_timeout_s or case.timeout_s, left)
         box: dict[str, Any] = {}
-        thread = threading.Thread(target=_run_into, args=(case, fn, box), daemon=True,
-                                  name=f"check-{exercise.id}")
+        thread = threading.Thread(target=_run_into, args=(case, fn, box, exercise.id),
+                                  daemon=True, name=f"check-{exercise.id}")
         case_start = time.monotonic()
         thread.start()
         thread.join(soft)
@@ -69,9 +69,17 @@ def run_in_thread(exercise_id: str, fn: Callable[..., Any], *, limits: Limits = 
                           time.monotonic() - started)
 
 
-def _run_into(case: Any, fn: Callable[..., Any], box: dict[str, Any]) -> None:
+def _run_into(case: Any, fn: Callable[..., Any], box: dict[str, Any], exercise_id: str) -> None:
+    """The case's two halves, as a child runs them: *compute* with the package's own
+    implementation of the exercise out of reach (``REFERENCES``), then *judge*."""
+    from mpgpu_edu.grading.checks._clock import resolve
+    from mpgpu_edu.grading.checks._plain import plain
+    from mpgpu_edu.grading.compute import references_blocked
+
     try:
-        box["evidence"] = case.run(fn)
+        with references_blocked(exercise_id):
+            facts = plain(case.compute(fn))
+        box["evidence"] = case.judge(resolve(facts))
     except BaseException as exc:  # noqa: BLE001 - reported by run_in_thread
         box["error"] = exc
         box["evidence"] = getattr(exc, "evidence", None)

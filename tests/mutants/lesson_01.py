@@ -374,11 +374,51 @@ def all_gather_float32_slots(comm: Any, tensor: torch.Tensor) -> list[torch.Tens
     return slots
 
 
+def ring_float32_scratch(comm: Any, tensor: torch.Tensor) -> None:
+    """The ring with its receive buffer made as torch.empty(size, device=...): float32
+    whatever the tensor's dtype."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    buffer = torch.empty(max(c.numel() for c in chunks), device=tensor.device)
+    for k in range(n - 1):
+        send, recv = chunks[(rank - k) % n], chunks[(rank - k - 1) % n]
+        work = comm.isend(send, (rank + 1) % n)
+        comm.recv(buffer[: recv.numel()], (rank - 1) % n)
+        work.wait()
+        recv.add_(buffer[: recv.numel()])
+    for k in range(n - 1):
+        send, recv = chunks[(rank + 1 - k) % n], chunks[(rank - k) % n]
+        work = comm.isend(send, (rank + 1) % n)
+        comm.recv(recv, (rank - 1) % n)
+        work.wait()
+
+
+def ring_splits_the_first_dimension(comm: Any, tensor: torch.Tensor) -> None:
+    """tensor_split(tensor, N) without flattening: on a 2-D tensor the chunks are rows, as
+    uneven as the rows are few (the sums are right, the bytes are not the ring's)."""
+    n, rank = comm.world_size, comm.rank
+    chunks = list(torch.tensor_split(tensor, n))
+    for k in range(n - 1):
+        send, recv = chunks[(rank - k) % n], chunks[(rank - k - 1) % n]
+        buffer = torch.empty_like(recv)
+        work = comm.isend(send.contiguous(), (rank + 1) % n)
+        comm.recv(buffer, (rank - 1) % n)
+        work.wait()
+        recv.add_(buffer)
+    for k in range(n - 1):
+        send, recv = chunks[(rank + 1 - k) % n], chunks[(rank - k) % n]
+        buffer = torch.empty_like(recv)
+        work = comm.isend(send.contiguous(), (rank + 1) % n)
+        comm.recv(buffer, (rank - 1) % n)
+        work.wait()
+        recv.copy_(buffer)
+
+
 MUTANTS: dict[str, list[str]] = {
     "1.1": ["p2p_ignores_alpha", "p2p_bits_not_bytes", "p2p_fixed_route"],
     "1.2": ["naive_forgets_to_send_back", "naive_averages", "naive_root_never_waits"],
     "1.3": ["ring_chunk_off_by_one", "ring_sends_left", "ring_without_all_gather",
-            "ring_never_waits"],
+            "ring_never_waits", "ring_float32_scratch", "ring_splits_the_first_dimension"],
     "1.4": ["reduce_scatter_next_chunk", "reduce_scatter_in_place", "reduce_scatter_never_waits",
             "reduce_scatter_returns_float64"],
     "1.5": ["all_gather_slot_off_by_one", "all_gather_sends_everything",

@@ -7,6 +7,12 @@ from typing import Any
 import torch
 
 
+def sgd_update(params: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
+    """The exercise file's SGD step, by the name a learner's file has it (the checks count
+    its calls)."""
+    params.sub_(grad, alpha=lr)
+
+
 def _workers(comm: Any) -> list[int]:
     return [r for r in range(comm.world_size) if r != comm.rank]
 
@@ -115,6 +121,19 @@ def server_leaves_its_sends(comm: Any, params: torch.Tensor, lr: float) -> None:
     params.sub_(total / len(_workers(comm)), alpha=lr)
     for w in _workers(comm):
         comm.isend(params, w)
+
+
+def server_steps_per_arrival_on_a_copy(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """One sgd_update per arriving gradient, on a copy copied into params at the end: the
+    caller's params change once, but the step is N - 1 partial updates."""
+    buffer, new = torch.empty_like(params), params.clone()
+    workers = _workers(comm)
+    for w in workers:
+        comm.recv(buffer, w)
+        sgd_update(new, buffer / len(workers), lr)
+    params.copy_(new)
+    for w in workers:
+        comm.send(params, w)
 
 
 # ---- 2.3 ----------------------------------------------------------------------------------
@@ -324,15 +343,42 @@ def sharded_adds_into_grad(comm: Any, params: torch.Tensor, grad: torch.Tensor,
     _exchange(comm, params, grad, lr, bounds, n, into_grad=True)
 
 
+def sharded_updates_per_arrival(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                                lr: float) -> None:
+    """Updates its shard with its own gradient's share first, then with each other rank's
+    share as it arrives: right numbers with plain SGD, N updates instead of one."""
+    n, me = comm.world_size, comm.rank
+    others = [r for r in range(n) if r != me]
+    gs, ps = torch.tensor_split(grad, n), torch.tensor_split(params, n)
+    inbox = {r: torch.empty_like(gs[me]) for r in others}
+    works = [comm.isend(gs[r].contiguous(), r) for r in others]
+    sgd_update(ps[me], gs[me] / n, lr)
+    for r in others:
+        comm.recv(inbox[r], r)
+        sgd_update(ps[me], inbox[r] / n, lr)
+    for w in works:
+        w.wait()
+    mine = ps[me].clone()
+    works = [comm.isend(mine, r, tag=1) for r in others]
+    got = {r: torch.empty_like(ps[r]) for r in others}
+    for r in others:
+        comm.recv(got[r], r, tag=1)
+        ps[r].copy_(got[r])
+    for w in works:
+        w.wait()
+
+
 MUTANTS: dict[str, list[str]] = {
     "2.1": ["worker_never_waits", "worker_updates_itself", "worker_sends_to_rank_zero",
             "worker_leaves_its_receive", "worker_leaves_its_send", "worker_receives_into_grad"],
     "2.2": ["server_sums", "server_averages_over_world", "server_updates_per_gradient",
-            "server_steps_per_gradient_exactly", "server_leaves_its_sends"],
+            "server_steps_per_gradient_exactly", "server_leaves_its_sends",
+            "server_steps_per_arrival_on_a_copy"],
     "2.3": ["loop_in_rank_order", "loop_updates_on_arrival",
             "loop_updates_each_arrival_by_its_share", "loop_never_waits_its_sends",
             "loop_sums", "loop_one_step_only"],
     "2.4": ["sharded_last_takes_the_rest", "sharded_divides_by_others",
             "sharded_never_gathers", "sharded_never_waits_its_sends",
-            "sharded_blocking_sends_first", "sharded_adds_into_grad"],
+            "sharded_blocking_sends_first", "sharded_adds_into_grad",
+            "sharded_updates_per_arrival"],
 }

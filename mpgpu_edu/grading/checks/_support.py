@@ -249,6 +249,39 @@ def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> 
     return ""
 
 
+@contextlib.contextmanager
+def counting_calls(impl: Callable[..., Any], names: tuple[str, ...] | list[str]
+                   ) -> Iterator[dict[str, list[int]]]:
+    """While inside, the functions ``names`` of ``impl``'s module (the learner's own file)
+    record the rank that calls them, from the simulator's rank thread (``rank-N``; -1
+    elsewhere): ``{name: [rank of each call]}``. A name the module does not have is never
+    called (an empty list)."""
+    import functools
+    import threading
+
+    where = getattr(impl, "__globals__", {})
+    calls: dict[str, list[int]] = {name: [] for name in names}
+    saved = {name: where[name] for name in names if callable(where.get(name))}
+
+    def rank_now() -> int:
+        parts = threading.current_thread().name.split("-")
+        return int(parts[1]) if parts[0] == "rank" and parts[1:2] and parts[1].isdigit() else -1
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name].append(rank_now())
+            return fn(*args, **kwargs)
+        return call
+
+    for name, fn in saved.items():
+        where[name] = counted(name, fn)
+    try:
+        yield calls
+    finally:
+        where.update(saved)
+
+
 def step_rows(got: Any) -> Any:
     """A learner's step orders as plain data: per device, rows of ``[stage, microbatch, op,
     chunk]`` (a ``pipeline.Step``) or the repr of anything else; the type name of what is not

@@ -44,7 +44,8 @@ CASES: dict[str, list[Case]] = {
     ],
     "1.2": [
         _sums_case("sums in place on 4 ranks", 1, "1.2", [(4, 100)]),
-        _sums_case("world sizes 1, 2, 3, 5", 1, "1.2", [(1, 5), (2, 5), (3, 7), (5, 11)]),
+        _sums_case("world sizes 1, 2, 3, 5; 2-D and float64 tensors", 1, "1.2",
+                   [(1, 5), (2, 5), (3, 7), (5, 11), (3, (2, 3)), (3, (7, "float64"))]),
         _naive_traffic(),
         _meta_case("1.2"),
         _hidden_case("1.2", _all_reduce_facts, _judge_naive_hidden),
@@ -52,8 +53,9 @@ CASES: dict[str, list[Case]] = {
     "1.3": [
         _sums_case("sums in place on 4 ranks", 1, "1.3", [(4, 1000)]),
         _meta_case("1.3"),
-        _sums_case("any size: uneven chunks, fewer elements than ranks", 2, "1.3",
-                   [(3, 10), (5, 3), (2, 1), (1, 4)]),
+        _sums_case("any size and shape: uneven chunks, fewer elements than ranks, 2-D, "
+                   "float64", 2, "1.3", [(3, 10), (5, 3), (2, 1), (1, 4), (4, (2, 5)),
+                                         (3, (10, "float64"))]),
         _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour", 2, "1.3"),
         _waits_case("1.3", 1, [(4, 1000), (3, 10)]),
         _time_case("time: every link busy at once", "1.3", all_reduce_ring, "ring",
@@ -78,8 +80,9 @@ CASES: dict[str, list[Case]] = {
         _half_hidden("1.5", _judge_all_gather),
     ],
     "1.6": [
-        _sums_case("sums in place, N = 1 to 7", 2, "1.6",
-                   [(1, 4), (2, 5), (3, 6), (4, 4), (5, 3), (6, 7), (7, 10)]),
+        _sums_case("sums in place, N = 1 to 7; 2-D and float64 tensors", 2, "1.6",
+                   [(1, 4), (2, 5), (3, 6), (4, 4), (5, 3), (6, 7), (7, 10), (3, (2, 3)),
+                    (5, (6, "float64"))]),
         _tree_traffic(),
         _meta_case("1.6"),
         _time_case("time: both subtrees at once, on a fully connected cluster", "1.6",
@@ -91,8 +94,9 @@ CASES: dict[str, list[Case]] = {
         _hidden_case("1.6", _all_reduce_facts, _judge_tree_hidden, points=2),
     ],
     "1.7": [
-        _sums_case("sums in place, any size", 2, "1.7",
-                   [(4, 1000), (3, 10), (5, 3), (2, 1), (1, 4)]),
+        _sums_case("sums in place, any size and shape, float64 too", 2, "1.7",
+                   [(4, 1000), (3, 10), (5, 3), (2, 1), (1, 4), (4, (3, 5)),
+                    (3, (11, "float64"))]),
         _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour; built of "
                       "your ring_reduce_scatter and ring_all_gather", 3, "1.7", padded=True,
                       parts=("ring_reduce_scatter", "ring_all_gather")),

@@ -5,6 +5,7 @@ examples)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -53,11 +54,37 @@ def _all_reduce_program(impl: Impl, inputs: list[torch.Tensor]) -> Callable[...,
     return program
 
 
-def _all_reduce_facts(impl: Impl, exercise: str, n: int, numel: int, seed: int = 0,
+def _spec(size: Any) -> tuple[tuple[int, ...], str]:
+    """A run's size: a number of elements (1-D float32), or a tuple of dimensions, with a
+    dtype name last where it is not float32: ``12``, ``(2, 5)``, ``(7, "float64")``."""
+    if isinstance(size, int):
+        return (size,), "float32"
+    dims = tuple(d for d in size if isinstance(d, int))
+    return dims, next((d for d in size if isinstance(d, str)), "float32")
+
+
+def _describe(size: Any) -> str:
+    shape, dtype = _spec(size)
+    what = f"{shape[0]} elements" if len(shape) == 1 else f"shape {list(shape)}"
+    return what if dtype == "float32" else f"{what}, {dtype}"
+
+
+def _inputs_of(n: int, size: Any, seed: int = 0) -> list[torch.Tensor]:
+    """Rank r's tensor of ``size`` (``_spec``); float64 ones hold sevenths, which float32
+    cannot."""
+    shape, dtype = _spec(size)
+    tensors = [t.reshape(shape) for t in rank_inputs(n, math.prod(shape), seed)]
+    if dtype == "float64":
+        tensors = [t.double() + (r + 1) / 7 for r, t in enumerate(tensors)]
+    return tensors
+
+
+def _all_reduce_facts(impl: Impl, exercise: str, n: int, numel: Any, seed: int = 0,
                       with_trace: bool = False,
                       cluster: Callable[[int], Cluster] = uniform) -> Facts:
-    """compute: the learner's all-reduce on ``n`` ranks of ``cluster(n)`` (uniform)."""
-    inputs = rank_inputs(n, numel, seed)
+    """compute: the learner's all-reduce on ``n`` ranks of ``cluster(n)`` (uniform);
+    ``numel``: a size as ``_spec`` reads it."""
+    inputs = _inputs_of(n, numel, seed)
     with from_scratch(impl, exercise):
         result = run_spmd(_all_reduce_program(impl, inputs), cluster(n))
     return launch_facts(result, with_trace)
@@ -93,16 +120,19 @@ def judge_waited(facts: Facts, n: int) -> None:
                    "or overwritten too early)")
 
 
-def _judge_sums(facts: Facts, n: int, numel: int, seed: int = 0) -> None:
-    inputs = rank_inputs(n, numel, seed)
+def _judge_sums(facts: Facts, n: int, numel: Any, seed: int = 0) -> None:
+    inputs = _inputs_of(n, numel, seed)
     want = torch.stack(inputs).sum(0)
+    tight = (1e-12, 1e-12) if want.dtype == torch.float64 else ()  # float32 rounding fails
     for rank, (tensor, returned) in enumerate(facts["results"]):
         if (is_tensor(tensor) and torch.equal(tensor, inputs[rank]) and n > 1
                 and not torch.equal(want, inputs[rank])):
             hint = " (you returned the result instead)" if is_tensor(returned) else ""
             expect(False, f"rank {rank}'s tensor is unchanged: the all-reduce works in "
                           f"place{hint}")
-        expect_close(tensor, want, f"rank {rank} of {n}, {numel} elements")
+        expect_close(tensor, want, f"rank {rank} of {n}, {_describe(numel)}"
+                     + (" (kept to float64's precision: make buffers with the tensor's dtype)"
+                        if tight else ""), *tight)
 
 
 def _runs_case(name: str, points: int, exercise: str, runs: list[tuple[Any, Any]],

@@ -5,15 +5,14 @@ messages per rank (``launch_facts``' ``stats``)."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable
 from typing import Any
 
 from mpgpu_edu.grading.checks import Case
-from mpgpu_edu.grading.checks._support import bytes_of, expect
+from mpgpu_edu.grading.checks._support import bytes_of, counting_calls, expect
 from mpgpu_edu.grading.checks.lesson_01.all_reduce import (_all_reduce_facts, _count, _judge_sums,
-                                                           judge_waited)
+                                                           _spec, judge_waited)
 from mpgpu_edu.lessons.communication import tree_children
 
 Impl = Callable[..., Any]
@@ -85,7 +84,7 @@ def _judge_ring_traffic(facts: Facts, n: int, numel: int, padded: bool = False) 
                f"takes 2(N-1) = {2 * (n - 1)} steps of one message each")
 
 
-RING_TRAFFIC = [(4, 1000), (3, 1000), (5, 12), (6, 1001)]
+RING_TRAFFIC = [(4, 1000), (3, 1000), (5, 12), (6, 1001), (4, (2, 500))]  # 2-D: flattened
 
 
 def _traffic_case(name: str, points: int, exercise: str, padded: bool = False,
@@ -95,45 +94,22 @@ def _traffic_case(name: str, points: int, exercise: str, padded: bool = False,
     def compute(impl: Impl) -> list[Facts]:
         runs = []
         for n, numel in RING_TRAFFIC:
-            with _counting_calls(impl, parts) as calls:
+            with counting_calls(impl, parts) as calls:
                 facts = _all_reduce_facts(impl, exercise, n, numel)
             facts["calls"] = {name: [calls[name].count(r) for r in range(n)] for name in parts}
             runs.append(facts)
         return runs
 
     def judge(runs: list[Facts]) -> None:
-        for facts, (n, numel) in zip(runs, RING_TRAFFIC):
-            _judge_sums(facts, n, numel)
-            _judge_ring_traffic(facts, n, numel, padded)
+        for facts, (n, size) in zip(runs, RING_TRAFFIC):
+            _judge_sums(facts, n, size)
+            _judge_ring_traffic(facts, n, math.prod(_spec(size)[0]), padded)
             for part, per_rank in facts["calls"].items():
                 expect(per_rank == [1] * n,
                        f"N={n}: each rank should call your {part} once per all-reduce (the "
                        f"exercise composes the all-reduce of 1.4 and 1.5); the ranks called "
                        f"it {per_rank} times")
     return Case(name, points, compute, judge)
-
-
-@contextlib.contextmanager
-def _counting_calls(impl: Impl, names: tuple[str, ...]) -> Iterator[dict[str, list[int]]]:
-    """While inside, the functions ``names`` of ``impl``'s module count the ranks that call
-    them (by their ``comm``'s rank): ``{name: [rank of each call]}``."""
-    where = getattr(impl, "__globals__", {})
-    calls: dict[str, list[int]] = {name: [] for name in names}
-    saved = {name: where[name] for name in names if callable(where.get(name))}
-
-    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def call(comm: Any, *args: Any, **kwargs: Any) -> Any:
-            calls[name].append(getattr(comm, "rank", -1))
-            return fn(comm, *args, **kwargs)
-        return call
-
-    for name, fn in saved.items():
-        where[name] = counted(name, fn)
-    try:
-        yield calls
-    finally:
-        where.update(saved)
 
 
 def _judge_ring_hidden(padded: bool) -> Callable[..., None]:

@@ -10,9 +10,11 @@ from typing import Any
 import torch
 
 from mpgpu_edu.grading.checks._ledger import WorkLedger
-from mpgpu_edu.grading.checks._support import (expect, expect_close, from_scratch, launch_facts,
-                                               rank_inputs, run_spmd)
-from mpgpu_edu.grading.checks.lesson_02.steps import LR, _reference_worker, _server_traffic
+from mpgpu_edu.grading.checks._support import (counting_calls, expect, expect_close,
+                                               from_scratch, launch_facts, rank_inputs,
+                                               run_spmd)
+from mpgpu_edu.grading.checks.lesson_02.steps import (LR, _reference_worker, _server_traffic,
+                                                      judge_updates)
 
 Impl = Callable[..., Any]
 DELAYS = (3e-3, 1e-3, 2e-3)  # seconds of compute of workers 0, 1, 2: worker 0 is the slowest
@@ -41,8 +43,9 @@ def _uneven_workers(impl: Impl) -> dict:
             _reference_worker(comm, mine, grads[comm.rank].clone(), n - 1)
         return mine
 
-    with from_scratch(impl, "2.3"):
+    with from_scratch(impl, "2.3"), counting_calls(impl, ["sgd_update"]) as calls:
         facts = launch_facts(run_spmd(program, n), with_trace=True)
+    facts["updates"] = calls["sgd_update"].count(n - 1)
     facts["at_receive"] = ledgers[0].at_receive  # the server's parameters
     facts["held"] = held  # each worker's parameters when it sent each step's gradient
     return facts
@@ -81,4 +84,6 @@ def _judge_no_early_update(facts: dict) -> None:
                      f"step {step}: when gradient {k + 1} of {n - 1}{who} arrived, the "
                      "server's parameters were not those the worker computed it at (the ones "
                      "the server sent it last): the server changed them before every gradient "
-                     "of the step was in")
+                     "of the step was in, or sent the workers parameters other than its "
+                     "updated ones")
+    judge_updates(facts["updates"], UNEVEN_STEPS, "the server")

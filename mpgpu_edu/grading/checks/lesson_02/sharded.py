@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 from mpgpu_edu.grading.checks import Case
-from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
-                                               expect_close, from_scratch, judge_examples,
-                                               launch_facts, rank_inputs, run_spmd)
-from mpgpu_edu.grading.checks.lesson_02.steps import LR, _judge_waits, _one_step
+from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, counting_calls,
+                                               examples, expect, expect_close, from_scratch,
+                                               judge_examples, launch_facts, rank_inputs,
+                                               run_spmd)
+from mpgpu_edu.grading.checks.lesson_02.steps import LR, _judge_waits, _one_step, judge_updates
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training
 
 Impl = Callable[..., Any]
@@ -31,9 +32,10 @@ def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0) -> dict:
         changed[comm.rank] = not torch.equal(grad, grads[comm.rank])
         return mine
 
-    with from_scratch(impl, "2.4"):
+    with from_scratch(impl, "2.4"), counting_calls(impl, ["sgd_update"]) as calls:
         facts = launch_facts(run_spmd(program, n))
     facts["grad_changed"] = changed
+    facts["updates"] = [calls["sgd_update"].count(r) for r in range(n)]
     return facts
 
 
@@ -45,6 +47,7 @@ def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
                f"N={n}: rank {rank} changed the gradient it was handed (grad is the caller's): "
                "add the other ranks' shards into a tensor of your own, not into a view of "
                "grad")
+        judge_updates(facts["updates"][rank], 1, f"N={n}: rank {rank}")
 
 
 def _judge_sharded(facts: dict, n: int, numel: int, seed: int = 0) -> None:

@@ -11,9 +11,10 @@ import torch
 
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._ledger import WorkLedger
-from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, examples, expect,
-                                               expect_close, from_scratch, judge_examples,
-                                               launch_facts, rank_inputs, run_spmd)
+from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, counting_calls,
+                                               examples, expect, expect_close, from_scratch,
+                                               judge_examples, launch_facts, rank_inputs,
+                                               run_spmd)
 
 Impl = Callable[..., Any]
 LR = 0.1
@@ -78,9 +79,10 @@ def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int 
         return mine
 
     exercise = {"worker": "2.1", "server": "2.2", "loop": "2.3"}[side]
-    with from_scratch(impl, exercise):
+    with from_scratch(impl, exercise), counting_calls(impl, ["sgd_update"]) as calls:
         facts = launch_facts(run_spmd(program, n), with_trace)
     facts["grad_changed"] = changed
+    facts["updates"] = [calls["sgd_update"].count(r) for r in range(n)]
     if watch:
         facts["at_receive"] = ledgers[0].at_receive
     return facts
@@ -92,8 +94,9 @@ def _judge_step(facts: dict, n: int, numel: int, server: int, seed: int = 0) -> 
         who = "the server" if rank == server else f"worker {rank}"
         expect(not (isinstance(got, torch.Tensor) and torch.equal(got, start)),
                f"N={n}, server rank {server}: the parameters on {who} never changed in the "
-               "step: update the caller's params in place (sgd_update, copy_, recv into it); "
-               "a new tensor bound to the name params is lost when the function returns")
+               "step: update the caller's params in place (sgd_update, copy_, recv into it; "
+               "a new tensor bound to the name params is lost when the function returns), and "
+               "send them after the update")
         expect_close(got, want, f"N={n}, server rank {server}: parameters on {who} after the "
                                 "step")
 
@@ -154,6 +157,16 @@ def _server_step_traffic(facts: dict) -> None:
     _server_traffic(facts, n)
     _judge_waits(facts["works"][n - 1], "the server")
     _judge_one_update(facts, n, numel)
+    judge_updates(facts["updates"][n - 1], 1, "the server")
+
+
+def judge_updates(calls: int, steps: int, who: str) -> None:
+    """``who`` called ``sgd_update`` at most once per step (inlining it is allowed)."""
+    expect(calls <= steps,
+           f"{who} called sgd_update {calls} times in {steps} step(s): one update per step, "
+           "on the mean of every gradient, once they are all in (with plain SGD several "
+           "partial updates, even on a copy, come to the same numbers; with momentum or "
+           "Adam they would not)")
 
 
 def _server_traffic(facts: dict, n: int = 5, steps: int = 1) -> None:
