@@ -46,8 +46,9 @@ EXERCISES = (
         "params). Round 1: isend grad_shards[k] to each other k, irecv shard comm.rank of "
         "each other rank's gradient; wait for all. Average with your own shard, sgd_update "
         "param_shards[me]. Round 2 (messages between two ranks arrive in order, so the same "
-        "tag is fine): isend your shard to each other rank, irecv shard k from rank k; "
-        "wait; copy into param_shards[k].",
+        "tag is fine): isend your shard to each other rank, irecv shard k from rank k "
+        "(straight into param_shards[k], a contiguous view, or into a buffer you copy from "
+        "after the wait); wait.",
         "works = [comm.isend(grad_shards[k].contiguous(), k) for k in others]\n"
         "works += [comm.irecv(inbox[k], k) for k in others]\n"
         "for w in works: w.wait()\n"

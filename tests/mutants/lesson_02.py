@@ -65,6 +65,15 @@ def worker_receives_into_grad(comm: Any, params: torch.Tensor, grad: torch.Tenso
     params.copy_(grad)
 
 
+def worker_through_float32(comm: Any, params: torch.Tensor, grad: torch.Tensor,
+                           server: int) -> None:
+    """Receives into torch.empty(shape), float32 whatever the parameters' dtype, and copies."""
+    comm.send(grad, server)
+    buffer = torch.empty(params.shape)
+    comm.recv(buffer, server)
+    params.copy_(buffer)
+
+
 # ---- 2.2 ----------------------------------------------------------------------------------
 
 def server_sums(comm: Any, params: torch.Tensor, lr: float) -> None:
@@ -132,6 +141,19 @@ def server_steps_per_arrival_on_a_copy(comm: Any, params: torch.Tensor, lr: floa
         comm.recv(buffer, w)
         sgd_update(new, buffer / len(workers), lr)
     params.copy_(new)
+    for w in workers:
+        comm.send(params, w)
+
+
+def server_float32_buffers(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """Receive buffer and sum made with torch.empty/zeros(shape): float32 whatever the
+    parameters' dtype."""
+    buffer, total = torch.empty(params.shape), torch.zeros(params.shape)
+    workers = _workers(comm)
+    for w in workers:
+        comm.recv(buffer, w)
+        total.add_(buffer)
+    sgd_update(params, total / len(workers), lr)
     for w in workers:
         comm.send(params, w)
 
@@ -370,10 +392,11 @@ def sharded_updates_per_arrival(comm: Any, params: torch.Tensor, grad: torch.Ten
 
 MUTANTS: dict[str, list[str]] = {
     "2.1": ["worker_never_waits", "worker_updates_itself", "worker_sends_to_rank_zero",
-            "worker_leaves_its_receive", "worker_leaves_its_send", "worker_receives_into_grad"],
+            "worker_leaves_its_receive", "worker_leaves_its_send", "worker_receives_into_grad",
+            "worker_through_float32"],
     "2.2": ["server_sums", "server_averages_over_world", "server_updates_per_gradient",
             "server_steps_per_gradient_exactly", "server_leaves_its_sends",
-            "server_steps_per_arrival_on_a_copy"],
+            "server_steps_per_arrival_on_a_copy", "server_float32_buffers"],
     "2.3": ["loop_in_rank_order", "loop_updates_on_arrival",
             "loop_updates_each_arrival_by_its_share", "loop_never_waits_its_sends",
             "loop_sums", "loop_one_step_only"],

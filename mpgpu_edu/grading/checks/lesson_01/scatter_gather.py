@@ -77,6 +77,9 @@ def _judge_reduce_scatter(facts: Facts, n: int, shape: tuple[int, ...], seed: in
                "as it was")
         _expect_like(got, chunks[rank], f"N={n}, {dtype} of shape {list(shape)}, rank {rank}'s "
                                         "chunk")
+        expect(not any(facts["shares"][rank]),
+               f"N={n}: rank {rank} returned its input tensor itself (or a view of it), not a "
+               "new tensor: changing one changes the other (clone it)")
 
 
 def _judge_all_gather(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0,
@@ -134,14 +137,40 @@ def _half_traffic_case(name: str, points: int, exercise: str, judge_one: Callabl
     n, numel = 4, 1000
 
     def compute(impl: Impl) -> Facts:
-        return _collective_facts(impl, exercise, n, (numel,))
+        facts = _collective_facts(impl, exercise, n, (numel,))
+        facts["meta"] = _meta_run(impl, exercise, 3, 10)
+        return facts
 
     def judge(facts: Facts) -> None:
         judge_one(facts, n, (numel,))
         per = numel // n if exercise == "1.4" else numel
         _judge_half_traffic(facts, n, (n - 1) * bytes_of(per), what)
         judge_waited(facts, n)
-    return Case(name + ", every message waited", points, compute, judge)
+        expect(not facts["meta"], f"on 3 ranks with a meta tensor of 10 elements (shapes "
+                                  f"without data, what the lesson's figures and 1.7's check "
+                                  f"run) {facts['meta']}. Make every buffer where the input "
+                                  "lives: torch.empty_like, tensor.new_empty(...), or "
+                                  "device=tensor.device")
+    return Case(name + ", every message waited, meta tensors too", points, compute, judge)
+
+
+def _meta_run(impl: Impl, exercise: str, n: int, numel: int) -> str:
+    """compute: the learner's half on meta tensors: '' when it ran and returned meta
+    tensors, else what went wrong."""
+    def program(comm: Any) -> str:
+        got = impl(comm, torch.empty(numel, device="meta"))
+        parts = got if isinstance(got, (list, tuple)) else [got]
+        where = {str(p.device) for p in parts if isinstance(p, torch.Tensor)}
+        return "" if where == {"meta"} else f"returned tensors on {sorted(where)}"
+
+    try:
+        with from_scratch(impl, exercise):
+            results = run_spmd(program, uniform(n)).results
+    except Exception as exc:  # noqa: BLE001 - reported to the judge as text
+        if "meta" not in str(exc) and "device" not in str(exc):
+            raise
+        return f"your function raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return next((r for r in results if r), "")
 
 
 def _half_hidden(exercise: str, judge_one: Callable[..., None]) -> Case:

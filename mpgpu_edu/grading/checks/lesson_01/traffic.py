@@ -125,16 +125,18 @@ def _judge_tree_traffic(facts: Facts, n: int, numel: int) -> None:
     size = bytes_of(numel)
     for rank, stats in enumerate(facts["stats"]):
         peers = tree_children(rank, n) + ([(rank - 1) // 2] if rank > 0 else [])
+        kin = ("its children" if rank == 0 else "its parent and children" if
+               tree_children(rank, n) else "its parent")
         want = {peer: size for peer in sorted(peers)}
         got = {int(k): v for k, v in sorted(stats["sent_to"].items())}
         expect(got == want, f"N={n}: rank {rank} sent {got} (bytes per peer); in the binary "
                             f"tree it sends the whole tensor ({size} bytes) once to each of "
-                            f"its parent and children {sorted(peers)}")
+                            f"{kin} {sorted(peers)}")
         expect(stats["messages_sent"] == len(peers) and
                stats["messages_received"] == len(peers),
                f"N={n}: rank {rank} sent {_count(stats['messages_sent'], 'message')} and "
-               f"received {stats['messages_received']}; with parent and children "
-               f"{sorted(peers)} it sends and receives {len(peers)}")
+               f"received {stats['messages_received']}; with {kin} {sorted(peers)} it sends "
+               f"and receives {len(peers)}")
 
 
 def _tree_traffic() -> Case:

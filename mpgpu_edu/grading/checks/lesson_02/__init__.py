@@ -34,14 +34,16 @@ REFERENCES = {  # the package's own implementation, out of reach while the learn
 
 CASES: dict[str, list[Case]] = {
     "2.1": [
-        Case("sends the gradient, receives the new parameters", 1, *_steps("worker", [(3, 2)])),
+        Case("sends the gradient, receives the new parameters, float64 too", 1,
+             *_steps("worker", [(3, 2), (3, 1, "float64")])),
         Case("the server need not be the last rank", 1, *_steps("worker", [(4, 0), (2, 1)])),
         Case("traffic: one message each way, with the server only, both waited; grad "
              "unchanged", 1, lambda impl: _run_step(impl, "worker", 4, 100, 3), _worker_traffic),
         Case("hidden: random sizes and servers", 1, *_hidden_steps("worker"), hidden=True),
     ],
     "2.2": [
-        Case("averages the workers' gradients and updates", 2, *_steps("server", [(4, 3)])),
+        Case("averages the workers' gradients and updates, float64 too", 2,
+             *_steps("server", [(4, 3), (3, 2, "float64")])),
         Case("any server rank, N = 2, 3, 5", 1, *_steps("server", [(2, 0), (3, 1), (5, 4)])),
         Case("traffic: (N-1) gradients in, then one update, (N-1) parameter copies out, all "
              "waited", 1, lambda impl: _run_step(impl, "server", 5, 100, 4, watch=True),
@@ -49,7 +51,8 @@ CASES: dict[str, list[Case]] = {
         Case("hidden: random sizes and servers", 1, *_hidden_steps("server"), hidden=True),
     ],
     "2.3": [
-        Case("one step: the mean of every worker's gradient", 1, *_steps("loop", [(4, 3)])),
+        Case("one step: the mean of every worker's gradient, float64 too", 1,
+             *_steps("loop", [(4, 3), (3, 2, "float64")])),
         Case("trains a linear model like one device, N = 3", 2,
              *_training("2.3", [(3, "linear", 4)])),
         Case("a fast worker's gradient is not held behind a slower one's", 1,
@@ -64,8 +67,10 @@ CASES: dict[str, list[Case]] = {
     "2.4": [
         Case("one step, N = 4, 12 parameters", 2,
              lambda impl: _run_sharded(impl, 4, 12), lambda f: _judge_sharded(f, 4, 12)),
-        Case("shards that differ in size: N = 3, 10 parameters", 2,
-             lambda impl: _run_sharded(impl, 3, 10), lambda f: _judge_sharded(f, 3, 10)),
+        Case("shards that differ in size: N = 3, 10 parameters, float32 and float64", 2,
+             lambda impl: [_run_sharded(impl, 3, 10), _run_sharded(impl, 3, 10, dtype="float64")],
+             lambda runs: (_judge_sharded(runs[0], 3, 10),
+                           _judge_sharded(runs[1], 3, 10, dtype="float64")) and None),
         Case("trains an MLP like one device, N = 4", 2, *_training("2.4", [(4, "mlp", 3)])),
         Case("the step again, every isend and irecv waited on, the caller's grad unchanged, "
              "N = 3, 10 parameters", 1,

@@ -12,18 +12,19 @@ import torch
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, counting_calls,
                                                examples, expect, expect_close, from_scratch,
-                                               judge_examples, launch_facts, rank_inputs,
-                                               run_spmd)
-from mpgpu_edu.grading.checks.lesson_02.steps import LR, _judge_waits, _one_step, judge_updates
+                                               judge_examples, launch_facts, run_spmd)
+from mpgpu_edu.grading.checks.lesson_02.steps import (LR, _judge_waits, _one_step, judge_updates,
+                                                      start_and_grads, tolerance)
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training
 
 Impl = Callable[..., Any]
 
 
-def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0) -> dict:
+def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0, dtype: str = "float32"
+                 ) -> dict:
     """compute: the learner's sharded step on every rank (the grader counts each rank's
     works, started and waited, from the run's record: ``works``)."""
-    params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
+    params, grads = start_and_grads(n, numel, seed, dtype)
     changed = [False] * n
 
     def program(comm: Any) -> torch.Tensor:
@@ -50,14 +51,17 @@ def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
         judge_updates(facts["updates"][rank], 1, f"N={n}: rank {rank}")
 
 
-def _judge_sharded(facts: dict, n: int, numel: int, seed: int = 0) -> None:
-    want = _one_step(n, numel, None, seed)
+def _judge_sharded(facts: dict, n: int, numel: int, seed: int = 0, dtype: str = "float32"
+                   ) -> None:
+    want = _one_step(n, numel, None, seed, dtype)
     for rank, got in enumerate(facts["results"]):
-        expect_close(got, want, f"N={n}, {numel} parameters: rank {rank}'s parameters after "
-                                "the step")
+        expect_close(got, want, f"N={n}, {numel} parameters, {dtype}: rank {rank}'s parameters "
+                                "after the step" + (" (kept to float64's precision: make "
+                                "buffers with the parameters' dtype)" if tolerance(dtype)
+                                else ""), *tolerance(dtype))
     sizes = [len(piece) for piece in torch.tensor_split(torch.arange(numel), n)]
     for rank, stats in enumerate(facts["stats"]):
-        want_sent = {k: bytes_of(sizes[k] + sizes[rank]) for k in range(n)
+        want_sent = {k: bytes_of(sizes[k] + sizes[rank], getattr(torch, dtype)) for k in range(n)
                      if k != rank and sizes[k] + sizes[rank] > 0}
         got_sent = {k: v for k, v in stats["sent_to"].items() if v}
         expect(got_sent == want_sent,

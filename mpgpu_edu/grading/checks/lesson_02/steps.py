@@ -38,11 +38,27 @@ def _reference_server(comm: Any, params: torch.Tensor, lr: float) -> None:
         comm.send(params, worker)
 
 
-def _one_step(n: int, numel: int, server: int | None, seed: int) -> torch.Tensor:
+def start_and_grads(n: int, numel: int, seed: int, dtype: str = "float32"
+                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The parameters every rank starts from and each rank's gradient; in float64 plus
+    sevenths, which float32 cannot hold."""
+    params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
+    if dtype == "float64":
+        params = params.double() + 1 / 7
+        grads = [g.double() + (r + 1) / 7 for r, g in enumerate(grads)]
+    return params, grads
+
+
+def tolerance(dtype: str) -> tuple[float, ...]:
+    """expect_close's rtol and atol: float64's precision for float64 runs."""
+    return (1e-12, 1e-12) if dtype == "float64" else ()
+
+
+def _one_step(n: int, numel: int, server: int | None, seed: int, dtype: str = "float32"
+              ) -> torch.Tensor:
     """Parameters after one SGD step on the mean gradient of the workers (``server`` is
     None: every rank is a worker)."""
-    params = torch.linspace(-1, 1, numel)
-    grads = rank_inputs(n, numel, seed)
+    params, grads = start_and_grads(n, numel, seed, dtype)
     mean = torch.stack([g for r, g in enumerate(grads) if r != server]).mean(0)
     return params - LR * mean
 
@@ -50,13 +66,13 @@ def _one_step(n: int, numel: int, server: int | None, seed: int) -> torch.Tensor
 # ---- one step, one side from the learner ---------------------------------------------------
 
 def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int = 0,
-              with_trace: bool = False, watch: bool = False) -> dict:
+              with_trace: bool = False, watch: bool = False, dtype: str = "float32") -> dict:
     """One step with the learner's ``side`` ("worker", "server" or "loop": 2.3 for one step)
     against the reference of the other side. ``grad_changed``: per rank, whether the
     learner's worker changed the gradient it was handed; ``watch``: the server's
     communicator is a ``WorkLedger``, and ``at_receive`` what its parameters held each time
     one of its receives completed."""
-    params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, seed)
+    params, grads = start_and_grads(n, numel, seed, dtype)
     changed, ledgers = [False] * n, [None]
 
     def program(comm: Any) -> torch.Tensor:
@@ -88,8 +104,10 @@ def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int 
     return facts
 
 
-def _judge_step(facts: dict, n: int, numel: int, server: int, seed: int = 0) -> None:
-    want, start = _one_step(n, numel, server, seed), torch.linspace(-1, 1, numel)
+def _judge_step(facts: dict, n: int, numel: int, server: int, seed: int = 0,
+                dtype: str = "float32") -> None:
+    want, start = _one_step(n, numel, server, seed, dtype), start_and_grads(n, numel, seed,
+                                                                              dtype)[0]
     for rank, got in enumerate(facts["results"]):
         who = "the server" if rank == server else f"worker {rank}"
         expect(not (isinstance(got, torch.Tensor) and torch.equal(got, start)),
@@ -97,18 +115,23 @@ def _judge_step(facts: dict, n: int, numel: int, server: int, seed: int = 0) -> 
                "step: update the caller's params in place (sgd_update, copy_, recv into it; "
                "a new tensor bound to the name params is lost when the function returns), and "
                "send them after the update")
-        expect_close(got, want, f"N={n}, server rank {server}: parameters on {who} after the "
-                                "step")
+        expect_close(got, want, f"N={n}, server rank {server}, {dtype}: parameters on {who} "
+                                "after the step" + (" (kept to float64's precision: make "
+                                "buffers with the parameters' dtype)" if tolerance(dtype) else ""),
+                     *tolerance(dtype))
 
 
-def _steps(side: str, setups: list[tuple[int, int]]) -> Case:
-    """compute and judge for one step on each (N, server) of ``setups``."""
+def _steps(side: str, setups: list[tuple]) -> Case:
+    """compute and judge for one step on each (N, server) of ``setups``, or (N, server,
+    dtype)."""
+    typed = [(run[0], run[1], run[2] if len(run) > 2 else "float32") for run in setups]
+
     def compute(impl: Impl) -> list:
-        return [_run_step(impl, side, n, 10, server) for n, server in setups]
+        return [_run_step(impl, side, n, 10, server, dtype=dtype) for n, server, dtype in typed]
 
     def judge(runs: list) -> None:
-        for facts, (n, server) in zip(runs, setups):
-            _judge_step(facts, n, 10, server)
+        for facts, (n, server, dtype) in zip(runs, typed):
+            _judge_step(facts, n, 10, server, dtype=dtype)
     return compute, judge
 
 
