@@ -64,29 +64,30 @@ def p2p_fixed_route(cluster: Any, src: int, dst: int, nbytes: int) -> float:
 
 # ---- 1.2 ----------------------------------------------------------------------------------
 
-def naive_root_never_waits(comm: Any, tensor: torch.Tensor) -> None:
-    """Rank 0 sends the sum back with isend and never waits."""
+def _sum_at_root(comm: Any, tensor: torch.Tensor) -> bool:
+    """Every rank's tensor summed into rank 0's (the others send theirs); True on rank 0."""
     if comm.rank != 0:
         comm.send(tensor, 0)
-        comm.recv(tensor, 0)
-        return
+        return False
     buffer = torch.empty_like(tensor)
     for peer in range(1, comm.world_size):
         comm.recv(buffer, peer)
         tensor.add_(buffer)
-    for peer in range(1, comm.world_size):
-        comm.isend(tensor, peer)
+    return True
+
+
+def naive_root_never_waits(comm: Any, tensor: torch.Tensor) -> None:
+    """Rank 0 sends the sum back with isend and never waits."""
+    if _sum_at_root(comm, tensor):
+        for peer in range(1, comm.world_size):
+            comm.isend(tensor, peer)
+    else:
+        comm.recv(tensor, 0)
 
 
 def naive_forgets_to_send_back(comm: Any, tensor: torch.Tensor) -> None:
     """Rank 0 sums everything but never sends the sum back."""
-    if comm.rank != 0:
-        comm.send(tensor, 0)
-        return
-    buffer = torch.empty_like(tensor)
-    for peer in range(1, comm.world_size):
-        comm.recv(buffer, peer)
-        tensor.add_(buffer)
+    _sum_at_root(comm, tensor)
 
 
 def naive_averages(comm: Any, tensor: torch.Tensor) -> None:
@@ -363,15 +364,9 @@ def reduce_scatter_returns_float64(comm: Any, tensor: torch.Tensor) -> torch.Ten
 
 
 def all_gather_float32_slots(comm: Any, tensor: torch.Tensor) -> list[torch.Tensor]:
-    """Makes its slots with torch.empty(shape): float32 whatever the input's dtype."""
-    n, rank = comm.world_size, comm.rank
-    slots = [torch.empty(tensor.shape) for _ in range(n)]
-    slots[rank].copy_(tensor)
-    for k in range(n - 1):
-        work = comm.isend(slots[(rank - k) % n], (rank + 1) % n)
-        comm.recv(slots[(rank - 1 - k) % n], (rank - 1) % n)
-        work.wait()
-    return slots
+    """Makes its slots with torch.empty(shape): float32 whatever the input's dtype (here: the
+    right all-gather of a float32 copy)."""
+    return _SOL.ring_all_gather(comm, tensor.float())
 
 
 def ring_float32_scratch(comm: Any, tensor: torch.Tensor) -> None:

@@ -76,60 +76,60 @@ def worker_through_float32(comm: Any, params: torch.Tensor, grad: torch.Tensor,
 
 # ---- 2.2 ----------------------------------------------------------------------------------
 
-def server_sums(comm: Any, params: torch.Tensor, lr: float) -> None:
-    """Sum instead of mean: the step is N - 1 times too large."""
-    total, buffer = torch.zeros_like(params), torch.empty_like(params)
+def _total(comm: Any, params: torch.Tensor, make: Any = torch.empty_like) -> torch.Tensor:
+    """The sum of every worker's gradient, received one after the other into ``make``'s
+    buffers (the solution's way)."""
+    total, buffer = make(params).zero_(), make(params)
     for w in _workers(comm):
         comm.recv(buffer, w)
         total.add_(buffer)
-    params.sub_(total, alpha=lr)
+    return total
+
+
+def _send_params(comm: Any, params: torch.Tensor, wait: bool = True) -> None:
     for w in _workers(comm):
-        comm.send(params, w)
+        work = comm.isend(params, w)
+        if wait:
+            work.wait()
 
 
-def server_averages_over_world(comm: Any, params: torch.Tensor, lr: float) -> None:
-    """Divides by the world size N, counting the server as a worker."""
-    total, buffer = torch.zeros_like(params), torch.empty_like(params)
-    for w in _workers(comm):
-        comm.recv(buffer, w)
-        total.add_(buffer)
-    params.sub_(total / comm.world_size, alpha=lr)
-    for w in _workers(comm):
-        comm.send(params, w)
-
-
-def server_updates_per_gradient(comm: Any, params: torch.Tensor, lr: float) -> None:
-    """Updates as each gradient arrives, before all are in (each with 1/(N-1) of it)."""
+def _per_arrival(comm: Any, params: torch.Tensor, lr: float, factor: float) -> None:
+    """An SGD step as each gradient arrives, with ``factor`` x 1/(N-1) of it."""
     buffer = torch.empty_like(params)
     workers = _workers(comm)
     for w in workers:
         comm.recv(buffer, w)
-        params.sub_(buffer / len(workers) * 1.0001, alpha=lr)
-    for w in workers:
-        comm.send(params, w)
+        params.sub_(buffer / len(workers) * factor, alpha=lr)
+    _send_params(comm, params)
+
+
+def server_sums(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """Sum instead of mean: the step is N - 1 times too large."""
+    params.sub_(_total(comm, params), alpha=lr)
+    _send_params(comm, params)
+
+
+def server_averages_over_world(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """Divides by the world size N, counting the server as a worker."""
+    params.sub_(_total(comm, params) / comm.world_size, alpha=lr)
+    _send_params(comm, params)
+
+
+def server_updates_per_gradient(comm: Any, params: torch.Tensor, lr: float) -> None:
+    """Updates as each gradient arrives, before all are in (each with 1/(N-1) of it)."""
+    _per_arrival(comm, params, lr, 1.0001)
 
 
 def server_steps_per_gradient_exactly(comm: Any, params: torch.Tensor, lr: float) -> None:
     """One SGD step per arriving gradient with 1/(N-1) of it: with plain SGD the same numbers
     as one step on the mean, but the parameters change before every gradient is in."""
-    buffer = torch.empty_like(params)
-    workers = _workers(comm)
-    for w in workers:
-        comm.recv(buffer, w)
-        params.sub_(buffer / len(workers), alpha=lr)
-    for w in workers:
-        comm.send(params, w)
+    _per_arrival(comm, params, lr, 1.0)
 
 
 def server_leaves_its_sends(comm: Any, params: torch.Tensor, lr: float) -> None:
     """Sends the new parameters with isend and never waits on them."""
-    total, buffer = torch.zeros_like(params), torch.empty_like(params)
-    for w in _workers(comm):
-        comm.recv(buffer, w)
-        total.add_(buffer)
-    params.sub_(total / len(_workers(comm)), alpha=lr)
-    for w in _workers(comm):
-        comm.isend(params, w)
+    params.sub_(_total(comm, params) / len(_workers(comm)), alpha=lr)
+    _send_params(comm, params, wait=False)
 
 
 def server_steps_per_arrival_on_a_copy(comm: Any, params: torch.Tensor, lr: float) -> None:
@@ -141,21 +141,15 @@ def server_steps_per_arrival_on_a_copy(comm: Any, params: torch.Tensor, lr: floa
         comm.recv(buffer, w)
         sgd_update(new, buffer / len(workers), lr)
     params.copy_(new)
-    for w in workers:
-        comm.send(params, w)
+    _send_params(comm, params)
 
 
 def server_float32_buffers(comm: Any, params: torch.Tensor, lr: float) -> None:
-    """Receive buffer and sum made with torch.empty/zeros(shape): float32 whatever the
-    parameters' dtype."""
-    buffer, total = torch.empty(params.shape), torch.zeros(params.shape)
-    workers = _workers(comm)
-    for w in workers:
-        comm.recv(buffer, w)
-        total.add_(buffer)
-    sgd_update(params, total / len(workers), lr)
-    for w in workers:
-        comm.send(params, w)
+    """Receive buffer and sum made with torch.empty(shape): float32 whatever the parameters'
+    dtype."""
+    total = _total(comm, params, make=lambda p: torch.empty(p.shape))
+    sgd_update(params, total / len(_workers(comm)), lr)
+    _send_params(comm, params)
 
 
 # ---- 2.3 ----------------------------------------------------------------------------------
