@@ -166,11 +166,22 @@ class Communicator(ABC):
         ``recv_from`` on ``tag`` (a ring): yields ``(isend, irecv)``, each taking just the
         tensor. Every message is still an ``isend``/``irecv``, counted and drawn like any
         other; a backend may check the arguments once here instead of at every message
-        (``DistCommunicator`` does: the fast ring's rounds then cost less Python). Wait for
-        every message before leaving."""
-        isend, irecv = self.isend, self.irecv
+        (``DistCommunicator`` does: the fast ring's rounds then cost less Python). A message
+        the caller left unwaited is waited on the way out."""
+        posted: list[_Once] = []
+
+        def isend(t: torch.Tensor) -> Work:
+            posted.append(_Once(self.isend(t, send_to, tag)))
+            return posted[-1]
+
+        def irecv(t: torch.Tensor) -> Work:
+            posted.append(_Once(self.irecv(t, recv_from, tag)))
+            return posted[-1]
+
         with self.sized_by(tensor, send_to, recv_from, tag):
-            yield (lambda t: isend(t, send_to, tag)), (lambda t: irecv(t, recv_from, tag))
+            yield isend, irecv
+            for work in posted:
+                work.wait()
 
 
 class MemoryRecorder(ABC):
@@ -194,6 +205,22 @@ class MemoryRecorder(ABC):
             yield
         finally:
             self.free(token)
+
+
+class _Once(Work):
+    """A work waited at most once (``neighbours`` waits on the way out what the caller
+    left): a second ``wait`` returns at once."""
+
+    __slots__ = ("work", "done")
+
+    def __init__(self, work: Work) -> None:
+        self.work, self.done = work, False
+
+    def wait(self) -> Any:
+        if not self.done:
+            self.done = True
+            return self.work.wait()
+        return None
 
 
 class SubCommunicator(Communicator):
