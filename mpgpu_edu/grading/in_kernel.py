@@ -72,14 +72,10 @@ def run_in_thread(exercise_id: str, fn: Callable[..., Any], *, limits: Limits = 
 def _run_into(case: Any, fn: Callable[..., Any], box: dict[str, Any], exercise_id: str) -> None:
     """The case's two halves, as a child runs them: *compute* with the package's own
     implementation of the exercise out of reach (``REFERENCES``), then *judge*."""
-    from mpgpu_edu.grading.checks._clock import resolve
-    from mpgpu_edu.grading.checks._plain import plain
     from mpgpu_edu.grading.compute import references_blocked
 
     try:
-        with references_blocked(exercise_id):
-            facts = plain(case.compute(fn))
-        box["evidence"] = case.judge(resolve(facts))
+        box["evidence"] = case.run(fn, lambda: references_blocked(exercise_id))
     except BaseException as exc:  # noqa: BLE001 - reported by run_in_thread
         box["error"] = exc
         box["evidence"] = getattr(exc, "evidence", None)

@@ -28,6 +28,7 @@ modules the halves of one exercise or of a few that share them. What lessons sha
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,14 +63,19 @@ class Case:
     hidden: bool = False
     timeout_s: float = DEFAULT_CASE_TIMEOUT_S
 
-    def run(self, impl: Callable[..., Any]) -> Evidence | None:
-        """Both halves in this process (the data crosses ``plain`` in between)."""
+    def run(self, impl: Callable[..., Any],
+            guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+            ) -> Evidence | None:
+        """Both halves in this process (the data crosses ``plain`` in between); *compute*
+        runs inside ``guard()`` (the in-kernel check blocks the references there)."""
         from mpgpu_edu.grading.checks._clock import resolve
         from mpgpu_edu.grading.checks._plain import plain
 
         if self.judge is None:
             raise TypeError(f"case {self.name!r} has no judge half")
-        return self.judge(resolve(plain(self.compute(impl))))
+        with guard():
+            data = plain(self.compute(impl))
+        return self.judge(resolve(data))
 
 
 def lesson_module(lesson: int) -> Any:

@@ -5,7 +5,9 @@ examples, plain facts of a run, and comparing tensors."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -249,6 +251,18 @@ def _scaled(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> 
     return ""
 
 
+def expect_waited(works: dict, where: str) -> None:
+    """Every isend and irecv work of one rank waited on (one rank's entry of the grader's
+    ``works``); ``where`` names the rank in the message."""
+    for kind in ("isend", "irecv"):
+        started, left = works[kind], works[f"{kind}_unwaited"]
+        expect(left == 0,
+               f"{where} started {started} {kind}{'' if started == 1 else 's'} and returned "
+               f"without waiting on {left} of them; until its work is waited on, an {kind}'s "
+               "tensor may still be in flight (on gloo or NCCL it can be read or overwritten "
+               "too early)")
+
+
 @contextlib.contextmanager
 def counting_calls(impl: Callable[..., Any], names: tuple[str, ...] | list[str]
                    ) -> Iterator[dict[str, list[int]]]:
@@ -256,9 +270,6 @@ def counting_calls(impl: Callable[..., Any], names: tuple[str, ...] | list[str]
     record the rank that calls them, from the simulator's rank thread (``rank-N``; -1
     elsewhere): ``{name: [rank of each call]}``. A name the module does not have is never
     called (an empty list)."""
-    import functools
-    import threading
-
     where = getattr(impl, "__globals__", {})
     calls: dict[str, list[int]] = {name: [] for name in names}
     saved = {name: where[name] for name in names if callable(where.get(name))}

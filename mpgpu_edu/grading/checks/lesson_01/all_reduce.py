@@ -18,6 +18,7 @@ from mpgpu_edu.grading.checks._clock import cluster_builder
 from mpgpu_edu.grading.checks._plain import is_tensor
 from mpgpu_edu.grading.checks._support import (ALPHA, BETA, bytes_of, compute_examples,
                                                evidence, examples, expect, expect_close,
+                                               expect_waited,
                                                from_scratch, judge_examples, launch_facts,
                                                rank_inputs, run_spmd, showing, uniform)
 from mpgpu_edu.lessons.communication import all_reduce_meta
@@ -111,13 +112,7 @@ def _waits_case(exercise: str, points: int, sizes: list[tuple[int, int]]) -> Cas
 def judge_waited(facts: Facts, n: int) -> None:
     """Every isend and irecv work of every rank waited on (the grader's ``works``)."""
     for rank, works in enumerate(facts["works"]):
-        for kind in ("isend", "irecv"):
-            left = works[f"{kind}_unwaited"]
-            expect(left == 0,
-                   f"N={n}: rank {rank} started {_count(works[kind], kind)} and returned "
-                   f"without waiting on {left} of them; until its work is waited on, an "
-                   f"{kind}'s tensor may still be in flight (on gloo or NCCL it can be read "
-                   "or overwritten too early)")
+        expect_waited(works, f"N={n}: rank {rank}")
 
 
 def _judge_sums(facts: Facts, n: int, numel: Any, seed: int = 0) -> None:

@@ -14,11 +14,12 @@ Modules: ``steps`` (one step, either side), ``training`` (a small model against 
 from __future__ import annotations
 
 from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks._support import expect_waited
 from mpgpu_edu.grading.checks.lesson_02.arrivals import (_judge_no_early_update, _judge_uneven,
                                                          _uneven_workers)
 from mpgpu_edu.grading.checks.lesson_02.sharded import (_hidden_sharded, _judge_sharded,
                                                         _judge_sharded_waits, _run_sharded)
-from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _judge_waits, _run_step,
+from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _run_step,
                                                       _server_step_traffic, _steps,
                                                       _worker_traffic)
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training, _training
@@ -60,7 +61,7 @@ CASES: dict[str, list[Case]] = {
         Case("no update before every gradient of the step is in", 2,
              _uneven_workers, _judge_no_early_update),
         Case("waits: every isend and irecv is waited on", 1,
-             _uneven_workers, lambda facts: _judge_waits(facts["works"][-1], "the server")),
+             _uneven_workers, lambda facts: expect_waited(facts["works"][-1], "the server")),
         Case("hidden: other world sizes, models and step counts", 2,
              *_hidden_training("2.3"), hidden=True),
     ],

@@ -11,9 +11,10 @@ import torch
 
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, counting_calls,
-                                               examples, expect, expect_close, from_scratch,
-                                               judge_examples, launch_facts, run_spmd)
-from mpgpu_edu.grading.checks.lesson_02.steps import (LR, _judge_waits, _one_step, judge_updates,
+                                               examples, expect, expect_close, expect_waited,
+                                               from_scratch, judge_examples, launch_facts,
+                                               run_spmd)
+from mpgpu_edu.grading.checks.lesson_02.steps import (LR, _one_step, judge_updates,
                                                       start_and_grads, tolerance)
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training
 
@@ -43,7 +44,7 @@ def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0, dtype: str = "fl
 def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
     _judge_sharded(facts, n, numel)
     for rank, works in enumerate(facts["works"]):
-        _judge_waits(works, f"N={n}: rank {rank}")
+        expect_waited(works, f"N={n}: rank {rank}")
         expect(not facts["grad_changed"][rank],
                f"N={n}: rank {rank} changed the gradient it was handed (grad is the caller's): "
                "add the other ranks' shards into a tensor of your own, not into a view of "

@@ -12,9 +12,9 @@ import torch
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks._ledger import WorkLedger
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, counting_calls,
-                                               examples, expect, expect_close, from_scratch,
-                                               judge_examples, launch_facts, rank_inputs,
-                                               run_spmd)
+                                               examples, expect, expect_close, expect_waited,
+                                               from_scratch, judge_examples, launch_facts,
+                                               rank_inputs, run_spmd)
 
 Impl = Callable[..., Any]
 LR = 0.1
@@ -143,7 +143,7 @@ def _worker_traffic(facts: dict) -> None:
         expect(not facts["grad_changed"][rank],
                f"worker {rank} changed the gradient it was handed (grad is the caller's: it "
                "only travels to the server); receive the parameters into params")
-        _judge_waits(facts["works"][rank], f"worker {rank}")
+        expect_waited(facts["works"][rank], f"worker {rank}")
         stats = facts["stats"][rank]
         expect(stats["sent_to"] == {server: size} and stats["messages_sent"] == 1
                and stats["bytes_received"] == size,
@@ -151,15 +151,6 @@ def _worker_traffic(facts: dict) -> None:
                f"receive the parameters once; it sent {stats['sent_to']} (bytes per peer) "
                f"in {stats['messages_sent']} messages and received {stats['bytes_received']} "
                "bytes")
-
-
-def _judge_waits(works: dict, where: str) -> None:
-    for kind in ("isend", "irecv"):
-        left = works[f"{kind}_unwaited"]
-        expect(left == 0,
-               f"{where} started {works[kind]} {kind}(s) and returned without waiting on "
-               f"{left} of them; until its work is waited on, an {kind}'s tensor may still "
-               "be in flight (on gloo or NCCL it can be read or overwritten too early)")
 
 
 def _judge_one_update(facts: dict, n: int, numel: int) -> None:
@@ -178,7 +169,7 @@ def _server_step_traffic(facts: dict) -> None:
     n, numel = 5, 100
     _judge_step(facts, n, numel, n - 1)
     _server_traffic(facts, n)
-    _judge_waits(facts["works"][n - 1], "the server")
+    expect_waited(facts["works"][n - 1], "the server")
     _judge_one_update(facts, n, numel)
     judge_updates(facts["updates"][n - 1], 1, "the server")
 

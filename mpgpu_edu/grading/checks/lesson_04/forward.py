@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, launch_facts,
-                                               run_spmd, uniform)
+from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, expect_waited,
+                                               launch_facts, run_spmd, uniform)
 from mpgpu_edu.pipeline import Schedule, gpipe, steps_of
 from mpgpu_edu.cluster.trace import Trace
 
@@ -118,11 +118,7 @@ def _judge_traffic(facts: dict) -> None:
                    "2 m + 1 for its gradient): a neighbour that receives with message_tag "
                    "would wait for ever, or take another microbatch's message")
     for rank, works in enumerate(facts["works"]):
-        left = works["isend_unwaited"] + works["irecv_unwaited"]
-        expect(not left, f"rank {rank} returned from pipeline_forward_step with {left} of its "
-                         "isend/irecv works never waited on: the activation may still be in "
-                         "flight (on gloo or NCCL its buffer can be read or reused too early); "
-                         "wait on every work, or use the blocking comm.send and comm.recv")
+        expect_waited(works, f"rank {rank}")
 
 
 def _judge_timed(facts: dict) -> None:
