@@ -27,7 +27,7 @@ BACKENDS = ("gloo", "nccl")
 DEFAULT_SIZES = "1KiB,4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,64MiB"
 # mpgpu_edu.measure.bench.ALGOS and QUICK_SIZES, without importing torch
 ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented",
-         "ring_fast_bare")
+         "ring_fast_bare", "ring_fast_unchecked")
 QUICK_SIZES = "4,4100"
 # Stated limits: every rank is a process and allocates its tensors for real.
 MAX_RANKS, MAX_REPEATS, MAX_THREADS, MAX_SIZE = 64, 10_000, 256, 16 * 2**30

@@ -58,7 +58,8 @@ class DistCommunicator(Communicator):
         self.checked = check_messages and dist.get_backend() == "gloo"
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stats = CommStats()
-        self.events: list[Event] = []
+        self._events: list[Event] = []
+        self._raw: list[tuple] = []  # neighbours' messages, made into events when read
         self.logs: list[tuple[float, str]] = []
         self.lock = threading.Lock()
         self.in_flight: set[DistWork] = set()
@@ -74,6 +75,16 @@ class DistCommunicator(Communicator):
     @property
     def device(self) -> torch.device:
         return self.lanes.device
+
+    @property
+    def events(self) -> list[Event]:
+        """The rank's trace so far (``neighbours``' messages are kept as plain tuples until
+        the events are read: an event costs microseconds to make)."""
+        if self._raw:
+            with self.lock:
+                raw, self._raw = self._raw, []
+                self._events.extend(Event(self.rank, "comm", *r) for r in raw)
+        return self._events
 
     @property
     def memory(self) -> DistMemory:
@@ -135,17 +146,52 @@ class DistCommunicator(Communicator):
             found = _remember(self._envelopes, key, envelope(tensor))
         return found
 
+    def burst_text(self, send_to: int, recv_from: int, tag: int) -> tuple[str, str]:
+        """``neighbours``' words and board line, made once per pair of peers and tag."""
+        key = ("neighbours", send_to, recv_from, tag, self.lane == STREAM)
+        found = self._texts.get(key)
+        if found is None:
+            text = (f"waiting for its messages to rank {send_to} and from rank {recv_from}, "
+                    f"tag {tag}")
+            found = _remember(self._texts, key, (text, Pending(
+                self.rank, "recv", text, recv_from, tag).to_line()))
+        return found
+
     def record_message(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
-                       start: float) -> None:
-        nbytes, end = nbytes_of(tensor), self.now()
+                       start: float, end: float | None = None) -> None:
+        """One message in the trace and the stats; ``end``: when its wait returned (now if
+        not given)."""
+        nbytes = nbytes_of(tensor)
+        if end is None:
+            end = self.now()
         label = f"tag {tag}" if tag else (f"to {peer}" if op == "send" else f"from {peer}")
         with self.lock:
             if op == "send":
                 self.stats.record_send(peer, nbytes)
             else:
                 self.stats.record_recv(peer, nbytes)
-            self.events.append(Event(self.rank, "comm", op, start, end, label, nbytes=nbytes,
+            self._events.append(Event(self.rank, "comm", op, start, end, label, nbytes=nbytes,
                                      peer=peer))
+
+    def record_burst(self, works: list[QuickWork], send_to: int, recv_from: int,
+                     tag: int) -> None:
+        """``record_message`` for each of a ``neighbours`` block's messages, under one lock:
+        the same events and counts."""
+        if not works:
+            return
+        sent = f"tag {tag}" if tag else f"to {send_to}"
+        got = f"tag {tag}" if tag else f"from {recv_from}"
+        stats, raw = self.stats, self._raw
+        with self.lock:
+            for work in works:
+                t = work.tensor
+                nbytes = t.numel() * t.element_size()
+                if work.op == "send":
+                    stats.record_send(send_to, nbytes)
+                    raw.append(("send", work.start, work.end, sent, nbytes, 0.0, send_to))
+                else:
+                    stats.record_recv(recv_from, nbytes)
+                    raw.append(("recv", work.start, work.end, got, nbytes, 0.0, recv_from))
 
     def _checks_each(self) -> bool:
         """Whether this thread's messages carry an envelope now (not inside ``sized_by``)."""
@@ -175,38 +221,18 @@ class DistCommunicator(Communicator):
         finally:
             self._local.sized = None
 
-    @contextlib.contextmanager
     def neighbours(self, tensor: torch.Tensor, send_to: int, recv_from: int,
-                   tag: int = 0) -> Iterator[tuple[Callable[[torch.Tensor], Work],
-                                                   Callable[[torch.Tensor], Work]]]:
+                   tag: int = 0) -> _Burst:
         """See ``Communicator.neighbours``. Here the peers, tag and device are checked once,
-        the tensors' sizes once (``sized_by``), and the board says once what the rank waits
-        for; each message is then one ``dist.isend``/``dist.irecv`` and, when waited, one
-        record (``record_message``): none of ``isend``'s checks, words and bookkeeping per
-        message. A message left unwaited is waited on the way out."""
+        the tensors' sizes once (one envelope, as ``sized_by``), and the board says once
+        what the rank waits for; each message is then one ``dist.isend``/``dist.irecv``,
+        and each is recorded (``record_message``) when the block ends, from the times its
+        wait saw: none of ``isend``'s checks, words and bookkeeping per message, and nothing
+        but the wait itself between a message's arrival and the caller's next step. A
+        message left unwaited is waited on the way out."""
         self._check("send", tensor, send_to, tag)
         self._check("recv", tensor, recv_from, tag)
-        group, now, posted = self._group(), self.now, []
-        what = f"waiting for its messages to rank {send_to} and from rank {recv_from}, tag {tag}"
-        with self.sized_by(tensor, send_to, recv_from, tag):
-            head = getattr(self._local, "sized", None)
-
-            def isend(t: torch.Tensor) -> Work:
-                work = QuickWork(self, dist.isend(t, send_to, group=group, tag=tag), "send",
-                                 t, send_to, tag, now(), None)
-                posted.append(work)
-                return work
-
-            def irecv(t: torch.Tensor) -> Work:
-                work = QuickWork(self, dist.irecv(t, recv_from, group=group, tag=tag), "recv",
-                                 t, recv_from, tag, now(), head)
-                posted.append(work)
-                return work
-
-            with self.blocked(what, "recv", recv_from, tag):
-                yield isend, irecv
-                for work in posted:
-                    work.wait()
+        return _Burst(self, tensor, send_to, recv_from, tag)
 
     # ---- point to point -------------------------------------------------------------------
     def _check(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
@@ -326,7 +352,7 @@ class DistCommunicator(Communicator):
         finally:
             self._local.in_region = False
         with self.lock:
-            self.events.append(Event(self.rank, "compute", kind, start, self.now(), label))
+            self._events.append(Event(self.rank, "compute", kind, start, self.now(), label))
 
     def run_async(self, fn: Callable[..., Any], *args: Any) -> Work:
         if self.lane != MAIN:
@@ -387,6 +413,84 @@ class _Waiting:
                 raise MessageTimeoutError(self.comm.rank, self.text, str(exc)) from None
             if "by peer" in words or "connection closed" in words:
                 raise PeerLostError(self.comm.rank, self.text, str(exc)) from None
+
+
+class _Burst:
+    """``DistCommunicator.neighbours``' block: a class, not a generator, as it runs around
+    every call of the fast ring. Entering posts the envelope (when messages are checked and
+    no ``sized_by`` block is open) and yields ``(isend, irecv)``; leaving waits what is left,
+    checks the envelope, and records every message."""
+
+    __slots__ = ("comm", "tensor", "send_to", "recv_from", "tag", "posted", "head", "sent",
+                 "board")
+
+    def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, send_to: int,
+                 recv_from: int, tag: int) -> None:
+        self.comm, self.tensor, self.tag = comm, tensor, tag
+        self.send_to, self.recv_from = send_to, recv_from
+        self.posted: list[QuickWork] = []
+        self.head: _Head | None = None
+        self.sent: Any = None
+        self.board: _Waiting | None = None
+
+    def __enter__(self) -> tuple[Callable[[torch.Tensor], Work],
+                                 Callable[[torch.Tensor], Work]]:
+        comm, tag, send_to, recv_from = self.comm, self.tag, self.send_to, self.recv_from
+        group, posted = comm._group(), self.posted
+        head = getattr(comm._local, "sized", None)  # an enclosing sized_by checks for us
+        if head is None and comm.checked:
+            mine = comm.envelope_of(self.tensor)
+            head = self.head = _Head(comm, self.tensor, mine, recv_from, tag)
+            head.work = dist.irecv(head.theirs, recv_from, group=group, tag=tag)  # first:
+            self.sent = dist.isend(mine, send_to, group=group, tag=tag)  # lands at once
+            comm._local.sized = head
+        now = comm.now
+        self.board = comm.waiting(*comm.burst_text(send_to, recv_from, tag))
+        self.board.__enter__()
+
+        def isend(t: torch.Tensor) -> Work:
+            work = QuickWork(comm, dist.isend(t, send_to, group=group, tag=tag), "send", t,
+                             send_to, tag, now(), None)
+            posted.append(work)
+            return work
+
+        def irecv(t: torch.Tensor) -> Work:
+            work = QuickWork(comm, dist.irecv(t, recv_from, group=group, tag=tag), "recv", t,
+                             recv_from, tag, now(), head)
+            posted.append(work)
+            return work
+
+        return isend, irecv
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if kind is None:
+            try:
+                self._finish()
+            except BaseException as error:
+                self._close(type(error), error, error.__traceback__)
+                raise
+        self._close(kind, exc, tb)
+
+    def _finish(self) -> None:
+        comm = self.comm
+        for work in self.posted:
+            work.wait()
+        if self.head is not None:
+            self.head.check()
+            with comm.waiting(*comm.message_text("send", self.head.mine, self.send_to,
+                                                 self.tag, "waiting for its size check, ")):
+                self.sent.wait()
+
+    def _close(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        """Record the messages that completed, then leave the board (where a timeout
+        becomes ``MessageTimeoutError``)."""
+        comm = self.comm
+        if self.head is not None:
+            comm._local.sized = None
+        comm.record_burst([w for w in self.posted if w.done], self.send_to, self.recv_from,
+                          self.tag)
+        if self.board is not None:
+            self.board.__exit__(kind, exc, tb)
 
 
 class _Head:

@@ -130,14 +130,17 @@ class DistWork(Work):
 
 class QuickWork(Work):
     """A message posted inside ``DistCommunicator.neighbours``: one torch work, checked
-    (``head``: the burst's size check, for a receive) and recorded when first waited."""
+    (``head``: the burst's size check, for a receive) when first waited, and recorded by
+    the block when it ends, with the time the wait returned (``end``)."""
 
-    __slots__ = ("comm", "work", "op", "tensor", "peer", "tag", "start", "head", "done")
+    __slots__ = ("comm", "work", "op", "tensor", "peer", "tag", "start", "head", "done",
+                 "end")
 
     def __init__(self, comm: Any, work: Any, op: str, tensor: torch.Tensor, peer: int,
                  tag: int, start: float, head: Any) -> None:
         self.comm, self.work, self.op, self.tensor = comm, work, op, tensor
         self.peer, self.tag, self.start, self.head, self.done = peer, tag, start, head, False
+        self.end = 0.0
 
     def wait(self) -> None:
         if self.done:
@@ -145,10 +148,9 @@ class QuickWork(Work):
         if self.head is not None:
             self.head.check()  # the other rank's tensor first (``sized_by``)
         self.work.wait()
-        self.done = True
         comm = self.comm
         comm.sync()
-        comm.record_message(self.op, self.tensor, self.peer, self.tag, self.start)
+        self.end, self.done = comm.now(), True
 
 
 def check_args(rank: int, world_size: int, device: torch.device, op: str,

@@ -32,7 +32,11 @@ Besides ``ring`` and ``naive``, ``algos=`` can time ``ring_reused`` (the same ri
 scratch buffer between calls), ``ring_fast`` (``mpgpu_edu.collectives.ring_fast``) and
 ``ring_fast_unsegmented`` (the same, one message per chunk): each engineering step alone;
 ``ring_fast_bare`` is ``ring_fast`` posted straight on ``torch.distributed``, without the
-course's communicator (no size check, no records): what the communicator costs on top.
+course's communicator (no size check, no records): what the communicator costs on top;
+``ring_fast_unchecked`` is ``ring_fast`` on a communicator with its message-size checks off
+(as ``MPGPU_EDU_CHECK_MESSAGES=0`` sets them): records and board kept, no envelope. The
+course runs checked by default, so ``ring_fast`` is what a learner's program gets; the
+other two columns say where the difference to gloo's own all-reduce goes.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from mpgpu_edu.collectives.ring_fast import RingAllReduce
 FP32_BYTES = 4
 BUILTIN = "builtin"
 ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented",
-         "ring_fast_bare")
+         "ring_fast_bare", "ring_fast_unchecked")
 DEFAULT_SIZES = [4**k * 2**10 for k in range(9)]  # 1 KiB, 4 KiB, ..., 64 MiB
 DEFAULT_REPEATS = 10
 WARMUP = 2
@@ -81,6 +85,21 @@ def ring_fast_bare(ring: RingAllReduce) -> Op:
     return op
 
 
+def ring_fast_unchecked(ring: RingAllReduce) -> Op:
+    """``ring`` on a communicator like ``comm`` (same process groups and board) whose
+    message-size checks are off: no envelope, everything else as the course runs it."""
+    quiet: dict[int, Any] = {}
+
+    def op(comm: Any, tensor: torch.Tensor) -> None:
+        from mpgpu_edu.comm.dist import DistCommunicator
+        unchecked = quiet.get(id(comm))
+        if unchecked is None:
+            unchecked = quiet[id(comm)] = DistCommunicator(comm.lanes, board=comm.board,
+                                                           check_messages=False)
+        ring(unchecked, tensor)
+    return op
+
+
 def builtin_all_reduce(comm: Any, tensor: torch.Tensor) -> None:
     """``torch.distributed.all_reduce`` (sum) on the process group under ``comm``."""
     dist.all_reduce(tensor, group=comm.lanes.main)
@@ -96,6 +115,8 @@ def operations(algos: Sequence[str], numel: int, world_size: int,
                            "ring_fast_unsegmented": RingAllReduce(segment_bytes=None)}
     if "ring_fast_bare" in algos:
         made["ring_fast_bare"] = ring_fast_bare(RingAllReduce())
+    if "ring_fast_unchecked" in algos:
+        made["ring_fast_unchecked"] = ring_fast_unchecked(RingAllReduce())
     if "ring_reused" in algos:
         buffer = torch.empty(chunk, device=device)
         made["ring_reused"] = lambda comm, t: all_reduce_ring_reused(comm, t, buffer)
