@@ -7,7 +7,8 @@ order, so the results are bit for bit those of ``all_reduce_ring``) and its byte
 link (2(N - 1)/N S per rank), and is still written only on ``isend``/``irecv``. What changes
 is *when* things happen. Each step below is one engineering idea; its effect is measured by
 ``benchmarks/allreduce_vs_torch.py`` (algos ``ring``, ``ring_reused``,
-``ring_fast_unsegmented``, ``ring_fast``) and recorded in ``benchmarks/RESULTS.md``:
+``ring_fast_unsegmented``, ``ring_fast``, ``ring_fast_unchecked``, ``ring_fast_bare``) and
+recorded in ``benchmarks/RESULTS.md``:
 
 1. **Scratch kept between calls.** The receive buffers and the plan (below) are made once
    per (numel, dtype) and reused: no allocation per call, and no page faults on fresh
@@ -28,10 +29,11 @@ is *when* things happen. Each step below is one engineering idea; its effect is 
    rank's board and keeps a handle until it is waited. Both neighbours cut the same plan
    from the same tensor size, and a ring only ever sends right and receives from the left,
    so ``comm.neighbours`` checks the tensors once, in one envelope at the start
-   (``sized_by``), checks the peers and tag once, and hands back an ``isend``/``irecv``
-   bound to them that posts the torch message and records it when waited, nothing more
-   (``MPGPU_EDU_CHECK_MESSAGES=0`` switches all envelopes off: the benchmark's
-   ``unchecked`` numbers).
+   (as ``sized_by``), checks the peers and tag once, and hands back an ``isend``/``irecv``
+   bound to them that posts the torch message, nothing more; the messages are recorded
+   when the block ends, so nothing but the wait sits between a segment's arrival and its
+   addition (``MPGPU_EDU_CHECK_MESSAGES=0`` switches all envelopes off: the benchmark's
+   ``ring_fast_unchecked``; ``ring_fast_bare`` posts the same ring with no communicator).
 
 Messages between two neighbours match in the order they are posted (the simulator, gloo
 and MPI all keep that order per sender, receiver and tag), so many can be in flight on one

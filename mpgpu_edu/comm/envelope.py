@@ -10,8 +10,9 @@ The cost is one extra message of ``ENVELOPE_NUMEL`` int64 (96 bytes) per message
 between processes of one machine about one message latency (tens of microseconds), which
 matters only for very small messages. ``MPGPU_EDU_CHECK_MESSAGES=0`` in the launcher's
 environment turns the envelopes off (the launcher reads it at every launch; under torchrun
-each rank reads it at start); the benchmarks in ``benchmarks/`` measure the default, checked
-mode, which is what a learner runs.
+each rank reads it at start). The benchmarks in ``benchmarks/`` measure the default, checked
+mode, which is what a learner runs; ``allreduce_vs_torch.py`` also times the fast ring with
+the envelopes off (``ring_fast_unchecked``), so the check's own cost is shown.
 """
 
 from __future__ import annotations
