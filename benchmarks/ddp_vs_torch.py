@@ -13,7 +13,10 @@ check that both ended with the same parameters (same start, data and number of s
 Over ``--runs`` runs: the median of the run medians (and min-max). The 1-minute load
 average is printed before and after; ``--results`` refuses to write when it is above
 ``MAX_LOAD_PER_CORE`` per core before the bench, unless ``--force``. ``--quick`` (a tiny
-MLP, 2 timed steps, one run, 2 ranks) only checks that everything runs.
+MLP, 2 timed steps, one run, 2 ranks) only checks that everything runs. By default our DDP
+runs as a learner's does, with the course's message-size checks on; ``--unchecked`` turns
+them off (``MPGPU_EDU_CHECK_MESSAGES=0``) and writes its own section, so that the check's
+cost is seen apart.
 This is a benchmark, not a test: its numbers depend on the machine and on its load.
 """
 
@@ -39,6 +42,7 @@ from mpgpu_edu.replica.data import loss_fn, make_batch, make_mlp, shard  # noqa:
 from mpgpu_edu.dp.ddp import DEFAULT_BUCKET_BYTES, ddp_step_overlapped  # noqa: E402
 
 MARKER = "<!-- ddp_vs_torch -->"
+UNCHECKED_MARKER = "<!-- ddp_vs_torch unchecked -->"
 NOTES = """\
 Both sides do the same work per step: forward and backward of the same replica on the same
 shard, gradients averaged in buckets while backward runs (torch's bucket rule on both
@@ -101,6 +105,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--world-size", default="2,4", help="comma-separated (default 2,4)")
     p.add_argument("--results", help="write the tables into this markdown file's section")
     p.add_argument("--force", action="store_true", help="write even on a busy machine")
+    p.add_argument("--unchecked", action="store_true",
+                   help="message-size checks off (MPGPU_EDU_CHECK_MESSAGES=0) for our DDP")
     p.add_argument("--quick", action="store_true",
                    help="tiny MLP, 2 timed steps, 1 run, 2 ranks: does it run end to end?")
     args = p.parse_args(argv)
@@ -115,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     load = load_before(args.results, args.force)
     if load is None:
         return 2
+    if args.unchecked:  # the launcher reads it at every launch
+        os.environ["MPGPU_EDU_CHECK_MESSAGES"] = "0"
     tables = []
     for world_size in (int(n) for n in args.world_size.split(",")):
         for batch in (int(b) for b in args.batch.split(",")):
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         command = " ".join(["python", "benchmarks/ddp_vs_torch.py",
                             *(sys.argv[1:] if argv is None else argv)])
-        write_section(Path(args.results), "\n\n".join(tables), command)
+        write_section(Path(args.results), "\n\n".join(tables), command, args.unchecked)
     return 0
 
 
@@ -152,7 +160,8 @@ def run_config(args: argparse.Namespace, world_size: int, batch: int) -> str:
         f"MLP {sizes} ({n_params / 1e6:.1f} M parameters, {4 * n_params / 2**20:.0f} MiB of "
         f"gradients), **{world_size} ranks, {batch} samples per rank**, gloo, {args.threads} "
         f"torch thread(s) each, buckets of {args.bucket_mb:g} MiB; per run {args.repeats} "
-        f"timed steps each after {args.warmup} warm-up, interleaved",
+        f"timed steps each after {args.warmup} warm-up, interleaved; ours with the "
+        f"course's message-size checks {'off' if args.unchecked else 'on (the default)'}",
         "",
         "| run | ours median (ms) | torch median (ms) | ratio of medians | median of "
         "neighbouring ratios | max param diff | 1-min load before / after |",
@@ -165,11 +174,14 @@ def run_config(args: argparse.Namespace, world_size: int, batch: int) -> str:
     ])
 
 
-def write_section(path: Path, table: str, command: str) -> None:
-    """Replace (or append) this benchmark's section, between two markers, in ``path``."""
-    replace_section(path, MARKER, f"{MARKER}\n## DDP: ours against torch "
-                    f"DistributedDataParallel (gloo)\n\nCommand: `{command}`\n\n{table}\n\n"
-                    f"{NOTES}\n{MARKER}")
+def write_section(path: Path, table: str, command: str, unchecked: bool = False) -> None:
+    """Replace (or append) this benchmark's section, between two markers, in ``path``
+    (the unchecked runs have a section of their own)."""
+    marker = UNCHECKED_MARKER if unchecked else MARKER
+    title = ("DDP, message-size checks off: ours against torch DistributedDataParallel (gloo)"
+             if unchecked else "DDP: ours against torch DistributedDataParallel (gloo)")
+    replace_section(path, marker, f"{marker}\n## {title}\n\nCommand: `{command}`\n\n"
+                    f"{table}\n\n{NOTES}\n{marker}")
 
 
 if __name__ == "__main__":
