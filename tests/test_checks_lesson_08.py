@@ -49,10 +49,12 @@ def test_collectives_off_the_comm_stream_are_named() -> None:
 
 def test_a_prefetch_started_after_the_layers_compute_is_told_it_starts_too_late() -> None:
     """The same wrapper with the next gather started just after ``run_layer`` (in backward
-    before the reduce-scatter) hides far less of it: only the timeline case fails, and says
-    where the gather belongs."""
+    before the reduce-scatter) hides far less of it: the timeline case fails and says where
+    the gather belongs, and the prefetch case sees each layer compute before the next
+    layer's gather was started."""
     assert set(failures("8.2", mutants.fsdp_prefetches_after_compute)) == {
-        next(c.name for c in cases_for("8.2") if c.name.startswith("timeline"))}
+        next(c.name for c in cases_for("8.2") if c.name.startswith(start))
+        for start in ("timeline", "4 ranks, Adam")}
     prefetch = next(c for c in cases_for("8.2") if c.name.startswith("timeline"))
     with pytest.raises(Exception, match="starts too late.*before its compute"):
         prefetch.run(mutants.fsdp_prefetches_after_compute)
@@ -66,3 +68,19 @@ def test_a_stubs_report_lists_the_checks_own_cases() -> None:
     assert [(c.name, c.max_points) for c in result.cases] == [(c.name, c.points)
                                                                for c in cases]
     assert sum(c.points for c in cases) == EXERCISES["8.2"].points
+
+
+@pytest.mark.parametrize(("name", "case", "words"), [
+    ("fsdp_prefetches_every_layer", "4 ranks, Adam", ("gathers of 2 later layers",
+                                                      "at most two layers")),
+    ("fsdp_prefetch_skips_first_layer", "4 ranks, Adam", ("layer 0", "the first included")),
+    ("fsdp_prefetches_always", "3 ranks", ("with prefetch=False", "already started")),
+])
+def test_a_prefetch_that_gathers_the_wrong_layers_is_named(name: str, case: str,
+                                                            words: tuple[str, ...]) -> None:
+    """What each layer's forward found started: every later layer (all held at once), not
+    the next one (the first layer's gather never hidden), or one without prefetch."""
+    checked = next(c for c in cases_for("8.2") if c.name.startswith(case))
+    with pytest.raises(Exception) as failed:  # only the case that names it: each run costs
+        checked.run(getattr(mutants, name))
+    assert all(word in str(failed.value) for word in words), failed.value

@@ -32,7 +32,8 @@ EXERCISES = (
         "self.next_layer(i, step))\n    return full\n\ndef "
         "backward_layer(self, i, x, grad_out, needs_input_grad):\n    grad_x, grad_full = "
         "layer_backward(layers[i], self.gather(i, -1), x, grad_out, needs_input_grad)\n    "
-        "padded = torch.zeros(shards[i].numel() * comm.world_size)\n    padded[: sizes[i]] "
+        "padded = torch.zeros(shards[i].numel() * comm.world_size, dtype=grad_full.dtype)\n"
+        "    padded[: sizes[i]] "
         "= grad_full\n    self.reducing.append((i, comm.run_async(reduce_scatter, comm, "
         "padded, 'mean')))\n    return grad_x"),
        CAPSTONE),

@@ -25,6 +25,15 @@ def shard_padded_in_front(flat: torch.Tensor, rank: int, world_size: int) -> tor
     return padded[rank * size: (rank + 1) * size].clone()
 
 
+def shard_in_float32(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Pads into torch.zeros without a dtype: every shard is float32, whatever the vector's
+    dtype (a bf16 vector's shards double in size, an int64 one's lose precision)."""
+    size = -(-flat.numel() // world_size)
+    padded = torch.zeros(size * world_size)
+    padded[: flat.numel()] = flat
+    return padded[rank * size: (rank + 1) * size].clone()
+
+
 def shard_as_view(flat: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Returns a view of the vector when no padding is needed: the whole vector stays alive."""
     size = -(-flat.numel() // world_size)
@@ -65,7 +74,8 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
           use_prefetch: bool = True, regather: bool = True, all_reduce_grads: bool = False,
           autograd_keeps: bool = False, accumulate: bool = True, stream: bool = True,
           hold: bool = False, prefetch_backward: str = "before",
-          after_compute: bool = False, clear: bool = True, wait_reduce: bool = False) -> Any:
+          after_compute: bool = False, clear: bool = True, wait_reduce: bool = False,
+          ahead: str = "next") -> Any:
     """The solution's wrapper, with one switch per mistake."""
     layers = list(module)
     sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
@@ -89,9 +99,14 @@ def _wrap(comm: Any, module: nn.Sequential, prefetch: bool, *, op: str = "mean",
         def gather(self, i: int, step: int) -> torch.Tensor:
             self.start(i)
             full = torch.cat(self.pending.pop(i).wait())[: sizes[i]]
-            if prefetch and use_prefetch and not after_compute and (
-                    step > 0 or prefetch_backward == "before"):
-                self.start(self.next(i, step))
+            if ((prefetch or ahead == "always") and use_prefetch and not after_compute
+                    and (step > 0 or prefetch_backward == "before")
+                    and not (ahead == "not_first" and step > 0 and i == 0)):
+                j = self.next(i, step)
+                self.start(j)
+                while ahead == "all" and 0 <= j < len(layers):  # every later layer at once
+                    j = self.next(j, step)
+                    self.start(j)
             return full
 
         def next(self, i: int, step: int) -> int:
@@ -220,6 +235,24 @@ def fsdp_prefetches_forward_only(comm: Any, module: nn.Sequential,
     return _wrap(comm, module, prefetch, prefetch_backward="never")
 
 
+def fsdp_prefetches_every_layer(comm: Any, module: nn.Sequential,
+                                prefetch: bool = False) -> Any:
+    """With prefetch, starts the gathers of every remaining layer at once: all layers'
+    full parameters are held together, the opposite of what sharding is for."""
+    return _wrap(comm, module, prefetch, ahead="all")
+
+
+def fsdp_prefetch_skips_first_layer(comm: Any, module: nn.Sequential,
+                                    prefetch: bool = False) -> Any:
+    """Prefetches in forward from the second layer on: layer 1's gather is never hidden."""
+    return _wrap(comm, module, prefetch, ahead="not_first")
+
+
+def fsdp_prefetches_always(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
+    """Prefetches whether or not prefetch is asked for."""
+    return _wrap(comm, module, prefetch, ahead="always")
+
+
 def fsdp_prefetches_after_compute(comm: Any, module: nn.Sequential,
                                   prefetch: bool = False) -> Any:
     """Starts the next layer's gather just after this layer's compute (in backward, before
@@ -292,10 +325,12 @@ def fsdp_unpadded_shards(comm: Any, module: nn.Sequential, prefetch: bool = Fals
 
 
 MUTANTS: dict[str, list[str]] = {
-    "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view", "shard_view_of_padded"],
+    "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view", "shard_view_of_padded",
+            "shard_in_float32"],
     "8.2": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
             "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights",
             "fsdp_overwrites_grad", "fsdp_synchronous", "fsdp_holds_gathered",
             "fsdp_prefetches_forward_only", "fsdp_prefetches_after_reduce", "fsdp_never_clears",
-            "fsdp_waits_on_reduce_scatter"],
+            "fsdp_waits_on_reduce_scatter", "fsdp_prefetches_every_layer",
+            "fsdp_prefetch_skips_first_layer", "fsdp_prefetches_always"],
 }

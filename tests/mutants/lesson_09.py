@@ -63,6 +63,35 @@ def bytes_never_refuses(seq: int, batch: int, d_model: int, n_heads: int,
     return 34 * sbh + 5 * n_heads * seq * seq * batch
 
 
+def bytes_float_cut_to_int(seq: int, batch: int, d_model: int, n_heads: int,
+                           recompute: str = "none") -> int:
+    """int() of the float formula s b h (34 + 5 a s / h): 3404.999... becomes 3404."""
+    sbh = _sizes(seq, batch, d_model, n_heads, recompute)
+    if recompute == "full":
+        return 2 * sbh
+    return int(sbh * (34 + (5 * n_heads * seq / d_model if recompute == "none" else 0)))
+
+
+def bytes_float_rounded(seq: int, batch: int, d_model: int, n_heads: int,
+                        recompute: str = "none") -> int:
+    """round() of the float formula: right until the count outgrows a float's precision."""
+    sbh = _sizes(seq, batch, d_model, n_heads, recompute)
+    if recompute == "full":
+        return 2 * sbh
+    return round(sbh * (34 + (5 * n_heads * seq / d_model if recompute == "none" else 0)))
+
+
+def bytes_refuses_only_zero(seq: int, batch: int, d_model: int, n_heads: int,
+                            recompute: str = "none") -> int:
+    """Refuses a size of 0 but counts negative sizes as if they were real."""
+    if 0 in (seq, batch, d_model, n_heads) or recompute not in ("none", "selective", "full"):
+        raise ValueError("bad sizes")
+    sbh = seq * batch * d_model
+    if recompute == "full":
+        return 2 * sbh
+    return 34 * sbh + (5 * n_heads * seq * seq * batch if recompute == "none" else 0)
+
+
 # ---- 9.2 ----------------------------------------------------------------------------------
 
 def _segment_fn(layers: list[nn.Module], *, params: bool = True, keep: bool = False,
@@ -196,6 +225,25 @@ def recompute_from_the_start(model: nn.Sequential, segments: int) -> Any:
     return forward
 
 
+def recompute_marks_the_input(model: nn.Sequential, segments: int) -> Any:
+    """Gets past data that needs no gradient by switching on the caller's x.requires_grad
+    (and passes no parameters): right numbers, but the caller's tensor is changed."""
+    inner = _checkpointed(model, segment_bounds(len(model), segments), params=False)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        x.requires_grad_(True)
+        return inner(x)
+    return forward
+
+
+def recompute_drops_leftover_layers(model: nn.Sequential, segments: int) -> Any:
+    """Cuts len(model) // segments layers per segment: the last layers of an uneven split
+    never run."""
+    segment_bounds(len(model), segments)
+    size = len(model) // segments
+    return _checkpointed(model, [(k * size, (k + 1) * size) for k in range(segments)])
+
+
 def recompute_with_torch(model: nn.Sequential, segments: int) -> Any:
     """torch's checkpoint_sequential: it runs the last segment without recomputation, and it
     is not the learner's to call here."""
@@ -205,8 +253,10 @@ def recompute_with_torch(model: nn.Sequential, segments: int) -> Any:
 
 MUTANTS: dict[str, list[str]] = {
     "9.1": ["bytes_without_scores", "bytes_as_float", "bytes_full_keeps_everything_else",
-            "bytes_scores_per_head_dim", "bytes_never_refuses"],
+            "bytes_scores_per_head_dim", "bytes_never_refuses", "bytes_float_cut_to_int",
+            "bytes_float_rounded", "bytes_refuses_only_zero"],
     "9.2": ["recompute_nothing", "recompute_one_segment", "recompute_without_parameters",
             "recompute_keeps_outputs", "recompute_overwrites_grad", "recompute_from_the_start",
-            "recompute_with_torch"],
+            "recompute_with_torch", "recompute_marks_the_input",
+            "recompute_drops_leftover_layers"],
 }

@@ -204,7 +204,8 @@ def expect_close(got: Any, want: torch.Tensor, what: str, rtol: float = 1e-5,
                  atol: float = 1e-6) -> None:
     """``got`` is a tensor with ``want``'s shape and values (within tolerance)."""
     if not isinstance(got, torch.Tensor):
-        raise CheckFailure(f"{what}: expected a torch.Tensor, got {type(got).__name__}")
+        from mpgpu_edu.grading.checks._plain import type_name
+        raise CheckFailure(f"{what}: expected a torch.Tensor, got {type_name(got)}")
     if got.shape != want.shape:
         raise CheckFailure(f"{what}: expected shape {list(want.shape)}, got {list(got.shape)}")
     if not torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol):

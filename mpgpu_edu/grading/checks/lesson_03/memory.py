@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mpgpu_edu.grading.checks._plain import type_name
 from mpgpu_edu.grading.checks._support import expect
 from mpgpu_edu.grading.checks.lesson_03.models import _model
 from mpgpu_edu.memory import bytes_per_param, estimate_memory
@@ -44,8 +45,8 @@ def _memory_judge(cases: list[tuple[str, str]], what: dict[str, str]) -> Impl:
     def judge(outputs: list) -> None:
         for (which, precision), got in zip(cases, outputs):
             want = _expected_memory(_memory_model(which), precision)
-            expect(isinstance(got, dict),
-                   f"adam_memory should return a dict, got {type(got).__name__}")
+            expect(type_name(got) == "dict",
+                   f"adam_memory should return a dict, got {type_name(got)}")
             expect({k: got.get(k) for k in want} == want,
                    f"{what[which]}, {precision}: got {got}, expected {want}")
     return judge

@@ -16,6 +16,8 @@ Modules: ``shard`` (8.1), ``setup`` (the capstone's models, data and reference),
 
 from __future__ import annotations
 
+import torch
+
 from mpgpu_edu.grading.checks import Case
 from mpgpu_edu.grading.checks.lesson_08.judges import (_judge_accumulation, _judge_adam_prefetch,
                                                        _judge_basic, _judge_basic_calls,
@@ -34,8 +36,11 @@ REFERENCES = {  # the package's own implementation, out of reach while the learn
 CASES: dict[str, list[Case]] = {
     "8.1": [
         Case("the docstring's example", 1, _shards([(5, 2)]), _judge_shards),
-        Case("equal shards, zero padding at the end, each a tensor of its own", 1,
-             _shards([(10, 3), (12, 4), (2, 5), (0, 3)]), _judge_own_memory),
+        Case("equal shards, zero padding at the end, each a tensor of its own, in the "
+             "vector's dtype", 1,
+             _shards([(10, 3), (12, 4), (2, 5), (0, 3), (7, 2), (9, 4)],
+                     dtypes=[torch.float32] * 4 + [torch.int64, torch.bfloat16]),
+             _judge_own_memory),
         Case("hidden: other sizes and world sizes", 1, _shards_hidden, _judge_shards_hidden,
              hidden=True),
     ],

@@ -123,8 +123,35 @@ def _judge_freed(data: dict) -> None:
                "and gathers it again for its backward")
 
 
+def _judge_ahead(data: dict, prefetch: bool) -> None:
+    """The first forward's gathers, layer by layer: with prefetch, exactly the next layer's
+    gather started before each layer's compute (none after the last); without, none."""
+    for rank, held in enumerate(data["results"]):
+        ahead = held.get("ahead", [])
+        for layer, extra in enumerate(ahead):
+            want = int(prefetch and layer + 1 < len(ahead))
+            if extra == want:
+                continue
+            expect(extra <= want or not prefetch,
+                   f"rank {rank}: when layer {layer} (of the layers with parameters) computed "
+                   f"its forward, the gathers of {extra} later layers had been started: "
+                   "prefetch starts only the next layer's, so that at most two layers' full "
+                   "parameters are held at once (started all at once, they all are)")
+            expect(prefetch, f"rank {rank}: with prefetch=False, layer {layer}'s forward "
+                             f"ran with {extra} later layers' gathers already started: "
+                             "without prefetch each layer gathers its own parameters only "
+                             "when it runs")
+            expect(extra >= want,
+                   f"rank {rank}: with prefetch=True, layer {layer} (of the layers with "
+                   "parameters) computed its forward before the next layer's gather was "
+                   "started: that gather then cannot hide behind this layer's compute "
+                   "(start it as soon as this layer's parameters have arrived, for every "
+                   "layer, the first included)")
+
+
 def _judge_basic(data: dict) -> None:
     _judge_values(data, 3, WIDTHS)
+    _judge_ahead(data, prefetch=False)
 
 
 def _judge_basic_calls(data: dict) -> None:
@@ -134,6 +161,7 @@ def _judge_basic_calls(data: dict) -> None:
 def _judge_adam_prefetch(data: dict) -> None:
     _judge_values(data, 4, WIDTHS, n_samples=14, optimizer="adam", grads=False)
     _judge_calls(data, 4, WIDTHS)
+    _judge_ahead(data, prefetch=True)
 
 
 def _phases(trace: dict) -> list[tuple[float, float]]:
@@ -173,7 +201,8 @@ def _judge_prefetch(data: dict) -> Evidence:
             expect(fwd_ahead < 0.97 * fwd,
                    f"rank {rank}: forward takes {fwd_ahead * 1e6:.0f} us with prefetch, "
                    f"{fwd * 1e6:.0f} us without: the next layer's gather does not run while "
-                   "this layer computes")
+                   "this layer computes (or it does in both runs: with prefetch=False, is "
+                   "the next gather started ahead anyway?)")
             # A prefetch started as soon as the parameters arrive saves about 28% here; one
             # started after the layer's compute overlaps only the small work between layers
             # (about 11%).
@@ -205,6 +234,7 @@ def _judge_hidden(records: list[dict]) -> None:
             _judge_values(out, world_size, widths, n_samples, 2, optimizer,
                           grads=optimizer == "sgd")
             _judge_calls(out, world_size, widths, steps=2)
+            _judge_ahead(out, bool(prefetch))
         except CheckFailure as exc:
             raise AssertionError(str(exc)) from None
     judge_examples(records, one)

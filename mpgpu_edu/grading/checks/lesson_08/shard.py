@@ -17,14 +17,24 @@ def _reference_shard(flat: torch.Tensor, rank: int, world_size: int) -> torch.Te
     return flat_shard([flat], rank, world_size)
 
 
-def _shards(cases: list[tuple[int, int]], dtype: torch.dtype = torch.float32) -> Impl:
+def _shards(cases: list[tuple[int, int]], dtype: torch.dtype = torch.float32,
+            dtypes: list[torch.dtype] | None = None) -> Impl:
+    """*compute*: every rank's shard of ``arange(1, E + 1)`` for each (E, N) of ``cases``,
+    in ``dtype`` (or case by case in ``dtypes``). Before each call the allocator is handed
+    back a block of the padded size filled with 7s, so that padding left uninitialised
+    (``torch.empty``) is likely to show."""
     def compute(impl: Impl) -> list[dict]:
         out = []
-        for numel, n in cases:
-            flat = torch.arange(1, numel + 1, dtype=dtype)
+        for k, (numel, n) in enumerate(cases):
+            kind = dtypes[k] if dtypes else dtype
+            flat = torch.arange(1, numel + 1).to(kind)
             before = flat.clone()
-            got = [impl(flat, r, n) for r in range(n)]
-            out.append({"numel": numel, "n": n, "shards": got,
+            got = []
+            for r in range(n):
+                junk = torch.full((-(-numel // n) * n,), 7, dtype=kind)
+                del junk
+                got.append(impl(flat, r, n))
+            out.append({"numel": numel, "n": n, "shards": got, "dtype": str(kind),
                         "views": [g.untyped_storage().data_ptr()
                                   == flat.untyped_storage().data_ptr() for g in got],
                         "storage": [g.untyped_storage().nbytes() for g in got],
@@ -34,8 +44,8 @@ def _shards(cases: list[tuple[int, int]], dtype: torch.dtype = torch.float32) ->
 
 
 def _judge_one_shards(out: dict, numel: int, n: int) -> None:
-    flat = torch.arange(1, numel + 1, dtype=out["shards"][0].dtype if out["shards"] else
-                        torch.float32)
+    kind = getattr(torch, str(out.get("dtype", "torch.float32")).removeprefix("torch."))
+    flat = torch.arange(1, numel + 1).to(kind)
     expect(out["untouched"], f"E={numel}, N={n}: shard_of changed its input")
     for rank, got in enumerate(out["shards"]):
         want = _reference_shard(flat, rank, n)
@@ -44,9 +54,10 @@ def _judge_one_shards(out: dict, numel: int, n: int) -> None:
         expect(got.numel() == want.numel(),
                f"E={numel}, N={n}, rank {rank}: a shard of {got.numel()} elements; every "
                f"shard has ceil(E/N) = {want.numel()} (all-gather needs equal pieces)")
-        expect_close(got, want, f"E={numel}, N={n}, rank {rank}'s shard")
         expect(got.dtype == flat.dtype, f"E={numel}, N={n}: the shard's dtype is "
-                                        f"{got.dtype}, the vector's {flat.dtype}")
+                                        f"{got.dtype}, the vector's {flat.dtype} (a zero "
+                                        "tensor made without dtype= is float32)")
+        expect_close(got, want, f"E={numel}, N={n}, rank {rank}'s shard")
 
 
 def _judge_shards(records: list[dict]) -> None:

@@ -66,6 +66,7 @@ def _recording(impl: Impl) -> Iterator[list]:
             calls.append((comm.rank, kind, tensor.numel(), op if kind != "all_gather" else "",
                           _on_comm_stream(comm)))
             return originals[kind](comm, tensor, *args, **kwargs)
+        record.recorded_kind = kind  # type: ignore[attr-defined]  # (_GathersAhead)
         return record
 
     owners = [collectives, allgather, getattr(impl, "__globals__", {})]
@@ -135,6 +136,30 @@ class _GatheredAlive:
         return sorted({i for i, ref in self.refs if ref() is not None})
 
 
+class _GathersAhead:
+    """While ``on``: at each forward of a layer with parameters, how many all-gathers the
+    rank had started (``comm.run_async`` of the recorded ``all_gather``) beyond the layers
+    run so far, this one included: 1 is the next layer's prefetch, 0 none, more a gather
+    of a layer after the next one already started."""
+
+    def __init__(self, comm: Any, model: nn.Sequential) -> None:
+        self.on, self.started, self.ahead = False, 0, []
+        original = comm.run_async
+
+        def run_async(fn: Callable[..., Any], *args: Any) -> Any:
+            if getattr(fn, "recorded_kind", "") == "all_gather":
+                self.started += 1
+            return original(fn, *args)
+        comm.run_async = run_async
+        for layer in model:
+            if any(True for _ in layer.parameters()):
+                layer.register_forward_hook(self._hook)
+
+    def _hook(self, _layer: nn.Module, _inputs: Any, _output: Any) -> None:
+        if self.on:
+            self.ahead.append(self.started - len(self.ahead) - 1)
+
+
 def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
              optimizer: str, prefetch: bool) -> Callable[..., Any]:
     base = _model(widths)
@@ -142,6 +167,7 @@ def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
 
     def program(comm: Any) -> dict:
         module = copy.deepcopy(base)
+        gathers = _GathersAhead(comm, module)
         replica = impl(comm, module, prefetch)
         shards = list(replica.parameters())
         start = [s.detach().clone() for s in shards]
@@ -152,11 +178,11 @@ def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
         for step, (x, y) in enumerate(batches):
             xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
             share = len(xs) / len(x)
-            held.on = step == 0
+            held.on = gathers.on = step == 0
             with saved if step == 0 else contextlib.nullcontext():
                 out = replica(xs)
             if step == 0:
-                held.on, alive = False, held.alive()
+                held.on, gathers.on, alive = False, False, held.alive()
             with comm.compute("compute", "loss"):
                 loss = nn.functional.mse_loss(out, ys) * share * comm.world_size
             loss.backward()
@@ -168,7 +194,7 @@ def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
                                                           base.state_dict().values()))
         return {"start": start, "final": [s.detach().clone() for s in shards],
                 "grads": grads, "untouched": untouched, "kept": sorted(saved.kept),
-                "alive": alive,
+                "alive": alive, "ahead": gathers.ahead,
                 "is_param": all(isinstance(s, nn.Parameter) for s in shards)}
     return program
 

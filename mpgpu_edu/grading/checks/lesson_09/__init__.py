@@ -38,8 +38,8 @@ CASES: dict[str, list[Case]] = {
     "9.1": [
         Case("the docstring's example", 1, _bytes([(1024, 1, 1024, 16, "none")]),
              _bytes_judge([(1024, 1, 1024, 16, "none")])),
-        Case("none, selective and full on two shapes; bad sizes and modes raise ValueError", 1,
-             _modes, _judge_modes),
+        Case("none, selective and full on two shapes, exact to the byte (a million-token "
+             "context too); bad sizes and modes raise ValueError", 1, _modes, _judge_modes),
         Case("hidden: other shapes", 1, _bytes_hidden, _judge_bytes_hidden, hidden=True),
     ],
     "9.2": [

@@ -54,6 +54,7 @@ def _run(impl: Impl, depth: int, width: int, segments: int, seed: int = 0,
     f = impl(model, segments)
     packed: list[list[int]] = []
     outputs, still = [], []
+    changed = False
     for k, x in enumerate(_data(width, seed, batches)):
         x.requires_grad_(input_grad)
         phase["forward"] = True
@@ -61,17 +62,19 @@ def _run(impl: Impl, depth: int, width: int, segments: int, seed: int = 0,
                 lambda t: packed.append(list(t.shape)) or t, lambda t: t):
             y = f(x)
         phase["forward"] = False
+        changed = changed or x.requires_grad != input_grad
         gc.collect()
         if k == 0:
             still = [ref is not None and ref() is not None for ref in alive]
         if not (isinstance(y, torch.Tensor) and y.requires_grad):
-            return {"out": y, "tracked": False}   # nothing for backward to run through
+            return {"out": y, "tracked": False, "changed_input": changed}
         try:
             y.pow(2).sum().backward()
         except RuntimeError as exc:
             raise _explained(exc) from None
         outputs.append(y.detach())
-    return {"out": outputs[0], "tracked": True, "x_grad": x.grad if input_grad else None,
+    return {"out": outputs[0], "tracked": True, "changed_input": changed,
+            "x_grad": x.grad if input_grad else None,
             "grads": [p.grad for p in model.parameters()],
             "packed": packed if batches == 1 else packed[: len(packed) // batches],
             "alive": still, "calls": calls}
@@ -113,6 +116,13 @@ def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
                   batches: int = 1, seed: int = 0) -> None:
     want = _reference(depth, width, seed, batches)
     expect_close(data["out"], want["out"], "f(x)", rtol=1e-9, atol=1e-12)
+    expect(not data["changed_input"],
+           "f(x) changed the caller's x: its requires_grad was "
+           f"{input_grad} before the call and {not input_grad} after it (x.requires_grad_() "
+           "changes the caller's tensor, and makes autograd compute a gradient nobody asked "
+           "for): leave x as it is"
+           + ("" if input_grad else "; what else makes autograd call the first segment's "
+              "backward? (The second hint says.)"))
     expect(data["tracked"], "f(x) does not require a gradient" + (
         "" if input_grad else " when the data needs none: autograd never calls your "
         "segments' backward and no parameter gets a gradient. What makes autograd call a "
@@ -124,8 +134,11 @@ def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
     for i, (got, grad) in enumerate(zip(data["grads"], want["grads"])):
         expect(got is not None, f"parameter {i} (layer {2 * (i // 2)}) has no gradient after "
                                 "backward" + ("" if input_grad else ": with data that needs "
-                                "no gradient, does autograd still call the first segment's "
-                                "backward? (pass the parameters to apply)"))
+                                "no gradient, either autograd never calls the first segment's "
+                                "backward (nothing given to apply needs a gradient: pass the "
+                                "parameters to apply too), or the recomputation in backward "
+                                "ran with autograd off (a Function's backward does, unless it "
+                                "runs the segment under torch.enable_grad())"))
         what = f"parameter {i}'s gradient" + (f" after {batches} backward passes (they add "
                                               "up)" if batches > 1 else "")
         expect_close(got, grad, what, rtol=1e-9, atol=1e-12)
@@ -183,12 +196,16 @@ def _judge_accumulate(data: dict) -> None:
                + "; it should raise ValueError (segment_bounds does)")
 
 
-RECOMPUTE_EXAMPLES = examples(5, seed=92, depth=(2, 12), width=(2, 9), segments=(1, 12))
+# Drawn shapes (segments at most the depth), and two whose layers do not split evenly.
+RECOMPUTE_EXAMPLES = [dict(e, segments=min(e["segments"], e["depth"]))
+                      for e in examples(5, seed=92, depth=(2, 12), width=(2, 9),
+                                        segments=(1, 12))] + [
+    dict(depth=11, width=3, segments=4), dict(depth=5, width=4, segments=2)]
 
 
 def _recompute_hidden(impl: Impl) -> list[dict]:
     def body(depth: int, width: int, segments: int) -> dict:
-        return _run(impl, depth, width, min(segments, depth), seed=depth * width)
+        return _run(impl, depth, width, segments, seed=depth * width)
     return compute_examples(body, RECOMPUTE_EXAMPLES)
 
 
@@ -196,7 +213,7 @@ def _judge_recompute_hidden(records: list[dict]) -> None:
     def one(out: dict, depth: int, width: int, segments: int) -> None:
         try:
             _judge_values(out, depth, width, seed=depth * width)
-            _judge_kept(out, depth, width, min(segments, depth))
+            _judge_kept(out, depth, width, segments)
             _judge_calls(out, depth)
         except CheckFailure as exc:
             raise AssertionError(str(exc)) from None
