@@ -26,8 +26,15 @@ def test_a_backward_that_waits_for_its_reduce_scatter_fails_the_timeline() -> No
     assert "wait for its own reduce-scatter" in next(iter(failed.values()))
 
 
+def test_a_view_of_the_padded_copy_is_named_in_both_cases_that_see_it() -> None:
+    failed = failures("8.1", mutants.shard_view_of_padded)
+    assert sorted(c.split(",")[0] for c in failed) == ["equal shards", "hidden: other sizes and "
+                                                       "world sizes"], failed
+    message = next(m for c, m in failed.items() if c.startswith("equal shards"))
+    assert "storage" in message and "48 bytes" in message, message
+
+
 @pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
-    ("8.1", "shard_view_of_padded", "each a tensor of its own", ("storage", "48 bytes")),
     ("8.2", "fsdp_overwrites_grad", "gradients accumulate", ("only batch 1's gradient",)),
 ])
 def test_the_wrong_answer_fails_one_case_that_names_it(exercise_id: str, name: str, case: str,

@@ -75,9 +75,11 @@ def _judge_values(data: dict, n: int, widths: tuple[int, ...], n_samples: int = 
                         if step == 0:
                             raise
                         raise CheckFailure(
-                            f"{exc} (step 0's gradients were right: does finish() clear "
-                            "self.reducing, so that the next step does not add this step's "
-                            "reduce-scatters again?)") from None
+                            f"{exc} (step 0's gradients were right, so something of step "
+                            "0 is used again: does finish() clear self.reducing, so that the "
+                            "next step does not add this step's reduce-scatters again? Is "
+                            "every gather taken out of self.pending when it is used "
+                            "(pop), so that the next step gathers the updated shards?)") from None
         for layer, (got, flat) in enumerate(zip(held["final"], final)):
             expect_close(got, _reference_shard(flat, rank, n),
                          f"after {steps} {optimizer} steps on {n} ranks, rank {rank}'s shard of "

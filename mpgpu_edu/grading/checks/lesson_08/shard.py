@@ -94,7 +94,7 @@ def _shards_hidden(impl: Impl) -> list[dict]:
 def _judge_shards_hidden(records: list[dict]) -> None:
     def one(out: dict, numel: int, n: int) -> None:
         try:
-            _judge_one_shards(out, numel, n)
+            _judge_own_memory([out])
         except CheckFailure as exc:
             raise AssertionError(str(exc)) from None
     judge_examples(records, one)
