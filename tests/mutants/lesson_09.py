@@ -63,22 +63,25 @@ def bytes_never_refuses(seq: int, batch: int, d_model: int, n_heads: int,
     return 34 * sbh + 5 * n_heads * seq * seq * batch
 
 
-def bytes_float_cut_to_int(seq: int, batch: int, d_model: int, n_heads: int,
-                           recompute: str = "none") -> int:
-    """int() of the float formula s b h (34 + 5 a s / h): 3404.999... becomes 3404."""
+def _float_formula(seq: int, batch: int, d_model: int, n_heads: int, recompute: str,
+                   to_int: Any) -> int:
+    """``to_int`` of s b h (34 + 5 a s / h) computed in floats."""
     sbh = _sizes(seq, batch, d_model, n_heads, recompute)
     if recompute == "full":
         return 2 * sbh
-    return int(sbh * (34 + (5 * n_heads * seq / d_model if recompute == "none" else 0)))
+    return to_int(sbh * (34 + (5 * n_heads * seq / d_model if recompute == "none" else 0)))
+
+
+def bytes_float_cut_to_int(seq: int, batch: int, d_model: int, n_heads: int,
+                           recompute: str = "none") -> int:
+    """int() of the float formula s b h (34 + 5 a s / h): 3404.999... becomes 3404."""
+    return _float_formula(seq, batch, d_model, n_heads, recompute, int)
 
 
 def bytes_float_rounded(seq: int, batch: int, d_model: int, n_heads: int,
                         recompute: str = "none") -> int:
     """round() of the float formula: right until the count outgrows a float's precision."""
-    sbh = _sizes(seq, batch, d_model, n_heads, recompute)
-    if recompute == "full":
-        return 2 * sbh
-    return round(sbh * (34 + (5 * n_heads * seq / d_model if recompute == "none" else 0)))
+    return _float_formula(seq, batch, d_model, n_heads, recompute, round)
 
 
 def bytes_refuses_only_zero(seq: int, batch: int, d_model: int, n_heads: int,
