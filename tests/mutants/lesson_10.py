@@ -15,6 +15,11 @@ def bubble_unchecked(n_stages: int, n_microbatches: int, n_chunks: int) -> float
     return (n_stages - 1) / (n_chunks * n_microbatches)
 
 
+def bubble_always_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
+    """A stub that refuses every size: no overhead computed at all."""
+    raise ValueError("no")
+
+
 def bubble_idle_fraction(n_stages: int, n_microbatches: int, n_chunks: int) -> float:
     """The idle share of the makespan, (P-1)/(V M + P - 1), not the share of compute time."""
     if n_microbatches % n_stages or min(n_stages, n_microbatches, n_chunks) < 1:
@@ -106,6 +111,19 @@ def orders_never_refuses(n_stages: int, n_microbatches: int, n_chunks: int) -> l
     return _orders(n_stages, n_microbatches, n_chunks, _megatron, order, refuse=False)
 
 
+def orders_warmup_without_two(n_stages: int, n_microbatches: int,
+                              n_chunks: int) -> list[list[Step]]:
+    """Warm-up (P-1-p) + (V-1)P, without rule 2's factor 2: with free sends the same bubble
+    and less memory, but each device's backwards come before the microbatch is back."""
+    return _orders(n_stages, n_microbatches, n_chunks,
+                   lambda p, p_, v: p_ - 1 - p + (v - 1) * p_, _rounds)
+
+
+def orders_always_refuse(n_stages: int, n_microbatches: int, n_chunks: int) -> list[list[Step]]:
+    """A stub that refuses every size: no schedule at all."""
+    raise ValueError("no")
+
+
 def orders_from_the_package(n_stages: int, n_microbatches: int,
                             n_chunks: int) -> list[list[Step]]:
     """The package's own schedule: not the learner's to call here."""
@@ -115,7 +133,8 @@ def orders_from_the_package(n_stages: int, n_microbatches: int,
 
 MUTANTS: dict[str, list[str]] = {
     "10.1": ["bubble_idle_fraction", "bubble_ignores_chunks", "bubble_never_refuses",
-             "bubble_unchecked"],
+             "bubble_unchecked", "bubble_always_refuses"],
     "10.2": ["orders_plain_warmup", "orders_microbatch_major", "orders_chunks_not_reversed",
-             "orders_all_forwards_first", "orders_uncapped_warmup", "orders_never_refuses"],
+             "orders_all_forwards_first", "orders_uncapped_warmup", "orders_never_refuses",
+             "orders_warmup_without_two", "orders_always_refuse"],
 }

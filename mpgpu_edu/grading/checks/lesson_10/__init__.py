@@ -38,8 +38,10 @@ CASES: dict[str, list[Case]] = {
              sched._orders([(2, 2, 2), (4, 8, 2)]), sched._judge_valid),
         Case("the bubble is (P-1)/(V M) of the compute time", 2,
              sched._orders([(2, 4, 2), (4, 8, 2), (3, 6, 3)]), sched._judge_bubble),
-        Case("memory: no device holds more microbatch-chunks than interleaved 1F1B", 1,
-             sched._orders([(4, 8, 2), (3, 3, 2), (2, 6, 4)]), sched._judge_memory),
+        Case("memory: rule 2's warm-up, no device holding more microbatch-chunks than "
+             "interleaved 1F1B", 1,
+             sched._orders([(4, 8, 2), (3, 3, 2), (2, 6, 4)]),
+             lambda records: (sched._judge_memory(records), sched._judge_warmup(records))[0]),
         Case("one chunk per device is lesson 04's 1F1B", 1,
              sched._orders([(4, 8, 1), (3, 3, 1)]), sched._judge_plain_1f1b),
         Case("refuses sizes the schedule cannot run", 1, sched._refusals,

@@ -33,11 +33,21 @@ def _bubble_judge(cases: list[tuple[int, int, int]]) -> Callable[[list], None]:
 REFUSED = {"M=6 on P=4": (4, 6, 2), "V=0": (4, 8, 0), "P=0": (0, 4, 1)}
 
 
+VALID = (4, 8, 2)
+
+
 def _refusals(impl: Impl) -> dict[str, str]:
-    return {name: refusal(lambda args=args: impl(*args)) for name, args in REFUSED.items()}
+    out = {name: refusal(lambda args=args: impl(*args)) for name, args in REFUSED.items()}
+    out["valid"] = refusal(lambda: impl(*VALID))
+    return out
 
 
 def _judge_refusals(out: dict[str, str]) -> None:
+    out = dict(out)
+    valid = out.pop("valid", "returned")
+    expect(valid == "returned", "interleaved_bubble_overhead({}, {}, {}) raised {}: these "
+                                "sizes are valid (a refusal earns its point only beside "
+                                "answers)".format(*VALID, valid))
     for name, what in out.items():
         args = "interleaved_bubble_overhead({}, {}, {})".format(*REFUSED[name])
         expect(what != "returned", f"{args} ({name}) returned a number: it should raise "

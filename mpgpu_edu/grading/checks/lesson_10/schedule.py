@@ -84,6 +84,26 @@ def _judge_memory(records: list[dict]) -> None:
                f"yours:\n{render(schedule)}")
 
 
+def _judge_warmup(records: list[dict]) -> None:
+    """Rule 2: each device runs its warm-up's w forwards, then one more before its first
+    backward (the steady state starts with a forward), w + 1 in all, at most M x V."""
+    for r in records:
+        p_, m, v = r["sizes"]
+        schedule = _schedule(r)
+        for p in range(p_):
+            ops = [step.op for step in steps_of(schedule, p)]
+            before = ops.index("B") if "B" in ops else len(ops)
+            w = min(p_ - 1 - p, m) if v == 1 else min(2 * (p_ - 1 - p) + (v - 1) * p_, m * v)
+            want = min(w + 1, m * v)
+            rule = ("min(P-1-p, M)" if v == 1 else "min(2(P-1-p) + (V-1)P, M x V)")
+            expect(before == want,
+                   f"P={p_}, M={m}, V={v}: device {p} runs {before} forwards before its first "
+                   f"backward; rule 2's warm-up is w = {rule} = {w}, then the steady state "
+                   f"starts with one more forward: {want}. (The 2 in 2(P-1-p): a "
+                   "microbatch-chunk that leaves device p still passes the devices after it and "
+                   "comes back before p can run its backward.)\nyours:\n" + render(schedule))
+
+
 def _judge_plain_1f1b(records: list[dict]) -> None:
     for r in records:
         p, m, _ = r["sizes"]
@@ -97,11 +117,21 @@ def _judge_plain_1f1b(records: list[dict]) -> None:
 REFUSED = {"M=6 on P=4": (4, 6, 2), "V=0": (4, 8, 0), "P=0": (0, 4, 1), "M=0": (2, 0, 2)}
 
 
+VALID: Sizes = (4, 8, 2)
+
+
 def _refusals(impl: Impl) -> dict[str, str]:
-    return {name: refusal(lambda args=args: impl(*args)) for name, args in REFUSED.items()}
+    out = {name: refusal(lambda args=args: impl(*args)) for name, args in REFUSED.items()}
+    out["valid"] = refusal(lambda: impl(*VALID))
+    return out
 
 
 def _judge_refusals(out: dict[str, str]) -> None:
+    out = dict(out)
+    valid = out.pop("valid", "returned")
+    expect(valid == "returned", "interleaved_orders({}, {}, {}) raised {}: these sizes are "
+                                "valid (a refusal earns its point only beside answers)"
+                                .format(*VALID, valid))
     for name, what in out.items():
         call = "interleaved_orders({}, {}, {})".format(*REFUSED[name])
         expect(what == "ValueError",
@@ -121,4 +151,5 @@ def _judge_hidden(records: list[dict]) -> None:
         record = [{"sizes": [p, p * rounds, v], "orders": out}]
         _judge_bubble(record)
         _judge_memory(record)
+        _judge_warmup(record)
     judge_examples(records, one)
