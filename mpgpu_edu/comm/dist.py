@@ -158,13 +158,8 @@ class DistCommunicator(Communicator):
         return found
 
     def record_message(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
-                       start: float, end: float | None = None) -> None:
-        """One message in the trace and the stats; ``end``: when its wait returned (now if
-        not given)."""
-        nbytes = nbytes_of(tensor)
-        if end is None:
-            end = self.now()
-        label = f"tag {tag}" if tag else (f"to {peer}" if op == "send" else f"from {peer}")
+                       start: float) -> None:
+        nbytes, end, label = nbytes_of(tensor), self.now(), _label(op, peer, tag)
         with self.lock:
             if op == "send":
                 self.stats.record_send(peer, nbytes)
@@ -175,12 +170,11 @@ class DistCommunicator(Communicator):
 
     def record_burst(self, works: list[QuickWork], send_to: int, recv_from: int,
                      tag: int) -> None:
-        """``record_message`` for each of a ``neighbours`` block's messages, under one lock:
-        the same events and counts."""
+        """``record_message`` for each of a ``neighbours`` block's messages, under one lock,
+        with the time each wait returned: the same events and counts."""
         if not works:
             return
-        sent = f"tag {tag}" if tag else f"to {send_to}"
-        got = f"tag {tag}" if tag else f"from {recv_from}"
+        sent, got = _label("send", send_to, tag), _label("recv", recv_from, tag)
         stats, raw = self.stats, self._raw
         with self.lock:
             for work in works:
@@ -207,17 +201,10 @@ class DistCommunicator(Communicator):
         if not self.checked or getattr(self._local, "sized", None) is not None:
             yield
             return
-        group, mine = self._group(), self.envelope_of(tensor)
-        head = _Head(self, tensor, mine, recv_from, tag)
-        head.work = dist.irecv(head.theirs, recv_from, group=group, tag=tag)  # posted first:
-        sent = dist.isend(mine, send_to, group=group, tag=tag)  # the left's lands at once
-        self._local.sized = head
+        head = self._local.sized = _Head.post(self, tensor, send_to, recv_from, tag)
         try:
             yield
-            head.check()
-            with self.waiting(*self.message_text("send", mine, send_to, tag,
-                                                 "waiting for its size check, ")):
-                sent.wait()
+            head.finish()
         finally:
             self._local.sized = None
 
@@ -226,8 +213,8 @@ class DistCommunicator(Communicator):
         """See ``Communicator.neighbours``. Here the peers, tag and device are checked once,
         the tensors' sizes once (one envelope, as ``sized_by``), and the board says once
         what the rank waits for; each message is then one ``dist.isend``/``dist.irecv``,
-        and each is recorded (``record_message``) when the block ends, from the times its
-        wait saw: none of ``isend``'s checks, words and bookkeeping per message, and nothing
+        and all are recorded (``record_burst``) when the block ends, from the times their
+        waits saw: none of ``isend``'s checks, words and bookkeeping per message, and nothing
         but the wait itself between a message's arrival and the caller's next step. A
         message left unwaited is waited on the way out."""
         self._check("send", tensor, send_to, tag)
@@ -421,8 +408,7 @@ class _Burst:
     no ``sized_by`` block is open) and yields ``(isend, irecv)``; leaving waits what is left,
     checks the envelope, and records every message."""
 
-    __slots__ = ("comm", "tensor", "send_to", "recv_from", "tag", "posted", "head", "sent",
-                 "board")
+    __slots__ = ("comm", "tensor", "send_to", "recv_from", "tag", "posted", "head", "board")
 
     def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, send_to: int,
                  recv_from: int, tag: int) -> None:
@@ -430,7 +416,6 @@ class _Burst:
         self.send_to, self.recv_from = send_to, recv_from
         self.posted: list[QuickWork] = []
         self.head: _Head | None = None
-        self.sent: Any = None
         self.board: _Waiting | None = None
 
     def __enter__(self) -> tuple[Callable[[torch.Tensor], Work],
@@ -439,11 +424,8 @@ class _Burst:
         group, posted = comm._group(), self.posted
         head = getattr(comm._local, "sized", None)  # an enclosing sized_by checks for us
         if head is None and comm.checked:
-            mine = comm.envelope_of(self.tensor)
-            head = self.head = _Head(comm, self.tensor, mine, recv_from, tag)
-            head.work = dist.irecv(head.theirs, recv_from, group=group, tag=tag)  # first:
-            self.sent = dist.isend(mine, send_to, group=group, tag=tag)  # lands at once
-            comm._local.sized = head
+            head = self.head = comm._local.sized = _Head.post(comm, self.tensor, send_to,
+                                                              recv_from, tag)
         now = comm.now
         self.board = comm.waiting(*comm.burst_text(send_to, recv_from, tag))
         self.board.__enter__()
@@ -472,14 +454,10 @@ class _Burst:
         self._close(kind, exc, tb)
 
     def _finish(self) -> None:
-        comm = self.comm
         for work in self.posted:
             work.wait()
         if self.head is not None:
-            self.head.check()
-            with comm.waiting(*comm.message_text("send", self.head.mine, self.send_to,
-                                                 self.tag, "waiting for its size check, ")):
-                self.sent.wait()
+            self.head.finish()
 
     def _close(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         """Record the messages that completed, then leave the board (where a timeout
@@ -494,14 +472,37 @@ class _Burst:
 
 
 class _Head:
-    """``sized_by``'s envelope in flight: checked once, by the first receive that waits."""
+    """``sized_by``'s envelope in flight (and ``neighbours'``): checked once, by the first
+    receive that waits."""
 
     def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, mine: torch.Tensor,
-                 src: int, tag: int) -> None:
+                 src: int, dst: int, tag: int) -> None:
         self.comm, self.tensor, self.mine, self.src, self.tag = comm, tensor, mine, src, tag
+        self.dst = dst
         self.theirs = empty_envelope(comm.device)
         self.work: Any = None
+        self.sent: Any = None
         self.done = False
+
+    @classmethod
+    def post(cls, comm: DistCommunicator, tensor: torch.Tensor, send_to: int, recv_from: int,
+             tag: int) -> _Head:
+        """``tensor``'s envelope sent to ``send_to``, and ``recv_from``'s receive posted
+        first, so that the left neighbour's lands at once."""
+        group = comm._group()
+        head = cls(comm, tensor, comm.envelope_of(tensor), recv_from, send_to, tag)
+        head.work = dist.irecv(head.theirs, recv_from, group=group, tag=tag)
+        head.sent = dist.isend(head.mine, send_to, group=group, tag=tag)
+        return head
+
+    def finish(self) -> None:
+        """On the way out: the check (if no receive made it), then this rank's envelope
+        delivered."""
+        self.check()
+        comm = self.comm
+        with comm.waiting(*comm.message_text("send", self.mine, self.dst, self.tag,
+                                             "waiting for its size check, ")):
+            self.sent.wait()
 
     def check(self) -> None:
         if self.done:
@@ -512,6 +513,11 @@ class _Head:
                                              "waiting for its size check, ")):
             self.work.wait()
         check_same_tensor(self.theirs, self.tensor, self.src, comm.rank, self.mine)
+
+
+def _label(op: str, peer: int, tag: int) -> str:
+    """A message's label on the timeline: its tag, or where it went or came from."""
+    return f"tag {tag}" if tag else (f"to {peer}" if op == "send" else f"from {peer}")
 
 
 def _remember(cache: dict, key: tuple, value: Any) -> Any:

@@ -129,26 +129,28 @@ def _judge_ahead(data: dict, prefetch: bool) -> None:
     """The first forward's gathers, layer by layer: with prefetch, exactly the next layer's
     gather started before each layer's compute (none after the last); without, none."""
     for rank, held in enumerate(data["results"]):
-        ahead = held.get("ahead", [])
+        ahead = held["ahead"]
         for layer, extra in enumerate(ahead):
             want = int(prefetch and layer + 1 < len(ahead))
             if extra == want:
                 continue
-            expect(extra <= want or not prefetch,
-                   f"rank {rank}: when layer {layer} (of the layers with parameters) computed "
-                   f"its forward, the gathers of {extra} later layers had been started: "
-                   "prefetch starts only the next layer's, so that at most two layers' full "
-                   "parameters are held at once (started all at once, they all are)")
-            expect(prefetch, f"rank {rank}: with prefetch=False, layer {layer}'s forward "
-                             f"ran with {extra} later layers' gathers already started: "
-                             "without prefetch each layer gathers its own parameters only "
-                             "when it runs")
-            expect(extra >= want,
-                   f"rank {rank}: with prefetch=True, layer {layer} (of the layers with "
-                   "parameters) computed its forward before the next layer's gather was "
-                   "started: that gather then cannot hide behind this layer's compute "
-                   "(start it as soon as this layer's parameters have arrived, for every "
-                   "layer, the first included)")
+            if not prefetch:
+                raise CheckFailure(
+                    f"rank {rank}: with prefetch=False, layer {layer}'s forward ran with "
+                    f"{extra} later layers' gathers already started: without prefetch each "
+                    "layer gathers its own parameters only when it runs")
+            if extra > want:
+                raise CheckFailure(
+                    f"rank {rank}: when layer {layer} (of the layers with parameters) "
+                    f"computed its forward, the gathers of {extra} later layers had been "
+                    "started: prefetch starts only the next layer's, so that at most two "
+                    "layers' full parameters are held at once (started all at once, they all "
+                    "are)")
+            raise CheckFailure(
+                f"rank {rank}: with prefetch=True, layer {layer} (of the layers with "
+                "parameters) computed its forward before the next layer's gather was started: "
+                "that gather then cannot hide behind this layer's compute (start it as soon as "
+                "this layer's parameters have arrived, for every layer, the first included)")
 
 
 def _judge_basic(data: dict) -> None:

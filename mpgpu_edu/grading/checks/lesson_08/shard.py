@@ -17,6 +17,9 @@ def _reference_shard(flat: torch.Tensor, rank: int, world_size: int) -> torch.Te
     return flat_shard([flat], rank, world_size)
 
 
+DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.int64, torch.bfloat16)}
+
+
 def _shards(cases: list[tuple[int, int]], dtype: torch.dtype = torch.float32,
             dtypes: list[torch.dtype] | None = None) -> Impl:
     """*compute*: every rank's shard of ``arange(1, E + 1)`` for each (E, N) of ``cases``,
@@ -44,7 +47,8 @@ def _shards(cases: list[tuple[int, int]], dtype: torch.dtype = torch.float32,
 
 
 def _judge_one_shards(out: dict, numel: int, n: int) -> None:
-    kind = getattr(torch, str(out.get("dtype", "torch.float32")).removeprefix("torch."))
+    kind = DTYPES.get(out["dtype"])
+    expect(kind is not None, f"E={numel}, N={n}: not one of the check's dtypes")
     flat = torch.arange(1, numel + 1).to(kind)
     expect(out["untouched"], f"E={numel}, N={n}: shard_of changed its input")
     for rank, got in enumerate(out["shards"]):

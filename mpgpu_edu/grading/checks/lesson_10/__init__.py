@@ -41,7 +41,7 @@ CASES: dict[str, list[Case]] = {
         Case("memory: rule 2's warm-up, no device holding more microbatch-chunks than "
              "interleaved 1F1B", 1,
              sched._orders([(4, 8, 2), (3, 3, 2), (2, 6, 4)]),
-             lambda records: (sched._judge_memory(records), sched._judge_warmup(records))[0]),
+             sched._judge_memory_and_warmup),
         Case("one chunk per device is lesson 04's 1F1B", 1,
              sched._orders([(4, 8, 1), (3, 3, 1)]), sched._judge_plain_1f1b),
         Case("refuses sizes the schedule cannot run", 1, sched._refusals,

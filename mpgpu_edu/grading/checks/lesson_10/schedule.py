@@ -104,6 +104,11 @@ def _judge_warmup(records: list[dict]) -> None:
                    "comes back before p can run its backward.)\nyours:\n" + render(schedule))
 
 
+def _judge_memory_and_warmup(records: list[dict]) -> None:
+    _judge_memory(records)
+    _judge_warmup(records)
+
+
 def _judge_plain_1f1b(records: list[dict]) -> None:
     for r in records:
         p, m, _ = r["sizes"]
@@ -150,6 +155,5 @@ def _judge_hidden(records: list[dict]) -> None:
     def one(out: Any, p: int, rounds: int, v: int) -> None:
         record = [{"sizes": [p, p * rounds, v], "orders": out}]
         _judge_bubble(record)
-        _judge_memory(record)
-        _judge_warmup(record)
+        _judge_memory_and_warmup(record)
     judge_examples(records, one)
