@@ -118,8 +118,8 @@ def wrap_fsdp(comm: Communicator, module: nn.Sequential, prefetch: bool = False)
     forward, ``parameters()``, ``start_gather(i)`` and ``next_layer(i, step)``. Yours
     (exercise 8.2): four methods of ``Sharded``, where the stub stands.
 
-    - ``gather(i, step)``: layer ``i``'s full flat parameters, the padding cut off (its
-      ``sizes[i]`` elements). Start its gather unless started (``self.start_gather(i)``),
+    - ``gather(i, step)``: layer ``i``'s full flat parameters, every rank's shard joined (cut
+      to its ``sizes[i]`` elements, or not: ``layer_views`` reads only those). Start its gather unless started (``self.start_gather(i)``),
       wait (``self.pending.pop(i).wait()`` is the list of every rank's shard); with
       ``prefetch``, start the next layer's gather (``self.next_layer(i, step)``, ``step``
       +1 in forward, -1 in backward) as soon as these parameters have arrived, before this

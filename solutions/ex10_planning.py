@@ -70,7 +70,7 @@ def interleaved_orders(n_stages: int, n_microbatches: int, n_chunks: int) -> lis
     chunk 0:
 
     >>> from mpgpu_edu.pipeline import from_order
-    >>> print(from_order("interleaved", interleaved_orders(2, 2, 2), 2, 2))
+    >>> print(from_order("interleaved", interleaved_orders(2, 2, 2), 2, 2))  # name, orders, M, V
     tick  | 0    1    2    3    4    5    6    7    8    9    |
     dev 0 | F0.0 F1.0 F0.1 F1.1 .    B0.1 .    B1.1 B0.0 B1.0 |
     dev 1 | .    F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 B0.0 B1.0 .    |

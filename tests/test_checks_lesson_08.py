@@ -52,6 +52,9 @@ def test_collectives_off_the_comm_stream_are_named() -> None:
         prefetch.run(mutants.fsdp_synchronous)
     with pytest.raises(Exception, match="does not run while this layer computes"):
         prefetch.run(mutants.fsdp_ignores_prefetch)
+    first = failures("8.2", mutants.fsdp_synchronous)[cases_for("8.2")[0].name]
+    assert "before its own gather was started on the comm stream" in first, first
+    assert "-1" not in first, first
 
 
 def test_a_prefetch_started_after_the_layers_compute_is_told_it_starts_too_late() -> None:

@@ -14,6 +14,8 @@ from tests.mutants import lesson_09 as mutants
 @pytest.mark.parametrize(("exercise_id", "name", "case", "words"), [
     ("9.1", "bytes_without_scores", "the docstring's example", ("scores", "missing")),
     ("9.1", "bytes_as_float", "the docstring's example", ("float", "return an int")),
+    ("9.1", "bytes_scores_six_bytes", "the docstring's example",
+     ("off by +1 x a s^2 b", "scores' term", "1 for its dropout mask")),
     ("9.2", "recompute_without_parameters", "data that needs no gradient",
      ("does not require a gradient", "makes autograd call a node's backward")),
     ("9.2", "recompute_overwrites_grad", "gradients accumulate", ("2 backward passes",)),
@@ -50,6 +52,7 @@ def test_the_learner_cannot_call_the_package_or_torch_for_9_2(tmp_path) -> None:
 
 @pytest.mark.parametrize(("name", "words"), [
     ("recompute_without_detach", "detach the kept input"),
+    ("recompute_backward_twice", "back-propagated twice"),
     ("recompute_without_grad_mode", "torch.enable_grad()"),
 ])
 def test_torchs_error_inside_a_segments_backward_is_explained(name: str, words: str) -> None:

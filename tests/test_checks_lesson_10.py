@@ -28,7 +28,8 @@ def test_the_wrong_answer_fails_a_case_that_names_it(exercise_id: str, name: str
 
 @pytest.mark.parametrize(("name", "case", "words"), [
     ("orders_plain_warmup", "a valid schedule", ("can never finish", "B(stage 0, mb 0, chunk 1)")),
-    ("orders_chunks_not_reversed", "a valid schedule", ("can never finish",)),
+    ("orders_chunks_not_reversed", "a valid schedule", ("can never finish", "three rules",
+                                                        "device 0: F0 F1 F0.1")),
     ("orders_microbatch_major", "the bubble is", ("50.00%", "(P-1)/(V M) = 12.50%",
                                                  "rounds of P microbatches")),
     ("orders_all_forwards_first", "memory", ("[16, 16, 16, 16]", "[11, 9, 7, 5]")),

@@ -214,3 +214,20 @@ def test_a_failed_case_that_earns_no_points_is_named_in_the_verdict() -> None:
     honest = ExerciseResult("5.1", "column-parallel", "failed", 4,
                             [CaseResult("values", 4, "failed")])
     assert "(failed)" in str(honest) and "earns no points" not in str(honest)
+
+
+def test_an_exercise_stopped_by_another_exercises_stub_says_which() -> None:
+    """8.2 written but 8.1 still a stub: every case meets 8.1's NotImplementedError. The
+    result says that 8.1 is what is missing, not only 'not implemented'."""
+    from mpgpu_edu.grading.report import CaseResult, ExerciseResult, exercise_status
+
+    stub_81 = "Exercise 8.1: shard_of (notebooks/08_bigger_models.ipynb)"
+    cases = [CaseResult("3 ranks", 4, "not_implemented", message=stub_81),
+             CaseResult("timeline", 3, "not_implemented", message=stub_81)]
+    result = ExerciseResult("8.2", "sharded wrapper", exercise_status(cases), 7, cases)
+    assert result.status == "not_implemented" and result.waits_on == ["8.1"]
+    assert "it calls exercise 8.1, still a stub" in str(result)
+    assert "solve 8.1 first" in str(result) and "solve 8.1 first" in result._repr_html_()
+    own = ExerciseResult("8.2", "sharded wrapper", "not_implemented", 7, [CaseResult(
+        "3 ranks", 7, "not_implemented", message="Exercise 8.2: wrap_fsdp (notebooks/...)")])
+    assert own.waits_on == [] and "solve" not in str(own)

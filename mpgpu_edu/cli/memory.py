@@ -32,6 +32,7 @@ from mpgpu_edu.memory.estimate import (
     OPTIMIZERS,
     PRECISIONS,
     STRATEGIES,
+    unknown_strategy,
     MemoryEstimate,
     estimate_memory,
     explain,
@@ -99,6 +100,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
     if value not in allowed:
+        if what == "strategy":
+            raise UsageError(unknown_strategy(value))
         raise UsageError(f"unknown {what} {value!r}: choose one of {', '.join(allowed)}")
     return value
 

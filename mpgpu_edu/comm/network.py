@@ -45,10 +45,18 @@ class Network:
         self.now = 0.0
         self.queues: dict[str, list[Transfer]] = {}
         self.active: list[Transfer] = []
+        # Rates are shared out again only before the clock moves or a finish is read: many
+        # transfers added at one instant are shared once (the rates in between would hold for
+        # no time at all).
+        self._stale = False
+        self._due: float | None = None  # next_time(), kept until a rate or the flows change
 
     def next_time(self) -> float:
         """When the next transfer in flight sends its last byte (inf when none is)."""
-        return min((t.finish for t in self.active), default=float("inf"))
+        self._settle()
+        if self._due is None:
+            self._due = min((t.finish for t in self.active), default=float("inf"))
+        return self._due
 
     def add(self, t: Transfer, route: Any, now: float) -> None:
         """``t`` became ready at ``now`` (no earlier than the network's clock)."""
@@ -59,7 +67,7 @@ class Network:
         else:
             t.resources, t.shares = tuple(route.resources), tuple(route.shares)
         self._enqueue(t)
-        self._share()
+        self._stale = True
 
     def _enqueue(self, t: Transfer) -> None:
         for port in t.resources:
@@ -73,6 +81,7 @@ class Network:
         self._move_to(self.next_time())
         done = [t for t in self.active if t.finish <= self.now]
         self.active = [t for t in self.active if t.finish > self.now]
+        self._due = None
         freed = [(t, t.resources) for t in done]
         finished = [t for t in done if not t.in_alpha]
         for t in done:
@@ -87,7 +96,7 @@ class Network:
                 waiting = self.queues[port]
                 if waiting and waiting[0] not in self.active and self._at_heads(waiting[0]):
                     self._start(waiting[0])
-        self._share()
+        self._stale = True
         return finished
 
     def _at_heads(self, t: Transfer) -> bool:
@@ -108,7 +117,14 @@ class Network:
         self.active.append(t)
 
     def _move_to(self, time: float) -> None:
+        if time > self.now:
+            self._settle()  # the rates of this instant, before it is left
         self.now = max(self.now, time)  # bytes left are settled only when a rate changes
+
+    def _settle(self) -> None:
+        if self._stale:
+            self._stale, self._due = False, None
+            self._share()
 
     def _share(self) -> None:
         """Max-min fair rates: raise every unfixed transfer's rate together until it meets its
@@ -124,27 +140,40 @@ class Network:
 def fair_rates(flows: list[Transfer]) -> list[float]:
     """Max-min fair (progressive filling) rates of ``flows`` over their shared caps: raise
     every open flow's rate together to the next level at which one meets its route's ``beta``
-    or a cap it crosses is full (cap / its open users); fix those flows there; repeat."""
-    rates = [0.0] * len(flows)
-    caps = [tuple(name for name, _ in t.shares) for t in flows]
-    betas = [t.route.beta_Bps for t in flows]
+    or a cap it crosses is full (cap / its open users); fix those flows there; repeat.
+
+    Flows with the same caps and the same ``beta`` always get the same rate, so they are
+    filled as one group of that many (NCCL's 24 channels between two GPUs are one group)."""
+    groups: dict[tuple[Any, float], list[int]] = {}
+    for i, t in enumerate(flows):
+        groups.setdefault((t.shares, t.route.beta_Bps), []).append(i)
+    keys = list(groups)
+    counts = [len(groups[key]) for key in keys]
+    caps = [tuple(name for name, _ in shares) for shares, _ in keys]
+    betas = [beta for _, beta in keys]
     room: dict[str, float] = {}
     users: dict[str, int] = {}
-    for t, names in zip(flows, caps):
-        for name, cap in t.shares:
+    for (shares, _), count in zip(keys, counts):
+        for name, cap in shares:
             room[name] = cap
-            users[name] = users.get(name, 0) + 1
-    open_ = [i for i in range(len(flows))]
+            users[name] = users.get(name, 0) + count
+    level_of = [0.0] * len(keys)
+    open_ = list(range(len(keys)))
     while open_:
-        shares = {name: room[name] / count for name, count in users.items() if count}
-        level = min(min(betas[i] for i in open_), min(shares.values(), default=float("inf")))
-        full = {name for name, share in shares.items() if share <= level}
-        fixed = [i for i in open_ if betas[i] <= level or any(n in full for n in caps[i])]
-        for i in fixed:
-            rates[i] = level
-            for name in caps[i]:
-                room[name] = max(0.0, room[name] - level)  # rounding never goes below 0
-                users[name] -= 1
+        shares_now = {name: room[name] / count for name, count in users.items() if count}
+        level = min(min(betas[g] for g in open_), min(shares_now.values(), default=float("inf")))
+        full = {name for name, share in shares_now.items() if share <= level}
+        fixed = [g for g in open_ if betas[g] <= level or any(n in full for n in caps[g])]
+        for g in fixed:
+            level_of[g] = level
+            for name in caps[g]:
+                # rounding never goes below 0
+                room[name] = max(0.0, room[name] - level * counts[g])
+                users[name] -= counts[g]
         done = set(fixed)
-        open_ = [i for i in open_ if i not in done]
-    return [float(r) for r in rates]
+        open_ = [g for g in open_ if g not in done]
+    rates = [0.0] * len(flows)
+    for key, level in zip(keys, level_of):
+        for i in groups[key]:
+            rates[i] = float(level)
+    return rates

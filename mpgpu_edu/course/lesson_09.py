@@ -23,15 +23,15 @@ EXERCISES = (
         "back-propagates through that fresh copy.",
         "bounds and run(start, stop, x) are given. class Segment(torch.autograd."
         "Function): forward(ctx, x, start, stop, *params) saves x, runs run(start, stop, x) "
-        "under no_grad; backward(ctx, grad_out) detaches x, requires_grad_(ctx."
+        "(autograd is already off inside a Function's forward); backward(ctx, grad_out) detaches x, requires_grad_(ctx."
         "needs_input_grad[0]), reruns the layers under enable_grad, torch.autograd.backward"
         "(out, grad_out), returns x.grad and one None per other input. Pass the segment's "
         "parameters as inputs: otherwise, when x needs no gradient (the data), no segment's "
         "output needs one, autograd calls no segment's backward, and no parameter gets a "
         "gradient.",
         "@staticmethod\ndef forward(ctx, x, start, stop, *params):\n    ctx.save_for_backward(x)\n"
-        "    ctx.span = (start, stop)\n    with torch.no_grad():\n        return run(start, "
-        "stop, x)\n\n@staticmethod\ndef backward(ctx, grad_out):\n    (x,) = ctx.saved_tensors\n    x = "
+        "    ctx.span = (start, stop)\n    return run(start, stop, x)  # autograd is off "
+        "here\n\n@staticmethod\ndef backward(ctx, grad_out):\n    (x,) = ctx.saved_tensors\n    x = "
         "x.detach().requires_grad_(ctx.needs_input_grad[0])\n    with torch.enable_grad():\n"
         "        out = run(*ctx.span, x)\n    torch.autograd.backward(out, grad_out)\n    "
         "return (x.grad if ctx.needs_input_grad[0] else None, None, None, *[None] * "
@@ -56,18 +56,18 @@ PREDICTIONS = (
              "are not recomputed, so a little less than that.")),
     Prediction(
         key="09.segments-peak",
-        question=("An MLP of 32 layers, recomputed in 1, 2, 4, 8 or 16 segments: which keeps "
-                  "the lowest peak of activations, counting the segment being recomputed in "
-                  "backward?"),
+        question=("An MLP of 16 blocks (Linear and Tanh: 32 layers), recomputed in 1, 2, 4, 8 "
+                  "or 16 segments of whole blocks: which keeps the lowest peak of activations, "
+                  "counting the segment being recomputed in backward?"),
         choices=("1 segment: it keeps only the model's input after forward",
                  "4 segments, in between",
                  "16 segments: the smallest pieces to recompute",
                  "all the same: recomputation moves the memory, it does not save it"),
         answer=1,
         why=("After forward k segments keep k inputs; in backward the segment being recomputed "
-             "keeps all of its L/k layers' activations again. The peak is about k + L/k "
-             "layers' worth: one segment recomputes the whole model at once, 16 keep 16 "
-             "inputs. The lowest is near k = sqrt(L), about 4-6 here.")),)
+             "keeps all of its L/k blocks' activations again (L = 16 blocks, one kept tensor "
+             "each). The peak is about k + L/k blocks' worth: one segment recomputes the whole "
+             "model at once, 16 keep 16 inputs. The lowest is near k = sqrt(L) = 4.")),)
 
 LESSON = Lesson(9, 'memory for time', 'ex09_memory_for_time',
                 'notebooks/09_memory_for_time.ipynb', EXERCISES, PREDICTIONS,

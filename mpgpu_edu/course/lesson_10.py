@@ -12,7 +12,8 @@ EXERCISES = (
         "shorter.",
         "Check the arguments first (all at least 1; M a multiple of P, else ValueError); "
         "then one division.",
-        "if n_microbatches % n_stages:\n    raise ValueError(...)\nreturn (n_stages - 1) / "
+        "if min(n_stages, n_microbatches, n_chunks) < 1 or n_microbatches % n_stages:\n"
+        "    raise ValueError(...)\nreturn (n_stages - 1) / "
         "(n_chunks * n_microbatches)"),
        WARM_UP),
     ex('10.2', 'interleaved_orders', 'Capstone: the interleaved 1F1B schedule, device by device',

@@ -9,9 +9,11 @@ Points are per case: a failed exercise keeps the points of the cases it passed.
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import asdict, dataclass, field
 
 STATUSES = ("passed", "failed", "not_implemented", "error", "timeout")
+_STUB = re.compile(r"Exercise (\d+\.\d+): ")
 _WORD = {"passed": "PASS", "failed": "FAIL", "not_implemented": "TODO", "error": "ERROR",
          "timeout": "TIMEOUT"}
 _ICON = {"passed": "✅", "failed": "❌", "not_implemented": "✏️", "error": "💥",
@@ -82,11 +84,25 @@ class ExerciseResult:
         return self.status == "passed"
 
     @property
+    def waits_on(self) -> list[str]:
+        """The other exercises whose stubs this one's cases stopped at (8.2 calls 8.1's
+        ``shard_of``): a learner who wrote this one sees why it still reads not implemented."""
+        found: list[str] = []
+        for case in self.cases:
+            match = _STUB.match(case.message or "") if case.status == "not_implemented" else None
+            if match and match.group(1) != self.id and match.group(1) not in found:
+                found.append(match.group(1))
+        return found
+
+    @property
     def verdict(self) -> str:
         """The status in words; with every point earned but a case failed, that the failed
         case earns no points (shown only: a fact the grader cannot re-derive) and is still
         wrong, so the exercise is not done."""
         words = self.status.replace("_", " ")
+        if self.waits_on:
+            words += ": it calls " + " and ".join(f"exercise {i}" for i in self.waits_on)
+            words += ", still a stub"
         unscored = [c for c in self.cases if c.max_points == 0 and c.status != "passed"]
         if self.status != "passed" and unscored and self.points == self.max_points:
             words += ": every point earned, but a case that earns no points failed"
@@ -105,6 +121,7 @@ class ExerciseResult:
                  f"{self.points}/{self.max_points} points ({self.verdict})"]
         if self.message:
             lines += ["  " + line for line in self.message.splitlines()]
+        lines += [f"  {line}" for line in self._waiting_lines()]
         for case in self.cases:
             lines.append(f"  {_WORD[case.status]:7s} {case.name} "
                          f"({case.points}/{case.max_points})")
@@ -122,6 +139,10 @@ class ExerciseResult:
         if self.ran_in != "a separate process":
             lines.append(f"  Checked in {self.ran_in}.")
         return "\n".join(lines)
+
+    def _waiting_lines(self) -> list[str]:
+        return [f"Your code calls exercise {i}'s function, still a stub (NotImplementedError): "
+                f"solve {i} first, then check this one again." for i in self.waits_on]
 
     def __repr__(self) -> str:
         return (f"<ExerciseResult {self.id} {self.status} {self.points}/{self.max_points} "
@@ -146,6 +167,8 @@ def exercise_html(result: ExerciseResult) -> str:
     if result.message:
         parts.append(f'<pre style="white-space:pre-wrap;margin:4px 0">'
                      f"{_esc(result.message)}</pre>")
+    for line in result._waiting_lines():
+        parts.append(f"<div>{_esc(line)}</div>")
     parts.append('<table style="border-collapse:collapse;margin:4px 0">')
     for case in result.cases:
         detail = ""

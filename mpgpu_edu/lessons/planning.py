@@ -110,7 +110,7 @@ def schedule_traces(n_stages: int, n_microbatches: int, n_chunks: int, forward_s
                                  (f"{label}, V={v}", inter, forward_s / v,
                                   backward_s / v)):
         overhead = timed_bubble_overhead(schedule, f, b)
-        title = f"{name}: idle {overhead:.2%} of compute"
+        title = f"{name}: idle {round(overhead, 9):.2%} of compute"
         out[title] = _shade_odd_chunks(timeline_trace(schedule_timeline(schedule, f, b),
                                                       n_stages), schedule)
     return out

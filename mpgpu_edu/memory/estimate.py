@@ -49,6 +49,15 @@ from mpgpu_edu.cluster.trace import CATEGORIES
 OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 PRECISIONS = ("fp32", "mixed")
 STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "pipeline", "tensor")
+# Other names for a strategy, told in the error: FSDP (full sharding) is ZeRO-3's state split.
+ALSO_KNOWN_AS = {"fsdp": "zero3", "ddp": "dp"}
+
+
+def unknown_strategy(strategy: str) -> str:
+    """The one line that names an unknown strategy and what to pass instead."""
+    same = ALSO_KNOWN_AS.get(str(strategy).lower())
+    also = f" ({strategy!r} is {same!r} here)" if same else ""
+    return f"unknown strategy {strategy!r}{also}: choose one of {', '.join(STRATEGIES)}"
 STATE_CATEGORIES = ("parameters", "gradients", "optimizer")
 
 # Which of the three state categories each strategy splits over its devices.
@@ -160,7 +169,7 @@ def estimate_memory(n_params: int, optimizer: str, precision: str, strategy: str
     n_params = _as_count(n_params)
     per_param = bytes_per_param(optimizer, precision)
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        raise ValueError(unknown_strategy(strategy))
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be a positive whole number, got {devices!r}")
     if strategy == "single" and devices != 1:

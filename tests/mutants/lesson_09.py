@@ -84,6 +84,14 @@ def bytes_float_rounded(seq: int, batch: int, d_model: int, n_heads: int,
     return _float_formula(seq, batch, d_model, n_heads, recompute, round)
 
 
+def bytes_scores_six_bytes(seq: int, batch: int, d_model: int, n_heads: int,
+                           recompute: str = "none") -> int:
+    """Counts 6 bytes per attention score (2 + 2 + 2: the dropout mask as 2 bytes)."""
+    sbh = _sizes(seq, batch, d_model, n_heads, recompute)
+    scores = n_heads * seq * seq * batch
+    return {"none": 34 * sbh + 6 * scores, "selective": 34 * sbh, "full": 2 * sbh}[recompute]
+
+
 def bytes_refuses_only_zero(seq: int, batch: int, d_model: int, n_heads: int,
                             recompute: str = "none") -> int:
     """Refuses a size of 0 but counts negative sizes as if they were real."""
@@ -98,7 +106,8 @@ def bytes_refuses_only_zero(seq: int, batch: int, d_model: int, n_heads: int,
 # ---- 9.2 ----------------------------------------------------------------------------------
 
 def _segment_fn(layers: list[nn.Module], *, params: bool = True, keep: bool = False,
-                overwrite: bool = False, detach: bool = True, grad_mode: bool = True) -> Any:
+                overwrite: bool = False, detach: bool = True, grad_mode: bool = True,
+                twice: bool = False) -> Any:
     class Segment(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: torch.Tensor, start: int, stop: int, *ps: torch.Tensor) -> Any:
@@ -130,6 +139,8 @@ def _segment_fn(layers: list[nn.Module], *, params: bool = True, keep: bool = Fa
                     p.grad = g
                 grad_x = grads[0] if ctx.needs_input_grad[0] else None
             else:
+                if twice:  # the input's gradient first, then the parameters' from the same graph
+                    torch.autograd.grad(out, [x], grad_out)
                 torch.autograd.backward(out, grad_out)
                 grad_x = x.grad if ctx.needs_input_grad[0] else None
             return (grad_x, None, None, *(None for _ in ctx.needs_input_grad[3:]))
@@ -153,6 +164,12 @@ def _checkpointed(model: nn.Sequential, bounds: list[tuple[int, int]], **options
 def recompute_without_detach(model: nn.Sequential, segments: int) -> Any:
     """Runs the segment again from the kept input itself, not a detached copy."""
     return _checkpointed(model, segment_bounds(len(model), segments), detach=False)
+
+
+def recompute_backward_twice(model: nn.Sequential, segments: int) -> Any:
+    """Takes the input's gradient with autograd.grad, then back-propagates the same
+    recomputed graph again for the parameters' (no retain_graph)."""
+    return _checkpointed(model, segment_bounds(len(model), segments), twice=True)
 
 
 def recompute_without_grad_mode(model: nn.Sequential, segments: int) -> Any:
@@ -257,9 +274,9 @@ def recompute_with_torch(model: nn.Sequential, segments: int) -> Any:
 MUTANTS: dict[str, list[str]] = {
     "9.1": ["bytes_without_scores", "bytes_as_float", "bytes_full_keeps_everything_else",
             "bytes_scores_per_head_dim", "bytes_never_refuses", "bytes_float_cut_to_int",
-            "bytes_float_rounded", "bytes_refuses_only_zero"],
+            "bytes_float_rounded", "bytes_refuses_only_zero", "bytes_scores_six_bytes"],
     "9.2": ["recompute_nothing", "recompute_one_segment", "recompute_without_parameters",
             "recompute_keeps_outputs", "recompute_overwrites_grad", "recompute_from_the_start",
             "recompute_with_torch", "recompute_marks_the_input",
-            "recompute_drops_leftover_layers"],
+            "recompute_drops_leftover_layers", "recompute_backward_twice"],
 }

@@ -134,6 +134,13 @@ def _judge_ahead(data: dict, prefetch: bool) -> None:
             want = int(prefetch and layer + 1 < len(ahead))
             if extra == want:
                 continue
+            if extra < 0:
+                raise CheckFailure(
+                    f"rank {rank}: layer {layer} (of the layers with parameters) computed its "
+                    "forward before its own gather was started on the comm stream: were its "
+                    "parameters gathered by calling all_gather directly, in the rank's own "
+                    "program? Start every gather with self.start_gather(i) (comm.run_async) "
+                    "and wait on what self.pending holds")
             if not prefetch:
                 raise CheckFailure(
                     f"rank {rank}: with prefetch=False, layer {layer}'s forward ran with "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,30 @@ def _want_bytes(seq: int, batch: int, d_model: int, n_heads: int, recompute: str
 
     spec = DecoderSpec("check", 1, d_model, n_heads, 4 * d_model, 1)
     return layer_activation_bytes(spec, batch, seq, "mixed", "eager", recompute)
+
+
+def _float_formula(s: int, b: int, h: int, a: int, value: int) -> bool:
+    """Whether ``value`` is s b h (34 + 5as/h) computed in floats and then cut or rounded."""
+    approx = s * b * h * (34 + 5 * a * s / h)
+    return value in {int(approx), round(approx), math.floor(approx), math.ceil(approx)}
+
+
+def _which_term(s: int, b: int, h: int, a: int, mode: str, diff: int) -> str:
+    """Which term of the count a wrong answer is off in, when the difference is a small
+    whole multiple of one of them; "" when it is not."""
+    sbh, scores = s * b * h, a * s * s * b
+    if mode == "selective" and diff == 5 * scores:
+        return " (the attention scores, 5 a s^2 b bytes, are counted: selective recomputation "\
+               "drops them and recomputes them in backward)"
+    if mode != "full" and scores and diff % scores == 0 and 0 < abs(diff // scores) <= 5:
+        return (f" (off by {diff // scores:+d} x a s^2 b: the attention scores' term; each "
+                "score keeps 5 bytes, 2 for the softmax output, 1 for its dropout mask, 2 for "
+                "the dropout's output)")
+    if diff % sbh == 0 and 0 < abs(diff // sbh) <= 34:
+        return (f" (off by {diff // sbh:+d} x s b h: the per-token term; "
+                + ("full recomputation keeps the layer's 2-byte input, 2 sbh)" if mode == "full"
+                   else "section 1's table adds up to 34 sbh)"))
+    return ""
 
 
 def _bytes(cases: list[tuple[int, int, int, int, str]]) -> Impl:
@@ -48,11 +73,13 @@ def _bytes_judge(cases: list[tuple[int, int, int, int, str]]) -> Callable[[list]
             elif mode == "none" and value == s * b * h * (34 + 5 * a * s // h) != want:
                 hint = (" (integer division: 5 a s // h drops a fraction; write the scores as "
                         "5 * a * s * s * b)")
-            elif mode == "none" and abs(value - want) <= 4:
+            elif mode == "none" and value != want and _float_formula(s, b, h, a, value):
                 hint = (" (off by a few bytes: a float formula rounded or cut to an int loses "
                         "them; count in whole numbers, the scores as 5 * a * s * s * b)")
             elif mode == "full" and value == 34 * s * b * h:
                 hint = " (full recomputation keeps only the layer's input)"
+            else:
+                hint = _which_term(s, b, h, a, mode, value - want)
             expect(value == want, f"seq={s}, batch={b}, d_model={h}, n_heads={a}, {mode!r}: "
                                   f"{value:,} bytes, expected {want:,}{hint}")
     return judge

@@ -83,9 +83,12 @@ def _run(impl: Impl, depth: int, width: int, segments: int, seed: int = 0,
 # torch's words for two mistakes inside a segment's backward, and what each means there.
 _KNOWN_ERRORS = (
     ("backward through the graph a second time",
-     "the segment's recomputation ran back into the graph before it (the kept input still "
-     "carries it, and that graph is already freed): detach the kept input before running "
-     "the segment again"),
+     "a graph was back-propagated after it was freed. Either the segment's recomputation ran "
+     "back into the graph before it (the kept input still carries it): detach the kept input "
+     "before running the segment again; or the recomputed graph was back-propagated twice "
+     "(autograd.grad, then autograd.backward on the same output): one "
+     "torch.autograd.backward(out, grad_out) fills the parameters' .grad and the input's "
+     "together"),
     ("does not require grad and does not have a grad_fn",
      "the recomputed output has no graph: a Function's backward runs with autograd off, so "
      "recompute the segment under torch.enable_grad()"),

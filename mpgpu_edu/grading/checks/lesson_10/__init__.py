@@ -38,8 +38,8 @@ CASES: dict[str, list[Case]] = {
              sched._orders([(2, 2, 2), (4, 8, 2)]), sched._judge_valid),
         Case("the bubble is (P-1)/(V M) of the compute time", 2,
              sched._orders([(2, 4, 2), (4, 8, 2), (3, 6, 3)]), sched._judge_bubble),
-        Case("memory: rule 2's warm-up, no device holding more microbatch-chunks than "
-             "interleaved 1F1B", 1,
+        Case("rule 2's warm-up (w + 1 forwards before the first backward) and memory: no "
+             "device holding more microbatch-chunks than interleaved 1F1B", 1,
              sched._orders([(4, 8, 2), (3, 3, 2), (2, 6, 4)]),
              sched._judge_memory_and_warmup),
         Case("one chunk per device is lesson 04's 1F1B", 1,

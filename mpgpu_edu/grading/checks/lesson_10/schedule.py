@@ -50,8 +50,20 @@ def _schedule(record: dict) -> Schedule:
         schedule = from_order("yours", orders, m, v)
         validate(schedule)
     except ScheduleError as exc:
-        raise CheckFailure(f"{call} is not a valid schedule: {exc}") from None
+        raise CheckFailure(f"{call} is not a valid schedule: {exc}\n{_rules_and_orders(orders)}"
+                           ) from None
     return schedule
+
+
+def _rules_and_orders(orders: list[list[Step]]) -> str:
+    """The learner's orders, token by token as the lesson prints the package's (cell after
+    section 4's heading), and the three rules to hold them against."""
+    lines = ["Check it against the three rules: 1. the order of the work (rounds of P "
+             "microbatches, chunk by chunk; backwards chunk V-1 first), 2. the warm-up, 3. one "
+             "forward, one backward after it. Your orders:"]
+    lines += [f"device {device}: " + " ".join(step.token for step in order)
+              for device, order in enumerate(orders)]
+    return "\n".join(lines)
 
 
 def _judge_valid(records: list[dict]) -> Evidence:
