@@ -239,6 +239,16 @@ def test_bar_labels_only_where_they_fit() -> None:
     assert texts(ax, "bar-label") == ["F3"]
 
 
+def test_a_later_chunks_step_keeps_its_microbatch_where_its_full_label_does_not_fit() -> None:
+    """Interleaved 1F1B's "B3.1" (microbatch 3 through chunk 1, its colour the odd chunk's)
+    shows "B3" in a bar too narrow for four characters, so a microbatch can be followed round
+    the devices; where it fits, the whole label."""
+    narrow = Trace(1, [Event(0, "compute", "backward, odd chunk", 0, 1.0, "B3.1"),
+                       Event(0, "compute", "backward", 1.0, 33.0, "B4.1")])
+    ax = plot_timeline(narrow).axes[0]
+    assert texts(ax, "bar-label") == ["B3", "B4.1"]
+
+
 def test_picked_devices_streams_and_names() -> None:
     ax = plot_timeline(two_devices(), devices=[1], streams=("compute",),
                        device_names={1: "cuda:0 (GPU 3)"}).axes[0]

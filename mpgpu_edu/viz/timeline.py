@@ -15,6 +15,7 @@ a group fits, one badge counts the group: "×7 to 0..6".
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from matplotlib.axes import Axes
@@ -96,6 +97,16 @@ def _draw_bars(ax: Axes, placed: Sequence[Placed], seconds_per_px: float,
     _draw_labels(ax, placed, seconds_per_px, row_px)
 
 
+_CHUNK_STEP = re.compile(r"^([FB]\d+)\.\d+$")
+
+
+def _label_forms(label: str) -> tuple[str, ...]:
+    """The label, and a shorter form to try where it does not fit: a step through a later
+    chunk ("B3.1", its colour says which chunks) keeps its microbatch ("B3")."""
+    short = _CHUNK_STEP.match(label)
+    return (label, short.group(1)) if short else (label,)
+
+
 def _draw_labels(ax: Axes, placed: Sequence[Placed], seconds_per_px: float,
                  row_px: float) -> None:
     """Each event's label ("F3", "to 2") inside its bar, only where it fits in the bar's
@@ -113,10 +124,12 @@ def _draw_labels(ax: Axes, placed: Sequence[Placed], seconds_per_px: float,
                 continue
             sizes = (LABEL_FONT_SIZE, LABEL_FONT_SIZE - 1) if p.height >= BAR_HEIGHT else (
                 LABEL_FONT_SIZE - 1,)
-            size = next((size for size in sizes if _fits(
-                e.label, size, e.duration / seconds_per_px, p.height * row_px, dpi)), None)
-            if size is not None:
-                ax.text(e.start + e.duration / 2, p.y, e.label, ha="center", va="center",
+            fit = next(((text, size) for text in _label_forms(e.label) for size in sizes
+                        if _fits(text, size, e.duration / seconds_per_px, p.height * row_px,
+                                 dpi)), None)
+            if fit is not None:
+                text, size = fit
+                ax.text(e.start + e.duration / 2, p.y, text, ha="center", va="center",
                         fontsize=size, color=text_color_on(_kind_color(e.kind)),
                         clip_on=True, gid="bar-label")
                 wrote = True
