@@ -39,6 +39,7 @@ class Actor:
         self.emitted = (0.0, 0, 0.0)  # the counter's (flops, kernels, extra s) already timed
         self.emitted_by_dtype: dict[str, float] = {}
         self.flush: Callable[[], None] = lambda: None  # time what is left, at the end
+        self.wakeup: threading.Condition | None = None  # on the router's lock, made at 1st wait
 
     @property
     def name(self) -> str:
@@ -80,7 +81,11 @@ class Router:
     """Matches posts, moves data, and watches for deadlock. One per launch."""
 
     def __init__(self, world_size: int, stats: list[CommStats]) -> None:
-        self.cond = threading.Condition()
+        # One lock for all the router's state; each actor waits on a condition of its own on
+        # it, and ``wake`` signals only those whose wait is over: a message wakes its two
+        # ends, not every thread of the launch.
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
         self.world_size, self.stats = world_size, stats
         self.cluster: Any = None  # set by the communicators: times recv_any's candidates
         self.any_requests: list[AnyRequest] = []
@@ -127,7 +132,7 @@ class Router:
         self.stats[send.post.src].record_send(send.post.dst, send.post.nbytes)
         self.stats[recv.post.dst].record_recv(recv.post.src, recv.post.nbytes)
         send.done = recv.done = True
-        self.cond.notify_all()
+        self.wake()
 
     # ---- blocking, failure and deadlock -----------------------------------------------------
     def block(self, actor: Actor, ready: Callable[[], bool], pending: str | Pending,
@@ -144,21 +149,31 @@ class Router:
                 self._check_deadlock()  # may serve a recv_any: this actor's, too
                 self.raise_if_failed()
                 if not ready():
-                    self.cond.wait(0.5)
+                    if actor.wakeup is None:
+                        actor.wakeup = threading.Condition(self.lock)
+                    actor.wakeup.wait(0.5)
             actor.state, actor.pending, actor.ready = "running", "", lambda: True
+
+    def wake(self) -> None:
+        """(With the lock held.) Signal every waiting actor whose wait is over, or every one
+        once the launch has failed. Each state change a wait depends on calls this."""
+        failed = self.failure is not None
+        for a in self.actors:
+            if a.wakeup is not None and a.state in ("blocked", "idle") and (failed or a.ready()):
+                a.wakeup.notify()
 
     def finish(self, actor: Actor) -> None:
         actor.flush()
         with self.cond:
             actor.state = "done"
             self._check_deadlock()
-            self.cond.notify_all()
+            self.wake()
 
     def fail(self, exc: BaseException) -> None:
         with self.cond:
             if self.failure is None:
                 self.failure = exc
-            self.cond.notify_all()
+            self.wake()
 
     def raise_if_failed(self) -> None:
         if self.failure is not None:
@@ -184,7 +199,7 @@ class Router:
             "reach, or use isend/irecv so that both directions can be in flight at once.",
             pending=[a.waiting for a in self.actors if a.state == "blocked" and a.waiting],
             finished=[a.rank for a in self.actors if a.state == "done" and a.lane == ops.HOST])
-        self.cond.notify_all()
+        self.wake()
 
     # ---- whichever comes first: served when every actor is blocked -------------------------
     def request_any(self, request: AnyRequest) -> None:
@@ -212,7 +227,7 @@ class Router:
         served = [r for r in self.any_requests if r.result is not None]
         self.any_requests = [r for r in self.any_requests if r.result is None]
         if served:
-            self.cond.notify_all()
+            self.wake()
         return bool(served)
 
     def _serve_recv(self, request: AnyRequest, posted_at: dict[int, float]) -> None:

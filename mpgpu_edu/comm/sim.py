@@ -258,7 +258,7 @@ class SimCommunicator(Communicator):
                 stream.thread = threading.Thread(target=self._stream_loop, daemon=True,
                                                  name=f"rank-{self.rank}-stream")
                 stream.thread.start()
-            self.router.cond.notify_all()
+            self.router.wake()
         return _JobWork(self, job)
 
     def _stream_loop(self) -> None:
@@ -278,7 +278,7 @@ class SimCommunicator(Communicator):
                 actor.ops.append(ops.JobEnd(job))  # is part of it: wait() returns after it
                 with self.router.cond:
                     stream.results[job] = result
-                    self.router.cond.notify_all()
+                    self.router.wake()
         except Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - reported by the launcher
