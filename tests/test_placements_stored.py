@@ -1,6 +1,6 @@
 """Lesson 10's stored placement study (``mpgpu_edu.lessons._placements_stored``) against a
 fresh simulation of every placement: the notebook reads the stored numbers, so they must be
-what ``simulate step`` gives today. About 20 s for each of three placements on 2 cores."""
+what ``simulate step`` gives today. About 10-15 s for each of three placements on 2 cores."""
 
 from __future__ import annotations
 

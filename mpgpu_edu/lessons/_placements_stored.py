@@ -1,5 +1,5 @@
 """Lesson 10's placement study, simulated once: ``planning.placement_rows`` reads these
-instead of simulating LLaMA-7B four times (about a minute) each time the notebook runs.
+instead of simulating LLaMA-7B four times (about 40 s) each time the notebook runs.
 
 Keys are ``estimate.placements.placement_key``; values ``simulate_placement``'s numbers.
 ``tests/test_placements_stored.py`` holds every entry to a fresh simulation. Regenerate
