@@ -7,13 +7,15 @@ with the same signature. A mutant's docstring names the mistake it makes.
 """
 
 
-def failures(exercise_id: str, fn: object) -> dict[str, str]:
-    """Every case of ``exercise_id`` that rejects ``fn`` (both halves, in this process): its
-    name and message."""
+def failures(exercise_id: str, fn: object, only: str = "") -> dict[str, str]:
+    """Every case of ``exercise_id`` (or only those whose name starts with ``only``) that
+    rejects ``fn`` (both halves, in this process): its name and message."""
     from mpgpu_edu.grading.checks import cases_for
 
     failed = {}
     for case in cases_for(exercise_id):
+        if not case.name.startswith(only):
+            continue
         try:
             case.run(fn)
         except Exception as exc:  # noqa: BLE001 - a failure is what is asserted on
