@@ -5,10 +5,10 @@ On ``nodes`` machines of ``per_node`` GPUs each, torchrun numbers the processes
 own NIC). The capstone, 7.2, is the all-reduce that large jobs use across machines: the bulk
 of the traffic inside each node, only 1/per_node of the tensor per GPU across the network.
 
-Build it from ``comm.send``/``recv``/``isend``/``irecv`` and ``comm.group(ranks)`` (a
-communicator over some ranks, renumbered from 0) only: the package's collectives and
-``torch.distributed``'s are switched off while it is checked. The ring functions just below
-are solved for you (lesson 01's ring, in two halves), written on point-to-point messages only:
+Build it from ``comm.send``/``recv``/``isend``/``irecv``, ``comm.group(ranks)`` (a
+communicator over some ranks, renumbered from 0) and the ring functions just below: the
+package's collectives and ``torch.distributed``'s are switched off while it is checked (a
+communicator has no ``all_reduce``). The ring functions are solved for you (lesson 01's ring, in two halves), written on point-to-point messages only:
 read their docstrings first. They work on any communicator, a group's too. Also solved: the
 closed form of the capstone's time, ``hierarchical_seconds``, which section 3 of the notebook
 derives.

@@ -125,3 +125,24 @@ def test_a_missing_value_error_names_what_was_raised_instead() -> None:
     with pytest.raises(Exception, match=r"must raise ValueError.*\(4, 0\) raised "
                                         r"ZeroDivisionError"):
         case.run(divides_blindly)
+
+
+def test_an_all_reduce_on_a_clone_is_told_the_callers_tensor_is_unchanged() -> None:
+    from tests.mutants import failures
+
+    failed = failures("7.2", wrong.hier_on_a_clone, only="sums and means")
+    (message,) = failed.values()
+    assert "rank 0's tensor is unchanged: the all-reduce works in place" in message, message
+
+
+def test_a_collective_method_the_communicator_lacks_is_explained() -> None:
+    """``comm.all_reduce`` raises AttributeError in a rank: the report says that a
+    communicator has no collectives, and why."""
+    from mpgpu_edu.grading._outcome import classify
+
+    case = cases_for("7.2")[0]
+    with pytest.raises(BaseException) as raised:
+        case.run(wrong.hier_calls_comm_all_reduce)
+    status, message = classify(raised.value, 5.0, 2**30, "ex07.py", "ex07.py")
+    assert status == "error" and "has no attribute 'all_reduce'" in message
+    assert "it has no collectives" in message, message

@@ -57,8 +57,8 @@ PREDICTIONS = (
         question=("One 256 MiB all-reduce over 2 nodes x 8 H100 (NVLink 370 GB/s inside a "
                   "node, one 400 Gb/s NIC, 47 GB/s, per GPU across). Every step of the flat "
                   "ring waits for a hop through a NIC; the hierarchical one moves most bytes "
-                  "over NVLink and only a small chunk through every NIC at once. How much "
-                  "faster is it?"),
+                  "over NVLink and only a small chunk through every NIC at once (its NVLink "
+                  "phases still take 2(G-1) = 14 steps). How much faster is it?"),
         choices=("about the same: every rank sends about 2S either way",
                  "about 2x", "about 5x", "about 16x: 8 NICs at work instead of 1, 2x fewer steps"),
         answer=2,

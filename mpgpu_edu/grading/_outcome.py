@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import traceback
 from typing import Any
 
@@ -37,7 +38,14 @@ def classify(exc: BaseException, soft: float, memory_bytes: int, file: str,
         return "error", (f"ran out of memory (the limit is {gib:g} GiB above the process's "
                          f"start): {type(original).__name__}" + (f": {detail}" if detail else ""))
     head = str(exc) if isinstance(exc, LearnerError) else f"{type(exc).__name__}: {exc}"
+    if isinstance(original, AttributeError) and _NO_SUCH_METHOD.search(str(original)):
+        head += (" (a communicator offers point-to-point messages, send, recv, isend and "
+                 "irecv, and group(ranks); it has no collectives: here you build them from "
+                 "messages, and the package's are switched off while your code is checked)")
     return "error", head + learner_frames(original, file, display)
+
+
+_NO_SUCH_METHOD = re.compile(r"'\w*Communicator' object has no attribute '\w+'")
 
 
 def learner_frames(exc: BaseException, file: str, display: str) -> str:

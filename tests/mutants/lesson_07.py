@@ -158,9 +158,23 @@ def hier_calls_the_package(comm: Any, tensor: torch.Tensor, per_node: int,
     all_reduce_hierarchical(comm, tensor, per_node, op)
 
 
+def hier_on_a_clone(comm: Any, tensor: torch.Tensor, per_node: int, op: str = "sum") -> Any:
+    """Runs the three phases on a clone and returns it: the caller's tensor is unchanged."""
+    mine = tensor.clone()
+    _three_phases(comm, mine, per_node, op)
+    return mine
+
+
+def hier_calls_comm_all_reduce(comm: Any, tensor: torch.Tensor, per_node: int,
+                               op: str = "sum") -> None:
+    """Calls an all-reduce method on the communicator, which has none."""
+    comm.all_reduce(tensor)
+
+
 MUTANTS = {
     "7.1": ["groups_swapped", "groups_node_major_rails", "groups_never_raise"],
     "7.2": ["hier_flat_ring", "hier_whole_tensor_across", "hier_groups_swapped",
             "hier_split_rows", "hier_mean_over_node", "hier_phase_two_on_comm",
-            "hier_wrong_chunk_on_the_rail", "hier_lesson01_loops", "hier_calls_the_package"],
+            "hier_wrong_chunk_on_the_rail", "hier_lesson01_loops", "hier_calls_the_package",
+            "hier_on_a_clone", "hier_calls_comm_all_reduce"],
 }
