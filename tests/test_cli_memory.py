@@ -126,6 +126,13 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str],
     assert "Traceback" not in captured.err
 
 
+def test_another_name_for_a_strategy_is_told_which_one_it_is(capsys) -> None:
+    """FSDP is what the lessons call ZeRO-3: the one line says which strategy to pass."""
+    assert _exit_code(["memory", "--params", "1B", "--strategy", "fsdp", "--devices", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown strategy 'fsdp' ('fsdp' is 'zero3' here)" in err, err
+
+
 def test_parse_count_rejects_nonsense() -> None:
     for text in ("", "1.2.3", "7X", "-1", "nan"):
         with pytest.raises(UsageError):

@@ -32,10 +32,10 @@ from mpgpu_edu.memory.estimate import (
     OPTIMIZERS,
     PRECISIONS,
     STRATEGIES,
-    unknown_strategy,
     MemoryEstimate,
     estimate_memory,
     explain,
+    unknown_strategy,
 )
 from mpgpu_edu.memory.models import ATTENTIONS, PRESETS, RECOMPUTES, activation_terms, spec_params
 
@@ -100,8 +100,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _choice(value: str, allowed: tuple[str, ...], what: str) -> str:
     if value not in allowed:
-        if what == "strategy":
-            raise UsageError(unknown_strategy(value))
         raise UsageError(f"unknown {what} {value!r}: choose one of {', '.join(allowed)}")
     return value
 
@@ -168,7 +166,8 @@ def _estimate(args: argparse.Namespace) -> tuple[MemoryEstimate, dict | None]:
     n_params = _n_params(args)
     _choice(args.optimizer, OPTIMIZERS, "optimizer")
     _choice(args.precision, PRECISIONS, "precision")
-    _choice(args.strategy, STRATEGIES, "strategy")
+    if args.strategy not in STRATEGIES:
+        raise UsageError(unknown_strategy(args.strategy))
     if args.devices < 1:
         raise UsageError(f"--devices must be at least 1, got {args.devices}")
     if args.strategy == "single" and args.devices != 1:

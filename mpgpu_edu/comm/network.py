@@ -49,14 +49,11 @@ class Network:
         # transfers added at one instant are shared once (the rates in between would hold for
         # no time at all).
         self._stale = False
-        self._due: float | None = None  # next_time(), kept until a rate or the flows change
 
     def next_time(self) -> float:
         """When the next transfer in flight sends its last byte (inf when none is)."""
         self._settle()
-        if self._due is None:
-            self._due = min((t.finish for t in self.active), default=float("inf"))
-        return self._due
+        return min((t.finish for t in self.active), default=float("inf"))
 
     def add(self, t: Transfer, route: Any, now: float) -> None:
         """``t`` became ready at ``now`` (no earlier than the network's clock)."""
@@ -81,7 +78,6 @@ class Network:
         self._move_to(self.next_time())
         done = [t for t in self.active if t.finish <= self.now]
         self.active = [t for t in self.active if t.finish > self.now]
-        self._due = None
         freed = [(t, t.resources) for t in done]
         finished = [t for t in done if not t.in_alpha]
         for t in done:
@@ -123,7 +119,7 @@ class Network:
 
     def _settle(self) -> None:
         if self._stale:
-            self._stale, self._due = False, None
+            self._stale = False
             self._share()
 
     def _share(self) -> None:

@@ -85,7 +85,6 @@ class Router:
         # it, and ``wake`` signals only those whose wait is over: a message wakes its two
         # ends, not every thread of the launch.
         self.lock = threading.RLock()
-        self.cond = threading.Condition(self.lock)
         self.world_size, self.stats = world_size, stats
         self.cluster: Any = None  # set by the communicators: times recv_any's candidates
         self.any_requests: list[AnyRequest] = []
@@ -100,7 +99,7 @@ class Router:
              blocking: bool) -> Posted:
         src, dst = (actor.rank, peer) if op == "send" else (peer, actor.rank)
         key = (src, dst, tag, actor.lane)
-        with self.cond:
+        with self.lock:
             self.raise_if_failed()
             seq = self.seq.get((op, *key), 0)
             self.seq[(op, *key)] = seq + 1
@@ -141,7 +140,7 @@ class Router:
         ``pending`` says what the actor waits in: a ``Pending``, or words only."""
         if isinstance(pending, str):
             pending = Pending(actor.rank, "other", pending, stream=actor.lane == ops.STREAM)
-        with self.cond:
+        with self.lock:
             while not ready():
                 self.raise_if_failed()
                 actor.state, actor.pending, actor.ready = state, pending.text, ready
@@ -164,13 +163,13 @@ class Router:
 
     def finish(self, actor: Actor) -> None:
         actor.flush()
-        with self.cond:
+        with self.lock:
             actor.state = "done"
             self._check_deadlock()
             self.wake()
 
     def fail(self, exc: BaseException) -> None:
-        with self.cond:
+        with self.lock:
             if self.failure is None:
                 self.failure = exc
             self.wake()
@@ -203,7 +202,7 @@ class Router:
 
     # ---- whichever comes first: served when every actor is blocked -------------------------
     def request_any(self, request: AnyRequest) -> None:
-        with self.cond:
+        with self.lock:
             self.raise_if_failed()
             self.any_requests.append(request)
 

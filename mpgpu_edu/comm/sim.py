@@ -124,7 +124,7 @@ class SimCommunicator(Communicator):
         ``compute`` events labelled ``elementwise`` at the next message or wait."""
         self._local.actor = actor
         if actor.counter is None:
-            actor.counter = FlopCount(self.cluster, skip=self.router.cond._is_owned)
+            actor.counter = FlopCount(self.cluster, skip=self.router.lock._is_owned)
             actor.counter.factories = False
             actor.counter.__enter__()  # the thread's own mode stack: gone with the thread
             actor.flush = lambda: self.flush_region(actor)
@@ -189,7 +189,7 @@ class SimCommunicator(Communicator):
         self.flush_region(actor)  # elementwise work before the region is not the region's
         counter, pushed = actor.counter, False
         if counter is None:  # a thread that was never bound: count this region alone
-            counter, pushed = FlopCount(self.cluster, skip=self.router.cond._is_owned), True
+            counter, pushed = FlopCount(self.cluster, skip=self.router.lock._is_owned), True
             actor.counter = counter
             counter.__enter__()
         actor.region = (kind, label)
@@ -250,7 +250,7 @@ class SimCommunicator(Communicator):
         stream = self.stream
         job = next(stream.count)
         host.ops.append(ops.Submit(job))
-        with self.router.cond:
+        with self.router.lock:
             self.router.raise_if_failed()
             stream.jobs.append((job, fn, args))
             if stream.thread is None:
@@ -268,7 +268,7 @@ class SimCommunicator(Communicator):
             while True:
                 self.router.block(actor, lambda: bool(stream.jobs) or self.host.state == "done",
                                   "idle", state="idle")
-                with self.router.cond:
+                with self.router.lock:
                     if not stream.jobs:
                         break
                     job, fn, args = stream.jobs.popleft()
@@ -276,7 +276,7 @@ class SimCommunicator(Communicator):
                 result = fn(*args)
                 self.flush_region(actor)  # the job's trailing work (a reduction's last adds)
                 actor.ops.append(ops.JobEnd(job))  # is part of it: wait() returns after it
-                with self.router.cond:
+                with self.router.lock:
                     stream.results[job] = result
                     self.router.wake()
         except Aborted:

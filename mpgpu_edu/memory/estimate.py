@@ -52,12 +52,6 @@ STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3", "pipeline", "tensor")
 # Other names for a strategy, told in the error: FSDP (full sharding) is ZeRO-3's state split.
 ALSO_KNOWN_AS = {"fsdp": "zero3", "ddp": "dp"}
 
-
-def unknown_strategy(strategy: str) -> str:
-    """The one line that names an unknown strategy and what to pass instead."""
-    same = ALSO_KNOWN_AS.get(str(strategy).lower())
-    also = f" ({strategy!r} is {same!r} here)" if same else ""
-    return f"unknown strategy {strategy!r}{also}: choose one of {', '.join(STRATEGIES)}"
 STATE_CATEGORIES = ("parameters", "gradients", "optimizer")
 
 # Which of the three state categories each strategy splits over its devices.
@@ -73,6 +67,13 @@ SHARDED: dict[str, tuple[str, ...]] = {
 
 _OPTIMIZER_STATE_BYTES = {"sgd": 0, "sgd-momentum": 4, "adam": 8}   # fp32 state per parameter
 _OPTIMIZER_WHAT = {"sgd": "no state", "sgd-momentum": "momentum", "adam": "two moments"}
+
+
+def unknown_strategy(strategy: str) -> str:
+    """The one line that names an unknown strategy and what to pass instead."""
+    same = ALSO_KNOWN_AS.get(str(strategy).lower())
+    also = f" ({strategy!r} is {same!r} here)" if same else ""
+    return f"unknown strategy {strategy!r}{also}: choose one of {', '.join(STRATEGIES)}"
 
 
 def bytes_per_param(optimizer: str, precision: str) -> dict[str, int]:

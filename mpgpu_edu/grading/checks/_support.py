@@ -200,6 +200,14 @@ def expect(condition: bool, message: str) -> None:
         raise CheckFailure(message)
 
 
+def left_unchanged(got: Any, before: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether an in-place collective left the caller's tensor ``got`` holding its input
+    ``before`` (compared flat), where the answer ``want`` differs from it."""
+    return (isinstance(got, torch.Tensor) and got.numel() == before.numel()
+            and torch.equal(got.reshape(-1), before.reshape(-1))
+            and not torch.equal(want.reshape(-1), before.reshape(-1)))
+
+
 def expect_close(got: Any, want: torch.Tensor, what: str, rtol: float = 1e-5,
                  atol: float = 1e-6) -> None:
     """``got`` is a tensor with ``want``'s shape and values (within tolerance)."""

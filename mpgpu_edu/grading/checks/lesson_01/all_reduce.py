@@ -20,6 +20,7 @@ from mpgpu_edu.grading.checks._support import (ALPHA, BETA, bytes_of, compute_ex
                                                evidence, examples, expect, expect_close,
                                                expect_waited,
                                                from_scratch, judge_examples, launch_facts,
+                                               left_unchanged,
                                                rank_inputs, run_spmd, showing, uniform)
 from mpgpu_edu.lessons.communication import all_reduce_meta
 
@@ -120,8 +121,7 @@ def _judge_sums(facts: Facts, n: int, numel: Any, seed: int = 0) -> None:
     want = torch.stack(inputs).sum(0)
     tight = (1e-12, 1e-12) if want.dtype == torch.float64 else ()  # float32 rounding fails
     for rank, (tensor, returned) in enumerate(facts["results"]):
-        if (is_tensor(tensor) and torch.equal(tensor, inputs[rank]) and n > 1
-                and not torch.equal(want, inputs[rank])):
+        if is_tensor(tensor) and left_unchanged(tensor, inputs[rank], want):
             hint = " (you returned the result instead)" if is_tensor(returned) else ""
             expect(False, f"rank {rank}'s tensor is unchanged: the all-reduce works in "
                           f"place{hint}")

@@ -18,7 +18,8 @@ from mpgpu_edu.cluster import topology as topo
 from mpgpu_edu.collectives import cost
 from mpgpu_edu.grading.checks._clock import cluster_builder
 from mpgpu_edu.grading.checks._support import (bytes_of, examples, expect, expect_close,
-                                               from_scratch, launch_facts, rank_inputs, run_spmd)
+                                               from_scratch, launch_facts, left_unchanged,
+                                               rank_inputs, run_spmd)
 from mpgpu_edu.cluster.hardware import GPUS, LinkSpec
 
 Impl = Callable[..., Any]
@@ -119,9 +120,7 @@ def _hier_values(facts: dict, nodes: int, per_node: int, numel: int, op: str = "
                               "ring_all_reduce(rail, ...) with rail = comm.group(<local rank i "
                               "of every node>)")
     for rank, got in enumerate(facts["results"]):
-        if (not right and n > 1 and isinstance(got, torch.Tensor) and got.numel() == numel
-                and torch.equal(got.reshape(-1), inputs[rank]) and not torch.equal(
-                    want.reshape(-1), inputs[rank])):
+        if not right and left_unchanged(got, inputs[rank], want):
             expect(False, f"rank {rank}'s tensor is unchanged: the all-reduce works in place "
                           "(a clone or a new tensor leaves the caller's as it was; copy the "
                           "result back with tensor.copy_(...))")
