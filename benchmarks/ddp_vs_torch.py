@@ -51,7 +51,10 @@ sides: a 1 MiB first bucket, then buckets closed once past the cap), the same SG
 views into the buckets
 (ours: `GradBuckets`; torch: its reducer's bucket views). What differs is the all-reduce:
 ours is `RingAllReduce` (`mpgpu_edu.collectives.ring_fast`), written on `isend`/`irecv` in
-Python on a comm-stream thread; torch's is gloo's native C++ all-reduce."""
+Python on a comm-stream thread; torch's is gloo's native C++ all-reduce. Both run two
+all-reduces at a time at most: torch's gloo process group has two worker threads, and ours
+runs the bucket completed last on the rank's own thread beside the stream
+(`comm.collectives_at_once`)."""
 
 
 def bench(comm, sizes: list[int], batch: int, warmup: int, repeats: int,  # noqa: ANN001

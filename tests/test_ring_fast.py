@@ -5,6 +5,7 @@ point-to-point messages, kept scratch; and DDP's overlapped step uses it."""
 from __future__ import annotations
 
 import functools
+import threading
 
 import pytest
 import torch
@@ -157,11 +158,12 @@ def test_exact_sum_on_gloo_with_only_point_to_point(n: int) -> None:
 # ---- DDP's overlapped step runs on it ---------------------------------------------------------
 def counting_rings(comm, step_fn) -> dict:  # noqa: ANN001
     """Train with the reference ring disabled and every RingAllReduce call counted."""
-    calls = []
+    calls, lanes = [], []
     original = RingAllReduce.__call__
 
     def counted(self, comm_, tensor, op="sum") -> None:  # noqa: ANN001
         calls.append(tensor.numel())
+        lanes.append(comm_.lane)
         original(self, comm_, tensor, op)
 
     def refused(*_: object, **__: object) -> None:
@@ -176,7 +178,9 @@ def counting_rings(comm, step_fn) -> dict:  # noqa: ANN001
         step_fn(comm, model, opt, batch)
         buckets = model.ddp_grad_buckets
         views = all(p.grad.data_ptr() == v.data_ptr() for p, v in buckets.views)
-        return {"calls": calls, "sizes": [f.numel() for f in buckets.flats], "views": views}
+        return {"calls": calls, "lanes": lanes, "sizes": [f.numel() for f in buckets.flats],
+                "views": views, "at_once": comm.collectives_at_once,
+                "group_at_once": comm.group([1, 0]).collectives_at_once}
     finally:
         RingAllReduce.__call__, ddp.all_reduce = original, saved_all_reduce
 
@@ -186,11 +190,12 @@ STEP = functools.partial(ddp.ddp_step_overlapped, bucket_bytes=300)
 
 def test_ddp_overlapped_all_reduces_each_bucket_with_the_fast_ring(monkeypatch) -> None:
     # The simulator's ranks are threads of this process: patch once, here, for all of them.
-    calls = []
+    calls, threads = [], []
     original = RingAllReduce.__call__
 
     def counted(self, comm, tensor, op="sum") -> None:  # noqa: ANN001
         calls.append(tensor.numel())
+        threads.append(threading.current_thread().name)
         original(self, comm, tensor, op)
 
     def refused(*_: object, **__: object) -> None:
@@ -206,14 +211,25 @@ def test_ddp_overlapped_all_reduces_each_bucket_with_the_fast_ring(monkeypatch) 
     monkeypatch.setattr(ddp, "all_reduce", refused)
     sizes = launch(one_step, 3).results[0]
     assert len(sizes) > 1 and sorted(calls) == sorted(sizes * 3)
+    # The simulator models NCCL: one collective at a time, every bucket on the comm stream.
+    assert all(name.endswith("-stream") for name in threads), threads
 
 
 @pytest.mark.gloo
 def test_ddp_overlapped_uses_the_fast_ring_on_gloo() -> None:
+    from mpgpu_edu.comm.dist_work import MAIN, STREAM
+
     run = launch(counting_rings, 2, STEP, backend="gloo", timeout=120)
     for result in run.results:  # a process per rank: each counts its own calls
         assert result["views"]
         assert sorted(result["calls"]) == sorted(result["sizes"]) and len(result["sizes"]) > 1
+        # gloo runs two collectives at once (torch's ProcessGroupGloo has two threads): the
+        # bucket completed last (the first layer's) runs on the rank's own thread, beside
+        # the stream, and every other bucket on the stream
+        assert result["at_once"] == result["group_at_once"] == 2
+        here = [n for n, lane in zip(result["calls"], result["lanes"]) if lane == MAIN]
+        assert here == [result["sizes"][-1]], result
+        assert result["lanes"].count(STREAM) == len(result["sizes"]) - 1
 
 
 def test_torch_bucket_rule_closes_past_the_cap_with_a_small_first_bucket() -> None:

@@ -78,6 +78,15 @@ class Communicator(ABC):
         """Where this rank's tensors live (``cpu`` on the simulator and gloo)."""
 
     @property
+    def collectives_at_once(self) -> int:
+        """How many collectives torch's process group for this backend runs at the same
+        time, so that code engineered as torch's (``dp.ddp_step_overlapped``) can do the
+        same: 1 on the simulator, which models NCCL (a communicator's collectives run one
+        after another on its stream), 2 on gloo (``ProcessGroupGloo`` runs its work on two
+        threads: ``ProcessGroupGloo._Options()._threads``)."""
+        return 1
+
+    @property
     def global_rank(self) -> int:
         """This rank's id in the whole job (differs from ``rank`` in a sub-group)."""
         return self.rank
@@ -244,6 +253,10 @@ class SubCommunicator(Communicator):
     @property
     def device(self) -> torch.device:
         return self.parent.device
+
+    @property
+    def collectives_at_once(self) -> int:
+        return self.parent.collectives_at_once
 
     @property
     def global_rank(self) -> int:

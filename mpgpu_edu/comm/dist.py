@@ -55,7 +55,8 @@ class DistCommunicator(Communicator):
         self.lanes, self.board = lanes, board or OpBoard()
         if check_messages is None:
             check_messages = checking_from_env()
-        self.checked = check_messages and dist.get_backend() == "gloo"
+        self.backend = dist.get_backend()
+        self.checked = check_messages and self.backend == "gloo"
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.stats = CommStats()
         self._events: list[Event] = []
@@ -75,6 +76,10 @@ class DistCommunicator(Communicator):
     @property
     def device(self) -> torch.device:
         return self.lanes.device
+
+    @property
+    def collectives_at_once(self) -> int:
+        return 2 if self.backend == "gloo" else 1
 
     @property
     def events(self) -> list[Event]:

@@ -14,7 +14,8 @@ same update and stays identical. That is all of DDP; the rest is making the aver
                            layers: communication hides behind compute. Engineered as
                            torch's DDP is: gradients are views into the buckets
                            (``GradBuckets``), torch's bucket rule (``make_buckets_torch``)
-                           and the engineered ring (``collectives.ring_fast``).
+                           and the engineered ring (``collectives.ring_fast``); on gloo,
+                           two buckets at a time at the end, as torch's gloo group does.
 - ``ddp_step_accumulated`` gradient accumulation: several micro-batches, one all-reduce
                            (the idea of ``DistributedDataParallel.no_sync``).
 
@@ -161,6 +162,11 @@ class GradBuckets:
         self.ring = RingAllReduce()
         for flat in self.flats:
             self.ring.reserve(comm, flat)  # scratch now, not inside the first backward
+        # Where two collectives run at once (gloo), the last bucket runs on the rank's own
+        # thread beside the stream's: a ring of its own, so that they share no scratch.
+        self.ring_here = RingAllReduce() if comm.collectives_at_once > 1 else None
+        if self.ring_here is not None:
+            self.ring_here.reserve(comm, self.flats[-1])
 
     def fits(self, comm: Communicator, params: Sequence[torch.Tensor],
              bucket_bytes: int) -> bool:
@@ -211,15 +217,27 @@ def ddp_step_overlapped(comm: Communicator, model: nn.Module, optimizer: torch.o
     (``make_buckets_torch``: a 1 MiB first bucket, buckets closed once past the cap), and
     the engineered ring (``RingAllReduce``: kept scratch, pipelined segments).
     Cost: about max(backward, communication) instead of their sum; what stays exposed is
-    the last bucket's all-reduce."""
+    the last bucket's all-reduce.
+
+    Where the backend runs two collectives at once (``comm.collectives_at_once``: gloo,
+    whose process group has two worker threads, so torch's DDP there all-reduces two
+    buckets at a time), the bucket completed last is not queued behind the others on the
+    stream: the rank's own thread, free once backward returns, all-reduces it while the
+    stream finishes the earlier ones. On the simulator, as with NCCL, buckets go one after
+    another on the stream."""
     kept = grad_buckets(comm, model, bucket_bytes)
     missing = [len(bucket) for bucket in kept.buckets]
     works: list[Work] = []
+    here: list[int] = []  # the bucket left for this thread (at most one)
 
     def on_grad_ready(p: torch.Tensor) -> None:
         i = kept.bucket_of[id(p)]
         missing[i] -= 1
-        if missing[i] == 0:
+        if missing[i] != 0:
+            return
+        if kept.ring_here is not None and len(works) == len(kept.buckets) - 1:
+            here.append(i)  # the last bucket to complete: all-reduced below, beside the stream
+        else:
             works.append(comm.run_async(kept.ring, comm, kept.flats[i], "mean"))
 
     hooks = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in kept.params]
@@ -228,9 +246,11 @@ def ddp_step_overlapped(comm: Communicator, model: nn.Module, optimizer: torch.o
     finally:
         for hook in hooks:
             hook.remove()
-    if len(works) != len(kept.buckets):
-        raise RuntimeError(f"only {len(works)} of {len(kept.buckets)} buckets got all their "
-                           "gradients: does every parameter take part in the loss?")
+    if len(works) + len(here) != len(kept.buckets):
+        raise RuntimeError(f"only {len(works) + len(here)} of {len(kept.buckets)} buckets got "
+                           "all their gradients: does every parameter take part in the loss?")
+    for i in here:
+        kept.ring_here(comm, kept.flats[i], "mean")
     for work in works:
         work.wait()
     optimizer_step(comm, optimizer)
