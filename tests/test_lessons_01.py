@@ -195,8 +195,6 @@ def test_the_stepper_refuses_what_is_not_a_ring() -> None:
 
 
 def test_the_stepper_view_draws_the_given_ring_with_its_label() -> None:
-    from mpgpu_edu.explore.ring import ring_view
-
     from mpgpu_edu.explore.ring import describe, ring_view
 
     fig, info = ring_view(4, 1, all_reduce=SOLUTION.ring_all_reduce, label="your ring")

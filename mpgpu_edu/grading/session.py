@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mpgpu_edu.grading.checks import Case, CheckFailure, cases_for
+from mpgpu_edu.grading.checks import Case, cases_for
 from mpgpu_edu.grading.checks._clock import resolve
 from mpgpu_edu.grading.registry import Exercise
 from mpgpu_edu.grading.report import CaseResult

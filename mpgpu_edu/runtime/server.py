@@ -34,7 +34,6 @@ import sys
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 SWEEP_S = 3.0  # after a child ends, look for what it left behind this long

@@ -23,7 +23,6 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from mpgpu_edu.comm import Communicator, launch

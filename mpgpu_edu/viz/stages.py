@@ -119,8 +119,8 @@ def plot_bubble(n_stages: int, rows: Sequence[dict]) -> Figure:
     ms = [r["M"] for r in rows]
     p = n_stages
     for i, (key, formula, label) in enumerate((
-            ("idle_share", "idle_formula", f"idle / total time = (P-1)/(M+P-1)"),
-            ("overhead", "overhead_formula", f"idle / ideal compute = (P-1)/M"))):
+            ("idle_share", "idle_formula", "idle / total time = (P-1)/(M+P-1)"),
+            ("overhead", "overhead_formula", "idle / ideal compute = (P-1)/M"))):
         ax.plot(ms, [100 * r[formula] for r in rows], color=series_color(i), label=label)
         ax.plot(ms, [100 * r[key] for r in rows], "o", color=series_color(i))
     ax.set_xscale("log", base=2)
