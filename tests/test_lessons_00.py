@@ -54,6 +54,10 @@ def test_pipeline_figure_names_rows_and_states_the_idle_share() -> None:
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels == ["loader 0 compute", "loader 1 compute", "GPU compute"]
     assert f"{wl.gpu_idle_fraction(result):.0%}" in fig.axes[0].get_title(loc="left")
+    with_copies = wl.plot_input_pipeline(result, copies=True)
+    labels = [t.get_text() for t in with_copies.axes[0].get_yticklabels()]
+    assert labels == ["loader 0 compute", "loader 0 comm", "loader 1 compute", "loader 1 comm",
+                      "GPU compute", "GPU comm"]
 
 
 def test_epoch_seconds_is_compute_split_n_ways() -> None:
@@ -103,6 +107,8 @@ def test_data_parallel_plan_uses_the_functions_it_is_given() -> None:
     line = wl.data_parallel_plan("3,1", [1, 3], 4, parse, ids_for)
     assert calls == ["parse", "ids"]
     assert "device_ids=[1, 0]" in line and "physical GPUs [1, 3]" in line
+    assert line.endswith("model on cuda:1")  # device_ids[0], DataParallel's primary device
+    assert "model on" not in wl.data_parallel_plan("1,2", [1, 2], 4, parse, ids_for)
     lost = wl.data_parallel_plan("0,2,-1,1", [1], 4, parse, ids_for)
     assert "no device_ids will do" in lost
 
@@ -124,3 +130,14 @@ def test_prose_numbers_of_the_notebook_stay_true() -> None:
     run = wl.run_input_pipeline(1e-3 + 0.2e-6 * heavy.batch, rtx.compute_seconds(heavy.step_flops),
                                  loaders=1, steps=8, batch_bytes=4 * 512 * heavy.batch)
     assert 0.05 <= wl.gpu_idle_after_first_batch(run) <= wl.gpu_idle_fraction(run) <= 0.15
+
+
+def test_physical_ids_as_device_ids_are_named_as_missing_logical_devices() -> None:
+    from tests.mutants import failures
+    from tests.mutants import lesson_00 as mutants
+
+    failed = failures("0.2", mutants.device_ids_physical)
+    assert failed, "the classic mistake must fail"
+    message = next(iter(failed.values()))
+    assert "does not exist in a process that sees" in message, message
+    assert "cuda:0 is GPU" in message and "own numbering" in message, message

@@ -12,7 +12,8 @@ EXERCISES = (
         'read the number at the start of each (sign included). Each entry has one of three '
         'fates: it ends the walk, it empties the whole answer, or it adds a GPU.',
         'if value is None: ...; devices = []; for entry in value.split(","): '
-        'number = re.match(r"[+-]?[0-9]+", entry.strip()); which of: no number, a negative '
+        'number = re.match(r"[+-]?[0-9]+", entry.strip()) (import re); which of: no '
+        'number, a negative '
         'one, one >= n_physical, one already in devices, makes you break and which makes '
         'you return []? Otherwise devices.append(...).'),
        WARM_UP),

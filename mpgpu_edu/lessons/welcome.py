@@ -130,14 +130,17 @@ def step_seconds_in_steady_state(result: LaunchResult) -> float:
     return (steps[-1].end - steps[0].end) / (len(steps) - 1)
 
 
-def plot_input_pipeline(result: LaunchResult, title: str | None = None) -> Figure:
+def plot_input_pipeline(result: LaunchResult, title: str | None = None,
+                        copies: bool = False) -> Figure:
     """The compute rows of an ``input_pipeline`` run: loaders' ``data`` bars above, the GPU's
-    training steps and its idle share below. The title (``title`` goes before it) states the
-    two numbers ``idle_summary`` prints, so figure and printout always agree."""
+    training steps and its idle share below; with ``copies``, each device's comm row too,
+    where every batch's copy to the GPU shows as a send and a receive. The title (``title``
+    goes before it) states the two numbers ``idle_summary`` prints, so figure and printout
+    always agree."""
     loaders = result.trace.n_devices - 1
     workers = f"{loaders} loader worker{'s' if loaders != 1 else ''} feeding one GPU"
     title = f"{title or workers}: {idle_summary(result)}"
-    return plot_timeline(result.trace, streams=("compute",),
+    return plot_timeline(result.trace, streams=("compute", "comm") if copies else ("compute",),
                          device_names=pipeline_names(loaders), title=title)
 
 
@@ -173,5 +176,7 @@ def data_parallel_plan(value: str | None, want: list[int], n_physical: int,
         ids = ids_for(visible, want)
     except ValueError as error:
         return head + f"no device_ids will do ({error})"
-    return head + (f"device_ids={ids} -> runs on physical GPUs "
+    line = head + (f"device_ids={ids} -> runs on physical GPUs "
                    f"{device_ids_to_physical(ids, visible)}")
+    # device_ids[0] is DataParallel's primary device: the model must be there
+    return line + (f", model on cuda:{ids[0]}" if ids and ids[0] != 0 else "")

@@ -79,6 +79,13 @@ def _judge_ids(out: dict[str, Any], visible: list[int], physical: list[int]) -> 
         runs_on = device_ids_to_physical(ids, visible)
     except ValueError:
         runs_on = None
+    missing = [f"cuda:{i}" for i in ids if not 0 <= i < len(visible)]
+    expect(not missing,
+           f"{call} returned {ids}: {' and '.join(dict.fromkeys(missing))} "
+           f"{'does' if len(set(missing)) == 1 else 'do'} not exist in a process that sees "
+           f"{len(visible)} GPU{'s' if len(visible) != 1 else ''}, where "
+           + ", ".join(f"cuda:{i} is GPU {gpu}" for i, gpu in enumerate(visible))
+           + "; device_ids count in the process's own numbering")
     expect(runs_on == physical,
            f"{call} returned {ids}: DataParallel would run on "
            f"{'no valid GPUs' if runs_on is None else f'physical GPUs {runs_on}'}, not on "
