@@ -21,6 +21,12 @@ def test_split_then_combine_divides_compute_and_adds_an_all_reduce() -> None:
     # ring all-reduce of 4000 bytes: 2(N-1)/N of it per rank per step
     assert four.bytes_sent_per_rank == [3 * 6000] * 4
     assert compute < four.trace.makespan < one.trace.makespan
+    # on a real preset the combine's additions cost time, and one device has none of them
+    h100 = Cluster.preset("4xH100-nvswitch")
+    alone = launch(wl.split_then_combine, h100.with_visible("0"), 2, 0.03, 1000)
+    assert {e.kind for e in alone.trace.events} == {"forward", "backward"}
+    assert "compute" in {e.kind for e in launch(wl.split_then_combine, h100, 2, 0.03,
+                                                 1000).trace.events}
 
 
 @pytest.mark.parametrize("loaders", [1, 2, 3])
@@ -130,6 +136,20 @@ def test_prose_numbers_of_the_notebook_stay_true() -> None:
     run = wl.run_input_pipeline(1e-3 + 0.2e-6 * heavy.batch, rtx.compute_seconds(heavy.step_flops),
                                  loaders=1, steps=8, batch_bytes=4 * 512 * heavy.batch)
     assert 0.05 <= wl.gpu_idle_after_first_batch(run) <= wl.gpu_idle_fraction(run) <= 0.15
+    # "more than twice as many samples per second" than the light run
+    light = data.light()
+    light_run = wl.run_input_pipeline(1e-3 + 0.2e-6 * light.batch,
+                                      rtx.compute_seconds(light.step_flops), loaders=1, steps=8,
+                                      batch_bytes=4 * 512 * light.batch)
+    rate = {w.batch / wl.step_seconds_in_steady_state(r) for w, r in ((light, light_run),)}
+    assert heavy.batch / wl.step_seconds_in_steady_state(run) > 2 * rate.pop()
+    # prediction 00.workers-needed: 512 ms to load, 73 ms to train; 4 workers leave the GPU
+    # waiting about 40% of the time, 7 make it busy
+    compute = rtx.compute_seconds(3 * 8.2e9 * 256, "bf16")
+    assert compute == pytest.approx(0.073, abs=0.001)
+    idle = {w: wl.gpu_idle_after_first_batch(wl.run_input_pipeline(0.512, compute, loaders=w,
+                                                                    steps=24)) for w in (4, 6, 7)}
+    assert 0.35 <= idle[4] <= 0.45 and idle[6] >= 0.10 > idle[7]
 
 
 def test_physical_ids_as_device_ids_are_named_as_missing_logical_devices() -> None:
@@ -141,3 +161,13 @@ def test_physical_ids_as_device_ids_are_named_as_missing_logical_devices() -> No
     message = next(iter(failed.values()))
     assert "does not exist in a process that sees" in message, message
     assert "cuda:0 is GPU" in message and "own numbering" in message, message
+
+
+def test_ids_in_the_wrong_order_are_named_as_such() -> None:
+    from tests.mutants import failures
+    from tests.mutants import lesson_00 as mutants
+
+    failed = failures("0.2", mutants.device_ids_sorted)
+    assert failed, "sorted ids must fail"
+    message = next(iter(failed.values()))
+    assert "the right GPUs in the wrong order" in message and "device_ids[0]" in message, message

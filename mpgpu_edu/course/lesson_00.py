@@ -38,13 +38,17 @@ PREDICTIONS = (
         why="CUDA numbers the listed GPUs cuda:0, cuda:1, ... in the order listed: cuda:0 is "
             "GPU 2 and cuda:1 is GPU 3. nvidia-smi keeps calling it GPU 3."),
     Prediction(
-        key="00.faster-gpu",
-        question="One loader worker needs 512 ms to prepare a batch; the GPU trains on it in "
-                 "far less. Swap in a GPU twice as fast: what happens to the time per step?",
-        choices=("it halves", "it barely changes", "it doubles"),
-        answer=1,
-        why="The step waits for its batch: the loader sets the pace, and a faster GPU only "
-            "waits longer. Fix the input pipeline first (more workers), then buy speed."),
+        key="00.workers-needed",
+        question="One loader worker needs 512 ms to prepare a batch of 256 images; the GPU "
+                 "trains on a batch in 73 ms. Workers prepare batches in parallel, each its "
+                 "own. How many workers until the GPU is busy (idle under 10% after the "
+                 "first batch)?",
+        choices=("2-3", "4-5", "6-8", "more than 8"),
+        answer=2,
+        why="Each worker delivers a batch every 512 ms and the GPU takes one every 73 ms, so "
+            "it needs 512 / 73 = 7 workers delivering at once: with 4 it still waits about "
+            "40% of the time, from 7 on only for the very first batch. A GPU twice as fast "
+            "would need twice the workers."),
 )
 
 LESSON = Lesson(0, 'welcome: devices', 'ex00_devices', 'notebooks/00_welcome.ipynb', EXERCISES,

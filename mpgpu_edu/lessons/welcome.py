@@ -36,7 +36,8 @@ def split_then_combine(comm: Communicator, steps: int, step_seconds: float,
     """``steps`` training steps whose compute (``step_seconds`` on one device) is split
     evenly over the ranks; after each step's backward the ranks all-reduce ``grad_numel``
     fp32 gradients (a meta tensor: timed, never allocated).
-    Cost per step: step_seconds / N + one ring all-reduce of 4 * grad_numel bytes."""
+    Cost per step: step_seconds / N + one ring all-reduce of 4 * grad_numel bytes (none on
+    one device: there is nothing to combine)."""
     share = step_seconds / comm.world_size
     grads = torch.empty(grad_numel, dtype=torch.float32, device="meta")
     for step in range(steps):
@@ -44,7 +45,8 @@ def split_then_combine(comm: Communicator, steps: int, step_seconds: float,
             pass
         with comm.compute("backward", f"B{step}", seconds=share * (1 - FORWARD_SHARE)):
             pass
-        all_reduce(comm, grads, op="mean", algo="ring")
+        if comm.world_size > 1:
+            all_reduce(comm, grads, op="mean", algo="ring")
 
 
 def input_pipeline(comm: Communicator, steps: int, load_seconds: float,

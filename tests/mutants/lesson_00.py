@@ -126,8 +126,17 @@ def device_ids_drop_repeats(visible: list[int], physical_gpus: list[int]) -> lis
     return ids
 
 
+def device_ids_sorted(visible: list[int], physical_gpus: list[int]) -> list[int]:
+    """The right logical ids, sorted instead of in the order requested."""
+    for gpu in physical_gpus:
+        if gpu not in visible:
+            raise ValueError(f"GPU {gpu} is not visible")
+    return sorted(visible.index(gpu) for gpu in physical_gpus)
+
+
 MUTANTS: dict[str, list[str]] = {
     "0.1": ["visible_skips_bad_entries", "visible_keeps_duplicates_once", "visible_sorted",
             "visible_keeps_order_strict", "visible_rejects_plus"],
-    "0.2": ["device_ids_physical", "device_ids_no_check", "device_ids_drop_repeats"],
+    "0.2": ["device_ids_physical", "device_ids_no_check", "device_ids_drop_repeats",
+            "device_ids_sorted"],
 }

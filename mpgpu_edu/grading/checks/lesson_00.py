@@ -86,6 +86,10 @@ def _judge_ids(out: dict[str, Any], visible: list[int], physical: list[int]) -> 
            f"{len(visible)} GPU{'s' if len(visible) != 1 else ''}, where "
            + ", ".join(f"cuda:{i} is GPU {gpu}" for i, gpu in enumerate(visible))
            + "; device_ids count in the process's own numbering")
+    expect(runs_on is None or runs_on == physical or sorted(runs_on) != sorted(physical),
+           f"{call} returned {ids}: the right GPUs in the wrong order (DataParallel would run "
+           f"on physical GPUs {runs_on}, not {physical}): device_ids follow the order "
+           "requested, and device_ids[0] is DataParallel's primary device")
     expect(runs_on == physical,
            f"{call} returned {ids}: DataParallel would run on "
            f"{'no valid GPUs' if runs_on is None else f'physical GPUs {runs_on}'}, not on "
