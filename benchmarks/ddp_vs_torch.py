@@ -54,7 +54,9 @@ ours is `RingAllReduce` (`mpgpu_edu.collectives.ring_fast`), written on `isend`/
 Python on a comm-stream thread; torch's is gloo's native C++ all-reduce. Both run two
 all-reduces at a time at most: torch's gloo process group has two worker threads, and ours
 runs the bucket completed last on the rank's own thread beside the stream
-(`comm.collectives_at_once`)."""
+(`comm.collectives_at_once`). Our rings cut 8 MiB segments on gloo
+(`dp.ddp.GLOO_DDP_SEGMENT_BYTES`): fewer messages, each of which costs CPU time that
+backward needs."""
 
 
 def bench(comm, sizes: list[int], batch: int, warmup: int, repeats: int,  # noqa: ANN001

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from mpgpu_edu.collectives import all_reduce_ring
-from mpgpu_edu.collectives.ring_fast import RingAllReduce, all_reduce_ring_fast, segment_sizes
+from mpgpu_edu.collectives.ring_fast import (SEGMENT_BYTES, RingAllReduce,
+                                             all_reduce_ring_fast, segment_sizes)
 from mpgpu_edu.comm import launch
 from mpgpu_edu.replica.data import make_batches
 from mpgpu_edu.dp import ddp, train_ddp
@@ -158,12 +159,13 @@ def test_exact_sum_on_gloo_with_only_point_to_point(n: int) -> None:
 # ---- DDP's overlapped step runs on it ---------------------------------------------------------
 def counting_rings(comm, step_fn) -> dict:  # noqa: ANN001
     """Train with the reference ring disabled and every RingAllReduce call counted."""
-    calls, lanes = [], []
+    calls, lanes, segments = [], [], set()
     original = RingAllReduce.__call__
 
     def counted(self, comm_, tensor, op="sum") -> None:  # noqa: ANN001
         calls.append(tensor.numel())
         lanes.append(comm_.lane)
+        segments.add(self.segment_bytes)
         original(self, comm_, tensor, op)
 
     def refused(*_: object, **__: object) -> None:
@@ -180,7 +182,8 @@ def counting_rings(comm, step_fn) -> dict:  # noqa: ANN001
         views = all(p.grad.data_ptr() == v.data_ptr() for p, v in buckets.views)
         return {"calls": calls, "lanes": lanes, "sizes": [f.numel() for f in buckets.flats],
                 "views": views, "at_once": comm.collectives_at_once,
-                "group_at_once": comm.group([1, 0]).collectives_at_once}
+                "group_at_once": comm.group([1, 0]).collectives_at_once,
+                "segments": sorted(segments), "group_backend": comm.group([1, 0]).backend}
     finally:
         RingAllReduce.__call__, ddp.all_reduce = original, saved_all_reduce
 
@@ -196,6 +199,7 @@ def test_ddp_overlapped_all_reduces_each_bucket_with_the_fast_ring(monkeypatch) 
     def counted(self, comm, tensor, op="sum") -> None:  # noqa: ANN001
         calls.append(tensor.numel())
         threads.append(threading.current_thread().name)
+        assert self.segment_bytes == SEGMENT_BYTES and comm.backend == "sim"
         original(self, comm, tensor, op)
 
     def refused(*_: object, **__: object) -> None:
@@ -230,6 +234,9 @@ def test_ddp_overlapped_uses_the_fast_ring_on_gloo() -> None:
         here = [n for n, lane in zip(result["calls"], result["lanes"]) if lane == MAIN]
         assert here == [result["sizes"][-1]], result
         assert result["lanes"].count(STREAM) == len(result["sizes"]) - 1
+        # fewer, larger messages on gloo, where each costs CPU time that backward needs
+        assert result["segments"] == [ddp.GLOO_DDP_SEGMENT_BYTES]
+        assert result["group_backend"] == "gloo"
 
 
 def test_torch_bucket_rule_closes_past_the_cap_with_a_small_first_bucket() -> None:

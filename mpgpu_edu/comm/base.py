@@ -71,6 +71,7 @@ class Communicator(ABC):
     rank: int
     world_size: int
     stats: CommStats
+    backend: str = "sim"  # "sim", or torch.distributed's backend ("gloo", "nccl")
 
     @property
     @abstractmethod
@@ -253,6 +254,10 @@ class SubCommunicator(Communicator):
     @property
     def device(self) -> torch.device:
         return self.parent.device
+
+    @property
+    def backend(self) -> str:  # type: ignore[override]
+        return self.parent.backend
 
     @property
     def collectives_at_once(self) -> int:
