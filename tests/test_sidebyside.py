@@ -199,6 +199,13 @@ def test_the_table_and_the_figure_show_all_three_runs() -> None:
     assert "torch DDP" in text and "NOT equal" in text and "2.50x" in text
     fig = result.plot()
     assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 3
+    # a long label keeps its words in the table, and only its name in the figure
+    result.labels["ours"] = "reference DDP wrapper (yours: not found in exercises/ex03.py)"
+    assert "not found in exercises/ex03.py" in str(result)
+    fig = result.plot()
+    ticks = [t.get_text().replace("\n", " ") for t in fig.axes[1].get_xticklabels()]
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert ticks[1] == legend[1] == "reference DDP wrapper", (ticks, legend)
 
 
 def test_bad_arguments_are_refused_before_anything_starts() -> None:

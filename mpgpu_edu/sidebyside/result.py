@@ -109,7 +109,8 @@ class SideBySide:
         """The result as text: one row per run (final loss, largest difference from one
         device and from torch's, median step time), then the ratio and the convention."""
         medians = self.median_seconds
-        head = ["run", "final loss", "max |diff| vs one device", "vs torch", "median step"]
+        head = ["run", "final loss", "max |loss diff| vs one device", "vs torch",
+                "median step"]
         rows = [head]
         for name in RUNS:
             rows.append([self.labels[name], f"{self.losses[name][-1]:.6f}",
@@ -140,7 +141,7 @@ class SideBySide:
             dashes, width = LOOKS[name]
             losses = self.losses[name]
             left.plot(range(1, len(losses) + 1), losses, linestyle=dashes, linewidth=width,
-                      color=COLORS[name], label=self.labels[name])
+                      color=COLORS[name], label=_brief(self.labels[name]))
         left.xaxis.set_major_locator(MaxNLocator(integer=True))
         left.set_xlabel("training step (a new batch every step)")
         left.set_ylabel("loss")
@@ -191,12 +192,19 @@ def _time_bars(ax: Any, result: SideBySide) -> None:
                           [max(0.0, high - medians[name]) / size]])
         ax.text(i, max(high, medians[name]) / size + 0.02 * top / size,
                 format_seconds(medians[name]), ha="center", va="bottom", fontsize=FONT_SIZE - 1)
-    ax.set_xticks(range(len(RUNS)), [_short(result.labels[n]) for n in RUNS],
+    ax.set_xticks(range(len(RUNS)), [_short(_brief(result.labels[n])) for n in RUNS],
                   fontsize=FONT_SIZE - 1)
     ax.set_ylabel(f"median step, quartiles ({unit})")
     ax.set_ylim(0, top / size * 1.15)
     ax.set_title(f"step time: ours / torch = {result.ratio:.2f}x", loc="left")
     style(ax, grid="y")
+
+
+def _brief(label: str) -> str:
+    """A run's label without its parenthesis ("reference DDP wrapper (yours: not found in
+    ...)" is "reference DDP wrapper"): the figure names the run, the printed table and note
+    say the rest."""
+    return label.split(" (", 1)[0]
 
 
 def _short(label: str) -> str:
