@@ -79,14 +79,16 @@ def _judge_ids(out: dict[str, Any], visible: list[int], physical: list[int]) -> 
         runs_on = device_ids_to_physical(ids, visible)
     except ValueError:
         runs_on = None
-    missing = [f"cuda:{i}" for i in ids if not 0 <= i < len(visible)]
+    missing = list(dict.fromkeys(f"cuda:{i}" for i in ids if not 0 <= i < len(visible)))
     expect(not missing,
-           f"{call} returned {ids}: {' and '.join(dict.fromkeys(missing))} "
-           f"{'does' if len(set(missing)) == 1 else 'do'} not exist in a process that sees "
+           f"{call} returned {ids}: {' and '.join(missing)} "
+           f"{'does' if len(missing) == 1 else 'do'} not exist in a process that sees "
            f"{len(visible)} GPU{'s' if len(visible) != 1 else ''}, where "
            + ", ".join(f"cuda:{i} is GPU {gpu}" for i, gpu in enumerate(visible))
            + "; device_ids count in the process's own numbering")
-    expect(runs_on is None or runs_on == physical or sorted(runs_on) != sorted(physical),
+    wrong_order = (runs_on is not None and runs_on != physical
+                   and sorted(runs_on) == sorted(physical))
+    expect(not wrong_order,
            f"{call} returned {ids}: the right GPUs in the wrong order (DataParallel would run "
            f"on physical GPUs {runs_on}, not {physical}): device_ids follow the order "
            "requested, and device_ids[0] is DataParallel's primary device")
