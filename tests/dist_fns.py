@@ -170,3 +170,10 @@ def fast_ring_sizes_differ(comm, segment_bytes) -> None:
     from mpgpu_edu.collectives.ring_fast import RingAllReduce
 
     RingAllReduce(segment_bytes)(comm, torch.ones(8 + comm.rank))
+
+
+def fast_ring_numel(comm, numels) -> None:
+    """Rank r all-reduces ``numels[r]`` elements with the fast ring."""
+    from mpgpu_edu.collectives.ring_fast import RingAllReduce
+
+    RingAllReduce()(comm, torch.ones(numels[comm.rank]))

@@ -46,6 +46,41 @@ def test_the_fast_ring_checks_its_tensors_once_and_names_both(segment_bytes):
     assert "runs this collective on float32 [" in message and "same shape and dtype" in message
 
 
+def test_a_fast_ring_on_very_different_sizes_is_named_and_aborts_no_rank():
+    """A segment posted before the one envelope arrives never meets a receive of another
+    size (``envelope.sized_tag``): gloo, receiving 2 MB into a 2 KB buffer, would abort that
+    rank's whole process with "terminate called ... EnforceNotMet" on stderr."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        import dist_fns
+        from mpgpu_edu.comm import MessageMismatchError, launch
+        for numels in ([1000, 1_000_000], [1_000_000, 1000]):
+            try:
+                launch(dist_fns.fast_ring_numel, 2, numels, backend="gloo", timeout=30)
+            except MessageMismatchError as exc:
+                print("named:", exc, flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=150)
+    named = [line for line in done.stdout.splitlines() if line.startswith("named:")]
+    assert len(named) == 2, done.stdout + done.stderr
+    assert all("every rank must pass a tensor of the same shape and dtype" in line
+               for line in named)
+    assert "terminate called" not in done.stderr and "EnforceNotMet" not in done.stderr
+
+
+def test_sized_tags_keep_the_callers_tag_and_tell_sizes_apart():
+    from mpgpu_edu.comm.base import RESERVED_TAG
+    from mpgpu_edu.comm.envelope import SIZE_CODES, sized_tag
+
+    assert sized_tag(7, 2000) != sized_tag(7, 2_000_000)
+    assert sized_tag(7, 2000) != sized_tag(8, 2000)
+    assert sized_tag(7, 2000) % 2**20 == 7 and sized_tag(7, 2000) < 2**31
+    assert sized_tag(7, 2000) == sized_tag(7, 2000 + SIZE_CODES)  # the stated limit
+    assert sized_tag(RESERVED_TAG + 3, 2000) == RESERVED_TAG + 3
+
+
 def test_message_checks_can_be_turned_off_and_then_gloo_does_not_notice(monkeypatch):
     monkeypatch.setenv("MPGPU_EDU_CHECK_MESSAGES", "0")
     launch(dist_fns.size_mismatch, 2, "larger", backend="gloo", timeout=30)  # no error

@@ -34,7 +34,7 @@ from mpgpu_edu.comm.dist_work import (MAIN, STREAM, DistMemory, DistWork, JobWor
 from mpgpu_edu.comm.dist_errors import (MessageTimeoutError, NotPicklableError, PeerLostError,
                                        WorkerDiedError)
 from mpgpu_edu.comm.envelope import (check_envelope, check_same_tensor, checking_from_env,
-                                     empty_envelope, envelope)
+                                     empty_envelope, envelope, sized_tag)
 from mpgpu_edu.comm.errors import Pending
 from mpgpu_edu.comm.message import check_sources, describe
 from mpgpu_edu.cluster.trace import Event
@@ -242,7 +242,7 @@ class DistCommunicator(Communicator):
                 data = tensor.contiguous()
                 head = self.envelope_of(data) if checked else None
                 sent = dist.isend(head, peer, group=group, tag=tag) if checked else None
-                dist.send(data, peer, group=group, tag=tag)
+                dist.send(data, peer, group=group, tag=self._wire_tag(tag, data))
                 if sent is not None:
                     sent.wait()
             else:
@@ -252,7 +252,7 @@ class DistCommunicator(Communicator):
                     check_envelope(head, tensor, peer, self.rank, tag, self.envelope_of(tensor))
                 else:
                     self.check_size_first()
-                dist.recv(tensor, peer, group=group, tag=tag)
+                dist.recv(tensor, peer, group=group, tag=self._wire_tag(tag, tensor))
             self.sync()
         self.record_message(op, tensor, peer, tag, start)
 
@@ -264,17 +264,25 @@ class DistCommunicator(Communicator):
             tensor = tensor.contiguous()
             if checked:
                 works.append(dist.isend(self.envelope_of(tensor), peer, group=group, tag=tag))
-            works.append(dist.isend(tensor, peer, group=group, tag=tag))
+            works.append(dist.isend(tensor, peer, group=group, tag=self._wire_tag(tag, tensor)))
         else:
             if checked:
                 head = empty_envelope(self.device)
                 works.append(dist.irecv(head, peer, group=group, tag=tag))
-            works.append(dist.irecv(tensor, peer, group=group, tag=tag))
+            works.append(dist.irecv(tensor, peer, group=group, tag=self._wire_tag(tag, tensor)))
         handle = DistWork(self, works, op, tensor, peer, tag, start, head,
                           self.message_text(op, tensor, peer, tag, "waiting for its "))
         with self.lock:
             self.in_flight.add(handle)
         return handle
+
+    def _wire_tag(self, tag: int, tensor: torch.Tensor) -> int:
+        """The torch tag of a message: inside a ``sized_by`` block, whose messages carry no
+        envelope each, its size folded in (``envelope.sized_tag``), so that it never lands
+        in a receive of another size before the block's envelope is checked."""
+        if getattr(self._local, "sized", None) is None:
+            return tag
+        return sized_tag(tag, nbytes_of(tensor))
 
     def check_size_first(self) -> None:
         """Inside ``sized_by``: before a receive completes, the other rank's tensor must
@@ -436,14 +444,14 @@ class _Burst:
         self.board.__enter__()
 
         def isend(t: torch.Tensor) -> Work:
-            work = QuickWork(comm, dist.isend(t, send_to, group=group, tag=tag), "send", t,
-                             send_to, tag, now(), None)
+            sent = dist.isend(t, send_to, group=group, tag=sized_tag(tag, nbytes_of(t)))
+            work = QuickWork(comm, sent, "send", t, send_to, tag, now(), None)
             posted.append(work)
             return work
 
         def irecv(t: torch.Tensor) -> Work:
-            work = QuickWork(comm, dist.irecv(t, recv_from, group=group, tag=tag), "recv", t,
-                             recv_from, tag, now(), head)
+            got = dist.irecv(t, recv_from, group=group, tag=sized_tag(tag, nbytes_of(t)))
+            work = QuickWork(comm, got, "recv", t, recv_from, tag, now(), head)
             posted.append(work)
             return work
 

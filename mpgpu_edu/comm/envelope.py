@@ -13,6 +13,13 @@ environment turns the envelopes off (the launcher reads it at every launch; unde
 each rank reads it at start). The benchmarks in ``benchmarks/`` measure the default, checked
 mode, which is what a learner runs; ``allreduce_vs_torch.py`` also times the fast ring with
 the envelopes off (``ring_fast_unchecked``), so the check's own cost is shown.
+
+Inside a block checked once (``Communicator.neighbours``, ``sized_by``) the messages carry no
+envelope of their own, and a receive is posted before the block's one envelope has arrived:
+a faster ring. There each message travels under ``sized_tag``, its tag with its size folded
+in, so a message only ever meets a receive of its own size (up to ``SIZE_CODES``): one of
+another size is not taken into a buffer that does not fit it (gloo aborts the whole process
+then, with no way to catch it) while the block's envelope names the mismatch.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import os
 
 import torch
 
-from mpgpu_edu.comm.base import nbytes_of
+from mpgpu_edu.comm.base import RESERVED_TAG, nbytes_of
 from mpgpu_edu.comm.errors import MessageMismatchError
 
 CHECK_ENV = "MPGPU_EDU_CHECK_MESSAGES"
@@ -30,6 +37,18 @@ ENVELOPE_NUMEL = 4 + MAX_DIMS  # dtype, number of dims (-1: more than MAX_DIMS),
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
            torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64,
            torch.complex128]
+
+
+SIZED_TAG_BIT = 1 << 30  # torch's tags are C ints: bits 0-19 the caller's, 20-29 the size
+SIZE_CODES = 1021  # a prime below 2**10: sizes that differ by a multiple of it share a code
+
+
+def sized_tag(tag: int, nbytes: int) -> int:
+    """The torch tag of a message of ``nbytes`` inside a block checked once: ``tag`` with the
+    size folded in (``tag`` itself from ``RESERVED_TAG`` on, where no bits are free)."""
+    if tag >= RESERVED_TAG:
+        return tag
+    return SIZED_TAG_BIT | (nbytes % SIZE_CODES) << 20 | tag
 
 
 def checking_from_env() -> bool:
