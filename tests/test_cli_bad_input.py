@@ -147,6 +147,48 @@ def test_run_timeout_stops_a_real_launch_with_one_line() -> None:
     assert done.stderr.count("\n") == 1 and "(--timeout 0.3)" in done.stderr
 
 
+@pytest.mark.parametrize("command", [["bench", "allreduce"], ["calibrate"]])
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "1e30"])
+def test_bench_and_calibrate_timeouts_are_validated(command, value, capsys, no_work) -> None:
+    assert "--timeout" in refused([*command, f"--timeout={value}"], capsys)
+
+
+@pytest.mark.parametrize("command, target, fix", [
+    (["bench", "allreduce"], "mpgpu_edu.measure.bench.bench_allreduce", "lower --repeats"),
+    (["calibrate"], "mpgpu_edu.measure.calibrate.calibrate", "--allreduce-sizes")])
+def test_bench_and_calibrate_pass_their_timeout_and_name_it_when_it_ends(
+        command, target, fix, monkeypatch, capsys) -> None:
+    seen = {}
+
+    def fake(*args, **kwargs):
+        seen.update(kwargs)
+        raise LaunchTimeoutError("ranks still running after 7 s, all stopped:\n  rank 0: x")
+
+    monkeypatch.setattr(target, fake)
+    line = refused([*command, "--timeout", "7"], capsys)
+    assert seen["timeout"] == 7.0 and seen["progress"] is True
+    assert "after 7 s" in line and "--timeout 28" in line and fix in line
+
+
+def test_a_bench_tells_its_progress_and_ends_at_its_timeout_with_one_line() -> None:
+    """Rank 0 tells each size timed on stderr; a run past ``--timeout`` stops with one line
+    (exit status 2)."""
+    done = subprocess.run([sys.executable, "-m", "mpgpu_edu", "bench", "allreduce", "--quick"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    told = [line for line in done.stderr.splitlines() if line.startswith("bench allreduce:")]
+    assert [line.split(" (")[0] for line in told] == ["bench allreduce: 4 B timed",
+                                                      "bench allreduce: 4100 B timed"]
+    assert told[-1].startswith("bench allreduce: 4100 B timed (2 of 2, ")
+    done = subprocess.run([sys.executable, "-m", "mpgpu_edu", "bench", "allreduce", "--sizes",
+                           "64MiB", "--repeats", "1000", "--timeout", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "(--timeout 1)" in last and "lower --repeats or --sizes" in last
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("layout", ["empty", "no submissions"])
 def test_grade_without_submissions_says_the_layout(layout, tmp_path, capsys, no_work) -> None:
     folder = tmp_path / "class"

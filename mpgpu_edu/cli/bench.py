@@ -4,6 +4,10 @@
     mpgpu-edu bench allreduce --world-size 4 --sizes 1KiB,1MiB,64MiB --repeats 20 --json
     mpgpu-edu bench allreduce --algos ring,ring_reused,ring_fast_unsegmented,ring_fast
     mpgpu-edu bench allreduce --quick      # tiny sizes, 2 repeats: does it run? (no timings)
+    mpgpu-edu bench allreduce --sizes 1GiB --timeout 1800
+
+Rank 0 says on stderr as each size is timed. The ranks get ``--timeout`` seconds (default a
+minute, plus a second per 10 MB that any operation moves), then all are stopped.
 
 In the same worker processes (``launch(..., backend=...)``), times our ring and naive
 all-reduces (``mpgpu_edu.collectives``) and ``torch.distributed.all_reduce`` on fp32 tensors,
@@ -31,6 +35,7 @@ ALGOS = ("ring", "naive", "ring_reused", "ring_fast", "ring_fast_unsegmented",
 QUICK_SIZES = "4,4100"
 # Stated limits: every rank is a process and allocates its tensors for real.
 MAX_RANKS, MAX_REPEATS, MAX_THREADS, MAX_SIZE = 64, 10_000, 256, 16 * 2**30
+MAX_TIMEOUT_S = 86_400.0  # a day
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -65,15 +70,33 @@ def add_launch_arguments(p: argparse.ArgumentParser, world_size_help: str) -> No
                    help="torch.distributed backend (default gloo)")
     p.add_argument("--world-size", type=number(int, 1, MAX_RANKS), default=2, metavar="N",
                    help=world_size_help)
+    p.add_argument("--timeout", type=number(float, 0.0, MAX_TIMEOUT_S, above=True),
+                   metavar="SECONDS",
+                   help="seconds the ranks get to finish, then all are stopped (default: a "
+                        "minute, plus a second per 10 MB moved); raise it for long runs")
+
+
+def timed_out(exc: Exception, timeout: float, fix: str) -> UsageError:
+    """A bench's or a calibration's ``LaunchTimeoutError`` as one line: what ran out, and
+    ``fix`` (what to lower) beside a larger ``--timeout``."""
+    first = str(exc).splitlines()[0].rstrip(":")
+    return UsageError(f"{first} (--timeout {timeout:g}): if the run is just slow, raise it, "
+                      f"e.g. --timeout {min(4 * timeout, MAX_TIMEOUT_S):g}, or {fix}; if it "
+                      "hangs, a rank waits for a message nobody sends")
 
 
 def run(args: argparse.Namespace) -> int:
     sizes, algos = check_args(args)  # before torch is imported: bad input fails at once
-    from mpgpu_edu.measure.bench import bench_allreduce, table
+    from mpgpu_edu.comm.errors import LaunchTimeoutError
+    from mpgpu_edu.measure.bench import auto_timeout, bench_allreduce, fp32_sizes, table
 
     repeats = min(args.repeats, 2) if args.quick else args.repeats
-    report = bench_allreduce(args.world_size, sizes, repeats, args.backend, algos,
-                             args.threads)
+    timeout = args.timeout or auto_timeout(args.world_size, fp32_sizes(sizes), repeats, algos)
+    try:
+        report = bench_allreduce(args.world_size, sizes, repeats, args.backend, algos,
+                                 args.threads, timeout=timeout, progress=True)
+    except LaunchTimeoutError as exc:
+        raise timed_out(exc, timeout, "lower --repeats or --sizes") from None
     print(json.dumps(report, indent=2) if args.json else table(report))
     return 0
 

@@ -13,7 +13,8 @@ that cluster and measured on the worker processes, per size: the table shows how
 is from reality, and from torch.distributed's all-reduce. Every rank also times ``add_`` at a
 few sizes: the fit gives this machine's memory bandwidth and per-op overhead, with which the
 simulated ring pays for its reduction adds. ``--json`` prints the profile and the comparison as
-one object.
+one object. Rank 0 says on stderr as each repeat is done; the ranks get ``--timeout`` seconds
+(default a minute, plus a second per 10 MB moved).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from mpgpu_edu.cli import UsageError, number
 from mpgpu_edu.cli.bench import (DEFAULT_SIZES, MAX_REPEATS, add_launch_arguments, check_launch,
-                                 parse_sizes)
+                                 parse_sizes, timed_out)
 
 PING_SIZES = "0," + DEFAULT_SIZES
 
@@ -51,11 +52,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ping_sizes, allreduce_sizes = check_args(args)
-    from mpgpu_edu.measure.calibrate import calibrate, compare
+    from mpgpu_edu.comm.errors import LaunchTimeoutError
+    from mpgpu_edu.measure.bench import fp32_sizes
+    from mpgpu_edu.measure.calibrate import auto_timeout, calibrate, compare
     from mpgpu_edu.measure.calibrated import default_profile_path, load_calibrated, save_profile
 
-    profile = calibrate(args.world_size, ping_sizes, args.repeats, args.backend,
-                        allreduce_sizes)
+    timeout = args.timeout or auto_timeout(args.world_size, ping_sizes,
+                                           fp32_sizes(allreduce_sizes), args.repeats)
+    try:
+        profile = calibrate(args.world_size, ping_sizes, args.repeats, args.backend,
+                            allreduce_sizes, timeout=timeout, progress=True)
+    except LaunchTimeoutError as exc:
+        raise timed_out(exc, timeout, "lower --repeats, --sizes or --allreduce-sizes") from None
     path = save_profile(profile, args.out or default_profile_path())
     comparison = compare(profile, load_calibrated(path, gpu="CPU-16GB"))
     report = {"profile_path": str(path), **profile, "comparison": comparison}

@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from mpgpu_edu.collectives import all_reduce_naive, all_reduce_ring, cost
 from mpgpu_edu.collectives.ring_fast import RingAllReduce
+from mpgpu_edu.measure.progress import Progress
 
 FP32_BYTES = 4
 BUILTIN = "builtin"
@@ -127,8 +128,16 @@ def rotated(names: list[str], r: int) -> list[str]:
     return names[k:] + names[:k]
 
 
+def auto_timeout(world_size: int, sizes: Sequence[int], repeats: int,
+                 algos: Sequence[str]) -> float:
+    """``bench_allreduce``'s default limit, generous: a minute, plus a second per 10 MB that
+    any operation moves."""
+    return 60.0 + sum(sizes) * (len(algos) + 1) * (repeats + WARMUP + 1) * world_size / 1e7
+
+
 def time_allreduce(comm: Any, sizes: list[int], repeats: int, algos: Sequence[str] = ALGOS[:2],
-                   threads: int = 1) -> dict[str, dict[str, list[list[float]]]]:
+                   threads: int = 1, progress: bool = False
+                   ) -> dict[str, dict[str, list[list[float]]]]:
     """SPMD, on a ``torch.distributed`` backend: this rank's measurements of every operation,
     size and repeat, ``{"wall": {name: [[s of repeat 0, ...] for each size]}, "cpu": ...}``:
     wall-clock seconds, and CPU seconds of this process (all its threads, gloo's included),
@@ -138,9 +147,11 @@ def time_allreduce(comm: Any, sizes: list[int], repeats: int, algos: Sequence[st
     names = [*algos, BUILTIN]
     out: dict[str, dict[str, list[list[float]]]] = {kind: {name: [] for name in names}
                                                      for kind in ("wall", "cpu")}
+    told = Progress(comm, "bench allreduce", len(sizes), progress)
     try:
         for nbytes in sizes:
             measured = _time_size(comm, nbytes, repeats, algos)
+            told.step(f"{size_label(nbytes)} timed")
             for kind, per_name in out.items():
                 for name in names:
                     per_name[name].append(measured[kind][name])
@@ -224,7 +235,8 @@ def fp32_sizes(sizes: Sequence[int]) -> list[int]:
 
 def bench_allreduce(world_size: int, sizes: Sequence[int] = DEFAULT_SIZES,
                     repeats: int = DEFAULT_REPEATS, backend: str = "gloo",
-                    algos: Sequence[str] = ALGOS[:2], threads: int = 1) -> dict:
+                    algos: Sequence[str] = ALGOS[:2], threads: int = 1,
+                    timeout: float | None = None, progress: bool = False) -> dict:
     """Time our all-reduces (``algos``) against ``torch.distributed.all_reduce`` on
     ``world_size`` worker processes and return the report (``mpgpu-edu bench allreduce
     --json``): ``sizes`` (bytes), ``<algo>_s`` and ``builtin_s`` (median seconds),
@@ -232,16 +244,18 @@ def bench_allreduce(world_size: int, sizes: Sequence[int] = DEFAULT_SIZES,
     ratios within a repeat), ``<algo>_cpu_s`` and ``cpu_ratio_<algo>`` (CPU seconds
     of all ranks together, and ours / builtin), ``busbw_<algo>`` and ``busbw_builtin`` (B/s),
     ``world_size``, ``backend``, ``repeats``, ``threads``, ``loadavg`` (1, 5 and 15 minute
-    load averages at the end) and ``loadavg_start``."""
+    load averages at the end) and ``loadavg_start``. ``timeout``: seconds the ranks get
+    (default ``auto_timeout``); ``progress``: rank 0 tells each size done on stderr
+    (``measure.progress``)."""
     from mpgpu_edu.comm import launch
 
     _check(world_size, repeats, algos, threads)
     sizes = fp32_sizes(sizes)
     load_start = os.getloadavg()
-    # A generous limit: a minute, plus a second per 10 MB that any operation moves.
-    timeout = 60.0 + sum(sizes) * (len(algos) + 1) * (repeats + WARMUP + 1) * world_size / 1e7
+    if timeout is None:
+        timeout = auto_timeout(world_size, sizes, repeats, algos)
     result = launch(time_allreduce, world_size, sizes, repeats, tuple(algos), threads,
-                    backend=backend, timeout=timeout)
+                    progress, backend=backend, timeout=timeout)
     medians = combine([r["wall"] for r in result.results])
     cpu = combine([r["cpu"] for r in result.results], across=sum)
     names = [*algos, BUILTIN]

@@ -82,18 +82,21 @@ WARMUP = 2
 
 
 def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: int,
-            warmup: int = WARMUP, add_sizes: Sequence[int] = ADD_SIZES
-            ) -> dict[str, list[list[float]]]:
+            warmup: int = WARMUP, add_sizes: Sequence[int] = ADD_SIZES,
+            progress: bool = False) -> dict[str, list[list[float]]]:
     """SPMD. Each repeat: for every size, ranks 0 and 1 ping-pong a message (one way = round
     trip / 2) and then exchange one (both send at once); every rank times one ``add_`` of
     two fp32 tensors of each of ``add_sizes`` bytes; then every rank runs our ring
     all-reduce and torch.distributed's on each of ``allreduce_sizes`` (fp32, bytes), in an
     order that alternates. Returns this rank's seconds per size and repeat: ``one_way`` and
-    ``exchange`` (filled on rank 0 only), ``add``, ``ring`` and ``builtin``."""
+    ``exchange`` (filled on rank 0 only), ``add``, ``ring`` and ``builtin``. ``progress``:
+    rank 0 tells each repeat done on stderr (``measure.progress``)."""
     from mpgpu_edu.measure.bench import builtin_all_reduce, check_sum, rotated, timed
     from mpgpu_edu.collectives import all_reduce_ring
     from mpgpu_edu.collectives.ring_fast import RingAllReduce
+    from mpgpu_edu.measure.progress import Progress
 
+    told = Progress(comm, "calibrate", warmup + repeats, progress)
     sends = [torch.zeros(n, dtype=torch.uint8, device=comm.device) for n in sizes]
     receives = [torch.empty_like(message) for message in sends]
     tensors = [torch.zeros(n // 4, device=comm.device) for n in allreduce_sizes]
@@ -126,6 +129,7 @@ def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: in
                     wall, _ = timed(comm, ops[name], tensor)
                     if r >= warmup:
                         out[name][i].append(wall)
+            told.step("warm-up round done" if r < warmup else "timed round done")
     finally:
         torch.set_num_threads(before)
     return out
@@ -197,17 +201,26 @@ def fit_shared_alpha(points: Sequence[tuple[float, float, float]], alpha: float,
     return min(1.0, max(0.0, num / den)) if den else 1.0
 
 
+def auto_timeout(world_size: int, sizes: Sequence[int], allreduce_sizes: Sequence[int],
+                 repeats: int, add_sizes: Sequence[int] = ADD_SIZES) -> float:
+    """``calibrate``'s default limit, generous: a minute, plus a second per 10 MB moved."""
+    moved = 4 * sum(sizes) + 3 * world_size * (sum(allreduce_sizes) + sum(add_sizes))
+    return 60.0 + moved * (repeats + WARMUP) / 1e7
+
+
 def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
               repeats: int = DEFAULT_REPEATS, backend: str = "gloo",
               allreduce_sizes: Sequence[int] = ALLREDUCE_SIZES,
-              add_sizes: Sequence[int] = ADD_SIZES) -> dict:
+              add_sizes: Sequence[int] = ADD_SIZES, timeout: float | None = None,
+              progress: bool = False) -> dict:
     """Run ``measure`` on ``world_size`` worker processes and fit alpha and beta: the profile
     (``alpha_s``, ``beta_Bps``, ``topology``, ``points`` with the median one-way and exchange
     seconds per size, ``allreduce`` with the median ring and builtin seconds per size, the
     slowest rank each repeat, ``memory_Bps`` and ``op_overhead_s`` fitted to ``add_points``
     (bytes an add moves, its median seconds on the slowest rank; both ``None`` when the
     times do not fit), ``backend``, ``world_size``, ``repeats``, ``date``, ``torch``,
-    ``cpus``, ``loadavg``)."""
+    ``cpus``, ``loadavg``). ``timeout``: seconds the ranks get (default: a minute, plus a
+    second per 10 MB moved); ``progress``: rank 0 tells each repeat done on stderr."""
     from mpgpu_edu.measure.bench import combine, fp32_sizes
     from mpgpu_edu.comm import launch
 
@@ -216,13 +229,12 @@ def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
     if repeats < 1 or any(n < 0 for n in sizes):
         raise ValueError("repeats must be >= 1 and sizes >= 0 bytes")
     allreduce_sizes = fp32_sizes(allreduce_sizes)
-    moved = 4 * sum(sizes) + 3 * world_size * sum(allreduce_sizes)
     if len(set(add_sizes)) < 2 or any(n < 4 for n in add_sizes):
         raise ValueError("add_sizes needs two or more distinct sizes of at least 4 bytes")
-    moved += 3 * world_size * sum(add_sizes)
+    if timeout is None:
+        timeout = auto_timeout(world_size, sizes, allreduce_sizes, repeats, add_sizes)
     result = launch(measure, world_size, list(sizes), allreduce_sizes, repeats, WARMUP,
-                    list(add_sizes), backend=backend,
-                    timeout=60.0 + moved * (repeats + WARMUP) / 1e7)
+                    list(add_sizes), progress, backend=backend, timeout=timeout)
     mine = result.results[0]
     points = [(n, statistics.median(ts)) for n, ts in zip(sizes, mine["one_way"])]
     alpha, beta = fit_alpha_beta(points)
