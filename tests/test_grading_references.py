@@ -12,6 +12,8 @@ from mpgpu_edu.grading import check
 from mpgpu_edu.grading.checks import lesson_module
 from mpgpu_edu.grading.registry import EXERCISES, get
 
+ROOT = Path(__file__).resolve().parents[1]
+
 CHEATS = {
     "1.1": ("ex01_communication.py", "def p2p_time(cluster, src, dst, nbytes):\n"
             "    return cluster.route(src, dst).seconds(nbytes)\n"),
@@ -59,21 +61,97 @@ def test_handing_in_the_packages_reference_scores_nothing(exercise_id: str,
     assert "yours to write" in str(result)
 
 
+# The package's code reached some other way than by a name the grader could rebind: kept in a
+# dict, a tuple or a default argument at import time, subclassed, a private helper, an
+# engineered collective. ("exercise", file, source, what the result says)
+HELD = {
+    "1.3 the engineered ring": ("1.3", "ex01_communication.py",
+                                "from mpgpu_edu.collectives import ring_fast as rf\n"
+                                "def ring_all_reduce(comm, tensor):\n"
+                                "    rf.RingAllReduce(segment_bytes=None)(comm, tensor)\n",
+                                "comm.send/recv/isend/irecv only"),
+    "1.6 kept in a dict": ("1.6", "ex01_communication.py",
+                           "from mpgpu_edu.lessons import communication as cm\n"
+                           "_KEPT = {'tree': cm.binary_tree_all_reduce}\n"
+                           "def tree_all_reduce(comm, tensor):\n"
+                           "    _KEPT['tree'](comm, tensor)\n", "yours to write"),
+    "0.2 the lesson's own copy": ("0.2", "ex00_devices.py",
+                                  "from mpgpu_edu.lessons.welcome import device_ids_for\n"
+                                  "def data_parallel_device_ids(visible, physical_gpus):\n"
+                                  "    return device_ids_for(visible, physical_gpus)\n",
+                                  "yours to write"),
+    "3.4 a default argument": ("3.4", "ex03_data_parallel.py",
+                               "from mpgpu_edu.memory import bytes_per_param as _b\n"
+                               "def adam_memory(model, precision='fp32', _bpp=_b):\n"
+                               "    b = _bpp('adam', precision)\n"
+                               "    n = sum(p.numel() for p in model.parameters())\n"
+                               "    return {k: n * b[k] for k in "
+                               "('parameters', 'gradients', 'optimizer')}\n",
+                               "yours to write"),
+    "3.5 a subclass": ("3.5", "ex03_data_parallel.py",
+                       "import mpgpu_edu.dp.wrapper as w\n"
+                       "class _Mine(w.DDPWrapper):\n    pass\n"
+                       "def wrap_ddp(comm, module, bucket_cap_bytes):\n"
+                       "    return _Mine(comm, module, bucket_cap_bytes)\n", "yours to write"),
+    "4.3 a private helper": ("4.3", "ex04_pipeline.py",
+                             "from mpgpu_edu.pipeline import schedules as s\n"
+                             "def one_f_one_b_orders(n_stages, n_microbatches):\n"
+                             "    return [s._one_f_one_b_order(p, n_stages, n_microbatches)\n"
+                             "            for p in range(n_stages)]\n", "yours to write"),
+    "10.2 kept in a tuple": ("10.2", "ex10_planning.py",
+                             "from mpgpu_edu.pipeline import schedules as s\n"
+                             "_K = (s._interleaved_order,)\n"
+                             "def interleaved_orders(n_stages, n_microbatches, n_chunks):\n"
+                             "    return [_K[0](p, n_stages, n_microbatches, n_chunks)\n"
+                             "            for p in range(n_stages)]\n", "yours to write"),
+    "8.2 a subclass": ("8.2", "ex08_bigger_models.py",
+                       "import mpgpu_edu.dp.fsdp as f\n"
+                       "class _R(f.FSDPReplica):\n    pass\n"
+                       "def wrap_fsdp(comm, module, prefetch=False):\n"
+                       "    return _R(comm, module, prefetch)\n", "the package's own"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HELD))
+def test_the_packages_code_reached_any_other_way_scores_nothing(name: str,
+                                                                 tmp_path: Path) -> None:
+    exercise_id, filename, source, said = HELD[name]
+    assert get(exercise_id).filename == filename
+    (tmp_path / filename).write_text(source)
+    result = check(exercise_id, impl=str(tmp_path), figures=False)
+    assert result.points == 0, str(result)
+    assert said in str(result)
+
+
+def test_changing_the_packages_own_code_fails_the_case(tmp_path: Path) -> None:
+    """A correct answer from a file that rebinds one of the package's functions (at import,
+    or while it runs) scores nothing, and is told why."""
+    solved = (ROOT / "solutions" / "ex00_devices.py").read_text()
+    (tmp_path / "ex00_devices.py").write_text(
+        solved + "\nimport mpgpu_edu.collectives.cost as _cost\n"
+                 "_cost.message_time = lambda *args: 0.0\n")
+    result = check("0.1", impl=str(tmp_path), figures=False)
+    assert result.points == 0, str(result)
+    assert "changed the package's own mpgpu_edu.collectives.cost.message_time" in str(result)
+    import mpgpu_edu.collectives.cost as cost  # this process is untouched: the check's child
+    assert cost.message_time(0, 1e-5, 1e9) == pytest.approx(1e-5)
+
+
 def test_every_reference_names_a_real_function_of_its_lesson() -> None:
     """A typo in ``REFERENCES`` would block nothing: every target must import, and every key
     must be an exercise of that lesson."""
-    import importlib
+    from mpgpu_edu.grading.checks._blocking import functions_of
+    from mpgpu_edu.grading.compute import resolve_reference
 
     for lesson in sorted({e.lesson for e in EXERCISES.values()}):
         references = getattr(lesson_module(lesson), "REFERENCES", {})
         for exercise_id, targets in references.items():
             assert get(exercise_id).lesson == lesson
             for target in targets:
-                module, _, name = target.partition(":")
-                owner = importlib.import_module(module)
-                for part in name.split("."):
-                    owner = getattr(owner, part)
-                assert callable(owner), target
+                resolved = resolve_reference(target)
+                assert resolved, target
+                for owner, _name in resolved:
+                    assert functions_of(owner), target  # some Python code to block
 
 
 def test_a_function_checked_in_the_kernel_cannot_call_the_reference_either() -> None:

@@ -138,6 +138,9 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
         send({"type": "cases", "cases": [{"name": c.name, "points": c.points,
                                           "hidden": c.hidden} for c in cases]})
     send({"type": "import"})
+    from mpgpu_edu.grading.checks._blocking import package_bindings
+
+    baseline = package_bindings()  # before the learner's file runs a line
     try:
         with _alarm(min(30.0, request["budget_s"])):
             impl = _load(request["file"], request["function"])
@@ -159,6 +162,7 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
         try:
             with _alarm(soft), references_blocked(request["exercise"]):
                 message["data"] = plain(case.compute(impl))
+            package_left_as_it_was(baseline, request["file"])
         except BaseException as exc:  # noqa: BLE001 - classified for the report
             timed_out = isinstance(exc, CaseTimeout)
             status, text = (("timeout", f"still running after {soft:.1f} s (an endless loop? "
@@ -192,45 +196,57 @@ def _judged(case: Any, message: dict, request: dict, figure_sent: bool) -> dict:
 @contextlib.contextmanager
 def references_blocked(exercise_id: str) -> Iterator[None]:
     """While inside (a case's *compute* half), the package's own implementation of the
-    function being written (a lesson's checks name it in ``REFERENCES``) raises when called,
-    wherever it was imported, the learner's module included (as ``checks._support.
-    from_scratch`` does for the collectives); the judges after it use it again."""
-    import importlib
-
+    function being written (a lesson's checks name it in ``REFERENCES``: functions, classes,
+    methods) raises when called, however the learner's code reached it: its code is swapped,
+    not its names (``checks._blocking``), so a reference kept in a dict, a default argument
+    or a subclass raises too. The judges after it use it again."""
     from mpgpu_edu.grading.checks import CheckFailure, lesson_module
-    from mpgpu_edu.grading.checks._support import rebound
+    from mpgpu_edu.grading.checks._blocking import code_blocked
     from mpgpu_edu.grading.registry import get
 
     references = getattr(lesson_module(get(exercise_id).lesson), "REFERENCES", {})
-    swaps: list[tuple[Any, Any]] = []
-    methods: list[tuple[Any, str, Any, Any]] = []  # "module:Class.method": set on the class
+    targets = []
     for target in references.get(exercise_id, ()):
-        module_name, _, attribute = target.partition(":")
-        owner: Any = importlib.import_module(module_name)
-        *classes, name = attribute.split(".")
-        for part in classes:
-            owner = getattr(owner, part)
-        original = owner.__dict__[name] if classes else getattr(owner, name)
-
-        def blocked(*args: Any, _name: str = attribute, **kwargs: Any) -> Any:
-            raise CheckFailure(f"exercise {exercise_id} is yours to write: the package's own "
-                               f"{_name} cannot be called while it is checked")
-
-        if classes:
-            methods.append((owner, name, original, blocked))
-        swaps.append((original, blocked))
-    if not swaps:
+        for owner, attribute in resolve_reference(target):
+            targets.append((owner, f"exercise {exercise_id} is yours to write: the package's "
+                                   f"own {attribute} cannot be called while it is checked"))
+    with code_blocked(targets, CheckFailure):
         yield
-        return
-    namespaces = [getattr(module, "__dict__", None) for module in list(sys.modules.values())]
-    try:
-        for owner, name, _original, blocked_method in methods:
-            setattr(owner, name, blocked_method)
-        with rebound([ns for ns in namespaces if isinstance(ns, dict)], swaps):
-            yield
-    finally:
-        for owner, name, original, _blocked in methods:
-            setattr(owner, name, original)
+
+
+def package_left_as_it_was(baseline: dict, learner_file: str) -> None:
+    """Raise ``CheckFailure`` if the learner's code rebound one of the package's functions or
+    classes, or swapped a function's code, since ``baseline`` (``package_bindings``, taken
+    before the learner's file was imported), or bound code of its own in a module of the
+    package (one first imported by the learner's file too)."""
+    from mpgpu_edu.grading.checks import CheckFailure
+    from mpgpu_edu.grading.checks._blocking import changed_bindings
+
+    changed = changed_bindings(baseline, learner_file)
+    if changed:
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise CheckFailure(f"the code changed the package's own {changed[0]}{more} while it "
+                           "was checked: the package is not yours to change; leave its "
+                           "modules as they are")
+
+
+def resolve_reference(target: str) -> list[tuple[Any, str]]:
+    """``"module:Class.method"`` (or ``"module:function"``, ``"module:Class"``) -> the object
+    as its owner holds it (a method's ``staticmethod`` included) and the attribute's name;
+    ``"module:*"``: every function and class the module defines."""
+    import importlib
+    import inspect
+
+    module_name, _, attribute = target.partition(":")
+    owner: Any = importlib.import_module(module_name)
+    if attribute == "*":
+        return [(value, f"{module_name}.{name}") for name, value in vars(owner).items()
+                if (inspect.isfunction(value) or inspect.isclass(value))
+                and getattr(value, "__module__", "") == module_name]
+    *classes, name = attribute.split(".")
+    for part in classes:
+        owner = getattr(owner, part)
+    return [((owner.__dict__[name] if classes else getattr(owner, name)), attribute)]
 
 
 def _load(file: str, function: str) -> Any:

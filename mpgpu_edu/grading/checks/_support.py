@@ -73,62 +73,43 @@ _DIST_COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "redu
                      "broadcast_object_list")
 _PACKAGE_MODULES = ("mpgpu_edu.collectives", "mpgpu_edu.collectives.allreduce",
                     "mpgpu_edu.collectives.allgather", "mpgpu_edu.collectives.basic",
-                    "mpgpu_edu.collectives.hierarchical")
+                    "mpgpu_edu.collectives.hierarchical", "mpgpu_edu.collectives.ring_fast",
+                    "mpgpu_edu.collectives.multichannel", "mpgpu_edu.collectives.nccl_ring")
+_ALLOWED = ("check_op", "finish_op", "flat_view")  # argument checks and views, not collectives
 
 
-def _forbidden_targets() -> list[tuple[Any, str, str]]:
-    """(owner, attribute, display name) of every collective an exercise must not call."""
+def _forbidden_targets() -> list[tuple[Any, str]]:
+    """(object, display name) of every collective an exercise must not call: torch's, and
+    every function and class of the package's collectives (its closed forms aside)."""
     import importlib
 
     import torch.distributed as dist
 
-    targets = [(dist, name, f"torch.distributed.{name}") for name in _DIST_COLLECTIVES
+    targets = [(getattr(dist, name), f"torch.distributed.{name}") for name in _DIST_COLLECTIVES
                if callable(getattr(dist, name, None))]
     for module_name in _PACKAGE_MODULES:
         module = importlib.import_module(module_name)
         for name, value in vars(module).items():
-            if (inspect.isfunction(value) and not name.startswith("_")
-                    and value.__module__.startswith("mpgpu_edu.collectives")
-                    and name not in ("check_op", "finish_op", "flat_view")):
-                targets.append((module, name, f"{value.__module__}.{name}"))
+            if ((inspect.isfunction(value) or inspect.isclass(value))
+                    and getattr(value, "__module__", "").startswith("mpgpu_edu.collectives")
+                    and value.__module__ != "mpgpu_edu.collectives.cost"
+                    and name not in _ALLOWED):
+                targets.append((value, f"{value.__module__}.{value.__qualname__}"))
     return targets
 
 
 @contextlib.contextmanager
 def from_scratch(impl: Callable[..., Any], exercise_id: str) -> Iterator[None]:
     """While inside, every built-in collective (``torch.distributed``'s and
-    ``mpgpu_edu.collectives``') raises, also when the learner's module imported it by name."""
-    originals = {}
-    patched: list[tuple[Any, str, Any]] = []
-    for owner, name, display in _forbidden_targets():
-        original = getattr(owner, name)
-        originals.setdefault(id(original), (original, display))
-        patched.append((owner, name, original))
-    learner_globals = getattr(impl, "__globals__", {})
-    for name, value in list(learner_globals.items()):
-        if id(value) in originals and originals[id(value)][0] is value:
-            patched.append((learner_globals, name, value))
-    try:
-        for owner, name, original in patched:
-            blocker = _blocker(exercise_id, originals[id(original)][1])
-            if isinstance(owner, dict):
-                owner[name] = blocker
-            else:
-                setattr(owner, name, blocker)
+    ``mpgpu_edu.collectives``', the engineered rings included) raises, however the learner's
+    code reached it (its code is swapped: ``_blocking.code_blocked``)."""
+    from mpgpu_edu.grading.checks._blocking import code_blocked
+
+    targets = [(value, f"exercise {exercise_id} is built from comm.send/recv/isend/irecv "
+                       f"only, but it called {display}")
+               for value, display in _forbidden_targets()]
+    with code_blocked(targets, CheckFailure):
         yield
-    finally:
-        for owner, name, original in reversed(patched):
-            if isinstance(owner, dict):
-                owner[name] = original
-            else:
-                setattr(owner, name, original)
-
-
-def _blocker(exercise_id: str, display: str) -> Callable[..., Any]:
-    def blocked(*args: Any, **kwargs: Any) -> Any:
-        raise CheckFailure(f"exercise {exercise_id} is built from comm.send/recv/isend/irecv "
-                           f"only, but it called {display}")
-    return blocked
 
 
 @contextlib.contextmanager

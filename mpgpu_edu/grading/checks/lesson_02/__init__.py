@@ -28,8 +28,10 @@ from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training, _train
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "2.1": ["mpgpu_edu.lessons.parameter_server:reference_worker_step"],
     "2.2": ["mpgpu_edu.ps.sync:server_step",
-            "mpgpu_edu.lessons.parameter_server:reference_server_loop"],  # one step: steps=1
-    "2.3": ["mpgpu_edu.lessons.parameter_server:reference_server_loop"],
+            "mpgpu_edu.lessons.parameter_server:reference_server_loop",  # one step: steps=1
+            "mpgpu_edu.ps.sharded:server_step_sharded"],
+    "2.3": ["mpgpu_edu.lessons.parameter_server:reference_server_loop",
+            "mpgpu_edu.ps.sync:server_step", "mpgpu_edu.ps.sharded:server_step_sharded"],
     "2.4": ["mpgpu_edu.lessons.parameter_server:reference_sharded_step"],
 }
 

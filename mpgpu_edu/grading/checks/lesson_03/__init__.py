@@ -35,11 +35,13 @@ from mpgpu_edu.grading.checks.lesson_03.memory import (MEMORY_MODELS, _judge_fp3
 
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
-    "3.1": ["mpgpu_edu.hybrid.train:all_reduce_gradients"],
+    "3.1": ["mpgpu_edu.hybrid.train:all_reduce_gradients", "mpgpu_edu.dp.ddp:all_reduce_buckets"],
     "3.2": ["mpgpu_edu.dp.ddp:make_buckets", "mpgpu_edu.dp.ddp:make_buckets_torch"],
-    "3.3": ["mpgpu_edu.dp.ddp:grad_buckets", "mpgpu_edu.dp.ddp:ddp_step_overlapped"],
+    "3.3": ["mpgpu_edu.dp.ddp:grad_buckets", "mpgpu_edu.dp.ddp:ddp_step_overlapped",
+            "mpgpu_edu.dp.wrapper:DDPWrapper", "mpgpu_edu.dp.wrapper:wrap_ddp"],
     "3.4": ["mpgpu_edu.memory:estimate_memory", "mpgpu_edu.memory:bytes_per_param"],
-    "3.5": ["mpgpu_edu.dp.wrapper:wrap_ddp", "mpgpu_edu.dp.wrapper:DDPWrapper"],
+    "3.5": ["mpgpu_edu.dp.wrapper:*", "mpgpu_edu.dp.ddp:*",  # buckets, broadcast, overlap
+            "mpgpu_edu.replica.flat:*"],  # and the flattening: the wrapper is the learner's
 }
 
 CASES: dict[str, list[Case]] = {

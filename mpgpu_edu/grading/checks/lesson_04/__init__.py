@@ -42,10 +42,18 @@ from mpgpu_edu.pipeline import gpipe, one_f_one_b
 
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
-    "4.1": ["mpgpu_edu.pipeline.partition:partition_balanced"],
-    "4.2": ["mpgpu_edu.pipeline.schedules:gpipe"],
-    "4.3": ["mpgpu_edu.pipeline.schedules:one_f_one_b"],
-    "4.5": ["mpgpu_edu.pipeline.executor:run_schedule"],
+    "4.1": ["mpgpu_edu.pipeline.partition:partition_balanced",
+            "mpgpu_edu.pipeline.partition:_min_max_boundaries",
+            "mpgpu_edu.pipeline.partition:_check_stage_count"],
+    "4.2": ["mpgpu_edu.pipeline.schedules:gpipe", "mpgpu_edu.pipeline.schedules:_interleaved_order",
+            "mpgpu_edu.pipeline.schedules:_one_f_one_b_order"],
+    "4.3": ["mpgpu_edu.pipeline.schedules:one_f_one_b",
+            "mpgpu_edu.pipeline.schedules:_one_f_one_b_order",
+            "mpgpu_edu.pipeline.schedules:_interleaved_order"],
+    "4.4": ["mpgpu_edu.pipeline.executor:_Pipeline", "mpgpu_edu.pipeline.executor:_forward",
+            "mpgpu_edu.pipeline.executor:_backward", "mpgpu_edu.pipeline.executor:run_schedule"],
+    "4.5": ["mpgpu_edu.pipeline.executor:run_schedule", "mpgpu_edu.pipeline.executor:_Pipeline",
+            "mpgpu_edu.pipeline.executor:_forward", "mpgpu_edu.pipeline.executor:_backward"],
 }
 
 CASES: dict[str, list[Case]] = {

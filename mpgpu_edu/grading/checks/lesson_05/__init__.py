@@ -44,12 +44,17 @@ from mpgpu_edu.grading.checks.lesson_05.zero1 import (_ZERO1_VALUES, _zero1_all,
 # megatron_mlp and so is blocked with it.
 REFERENCES = {
     "5.1": ["mpgpu_edu.tensor.layers:ColumnParallelLinear",
-            "mpgpu_edu.tensor.mappings:gather_from_parallel"],
+            "mpgpu_edu.tensor.mappings:gather_from_parallel",
+            "mpgpu_edu.tensor.mappings:_GatherFromParallel"],
     "5.3": ["mpgpu_edu.hybrid.mesh:Mesh", "mpgpu_edu.hybrid.mesh:Mesh.replica_ranks",
-            "mpgpu_edu.hybrid.mesh:Mesh.stage_ranks", "mpgpu_edu.hybrid.mesh:make_groups"],
+            "mpgpu_edu.hybrid.mesh:Mesh.stage_ranks", "mpgpu_edu.hybrid.mesh:make_groups",
+            "mpgpu_edu.collectives.hierarchical:node_groups",
+            "mpgpu_edu.collectives.hierarchical:rail_groups"],
     "5.4": ["mpgpu_edu.tensor.megatron:megatron_mlp", "mpgpu_edu.tensor.layers:ParallelMLP",
             "mpgpu_edu.tensor.mappings:copy_to_parallel",
-            "mpgpu_edu.tensor.mappings:reduce_from_parallel"],
+            "mpgpu_edu.tensor.mappings:reduce_from_parallel",
+            "mpgpu_edu.tensor.mappings:_CopyToParallel",
+            "mpgpu_edu.tensor.mappings:_ReduceFromParallel"],
 }
 
 CASES: dict[str, list[Case]] = {

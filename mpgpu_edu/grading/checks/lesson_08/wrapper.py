@@ -27,26 +27,21 @@ REFERENCE_MODULE = "mpgpu_edu.dp.fsdp"
 
 @contextlib.contextmanager
 def without_reference(impl: Impl, exercise_id: str) -> Iterator[None]:
-    """While inside, every public function and class of ``mpgpu_edu.dp.fsdp`` raises when
-    called, also under the names the learner's module imported (as ``from_scratch`` does
-    for the collectives)."""
+    """While inside, every function and class of ``mpgpu_edu.dp.fsdp`` (its private helpers
+    too) raises when called, however the learner's code reached it (its code is swapped, as
+    ``from_scratch`` does for the collectives)."""
     import importlib
 
+    from mpgpu_edu.grading.checks._blocking import code_blocked
+
     module = importlib.import_module(REFERENCE_MODULE)
-    swaps = [(value, _blocker(exercise_id, f"{REFERENCE_MODULE}.{name}"))
-             for name, value in vars(module).items()
-             if not name.startswith("_") and (inspect.isfunction(value)
-                                              or inspect.isclass(value))
-             and getattr(value, "__module__", "") == REFERENCE_MODULE]
-    with rebound([module, getattr(impl, "__globals__", {})], swaps):
+    targets = [(value, f"exercise {exercise_id} is yours to write, but it called "
+                       f"{REFERENCE_MODULE}.{name}, the package's own")
+               for name, value in vars(module).items()
+               if (inspect.isfunction(value) or inspect.isclass(value))
+               and getattr(value, "__module__", "") == REFERENCE_MODULE]
+    with code_blocked(targets, CheckFailure):
         yield
-
-
-def _blocker(exercise_id: str, display: str) -> Impl:
-    def blocked(*args: Any, **kwargs: Any) -> Any:
-        raise CheckFailure(f"exercise {exercise_id} is yours to write, but it called "
-                           f"{display}, the package's own")
-    return blocked
 
 
 @contextlib.contextmanager

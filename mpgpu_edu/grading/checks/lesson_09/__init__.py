@@ -30,7 +30,8 @@ REFERENCES = {
             "mpgpu_edu.memory.models:activation_bytes",
             "mpgpu_edu.memory.models:activation_terms"],
     "9.2": ["mpgpu_edu.memory.recompute:checkpointed", "torch.utils.checkpoint:checkpoint",
-            "torch.utils.checkpoint:checkpoint_sequential"],
+            "torch.utils.checkpoint:checkpoint_sequential",
+            "torch.utils.checkpoint:CheckpointFunction"],
 }
 
 

@@ -19,7 +19,9 @@ from mpgpu_edu.grading.checks.lesson_10.bubble import (_bubble_hidden, _bubble_j
 from mpgpu_edu.grading.checks.lesson_10 import schedule as sched
 
 REFERENCES = {
-    "10.1": ["mpgpu_edu.pipeline.schedules:interleaved_1f1b"],
+    "10.1": ["mpgpu_edu.pipeline.schedules:interleaved_1f1b",
+             "mpgpu_edu.pipeline.schedules:_interleaved_order",
+             "mpgpu_edu.pipeline.measures:bubble_overhead"],
     "10.2": ["mpgpu_edu.pipeline.schedules:interleaved_1f1b",
              "mpgpu_edu.pipeline.schedules:_interleaved_order"],
 }
