@@ -143,6 +143,22 @@ def test_a_barrier_is_named_a_barrier_not_a_chain() -> None:
                                         smooth_with_barrier)
 
 
+def test_halos_swapped_are_named_as_such() -> None:
+    """Without tags, 2 ranks' halos arrive in the order the neighbour sent them: swapped. The
+    message says so, and why tags tell them apart; halos padded on the wrong sides are told
+    where each goes."""
+    from tests.mutants.lesson_06 import smooth_halos_swapped, smooth_without_tags
+
+    message = _failure("6.3", "two ranks: left and right neighbour are one rank",
+                       smooth_without_tags)
+    assert "its two halos swapped" in message and "a tag of its own" in message
+    message = _failure("6.3", "4 ranks, blocks of 3, one step", smooth_halos_swapped)
+    assert "its two halos swapped" in message and "[from the left, block, from the right]" \
+        in message
+    assert "halos swapped" not in _failure("6.3", "4 ranks, blocks of 3, one step",
+                                           smooth_without_tags)
+
+
 def test_the_callers_block_and_its_dtype_are_kept() -> None:
     from tests.mutants.lesson_06 import (smooth_halos_through_float32, smooth_in_place,
                                          smooth_overwrites_block, smooth_sends_never_waited)

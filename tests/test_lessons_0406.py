@@ -295,6 +295,11 @@ def test_bad_shard_names_its_rank() -> None:
     with pytest.raises(RankError) as caught:
         launch(cd.bad_shard, 4, 2)
     assert caught.value.rank == 2 and "bad_shard" in caught.value.rank_traceback
+    # it ends at the learner's line, not in torch's dispatch machinery under the FLOP counter
+    lines = caught.value.rank_traceback.splitlines()
+    assert "_dynamo" not in caught.value.rank_traceback and "launch.py" not in lines[1]
+    assert "frame(s) inside torch and the simulator's FLOP counter not shown" in lines[-2]
+    assert lines[-1].startswith("RuntimeError: mat1 and mat2 shapes cannot be multiplied")
 
 
 def test_forgot_to_send_is_a_deadlock_on_the_simulator() -> None:

@@ -132,6 +132,24 @@ def test_every_deadlock_shape_is_caught_without_a_timeout(prog, world_size, expe
     assert "every rank is blocked" in str(info.value)
 
 
+def test_a_deadlock_lists_every_message_posted_and_never_matched():
+    """A receive tagged by the wrong side shows at once: the unmatched irecv is listed beside
+    the send each rank blocks in."""
+    def prog(comm):
+        other = 1 - comm.rank
+        got = comm.irecv(torch.zeros(4), other, tag=comm.rank)  # should be the sender's tag
+        comm.send(torch.zeros(4), other, tag=comm.rank)
+        got.wait()
+
+    with pytest.raises(DeadlockError) as info:
+        launch(prog, uniform(2), timeout=30)
+    text = str(info.value)
+    listed = text.split("Posted and never matched:\n", 1)[1].splitlines()
+    assert listed[0] == ("  rank 0: recv from rank 1, tag 0, 16 bytes (float32 [4]); "
+                         "send to rank 1, tag 0, 16 bytes (float32 [4])")
+    assert listed[1].startswith("  rank 1: recv from rank 0, tag 1, 16 bytes")
+
+
 def test_mismatched_shapes_name_both_ranks():
     def prog(comm):
         if comm.rank == 0:

@@ -96,3 +96,38 @@ class RankError(CommError):
 class Aborted(BaseException):
     """Raised inside a rank that is stopped because another rank failed. A BaseException so
     that a learner's ``except Exception`` does not swallow it."""
+
+
+def rank_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as a rank's error shows it: from the first frame outside the
+    launcher (``comm``, ``runtime``) to the last one outside torch's internals and the
+    simulator's FLOP counter (an op that fails under the counter otherwise ends in five
+    frames of torch's dispatch machinery, ``_dynamo`` among them), with the number left out."""
+    import os
+    import traceback
+
+    import torch
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    launcher = (os.path.join(package, "comm") + os.sep, os.path.join(package, "runtime") + os.sep)
+    inner = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+             os.path.join(package, "comm", "flops.py"))
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    start = 0
+    while start < len(frames) - 1 and frames[start].tb_frame.f_code.co_filename.startswith(
+            launcher):
+        start += 1
+    end = len(frames)
+    while end - 1 > start and frames[end - 1].tb_frame.f_code.co_filename.startswith(inner):
+        end -= 1
+    shown = traceback.format_list(traceback.extract_tb(frames[start], limit=end - start)) \
+        if frames else []
+    hidden = len(frames) - end
+    note = (f"  [... {hidden} frame(s) inside torch and the simulator's FLOP counter not "
+            "shown]\n") if hidden else ""
+    return ("Traceback (most recent call last):\n" + "".join(shown) + note
+            + "".join(traceback.format_exception_only(type(exc), exc)))

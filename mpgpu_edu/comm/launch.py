@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 from mpgpu_edu.comm import ops
 from mpgpu_edu.comm.base import CommStats
 from mpgpu_edu.comm.errors import (Aborted, DeadlockError, LaunchTimeoutError,
-                                   MessageMismatchError, RankError, UnmatchedMessageError)
+                                   MessageMismatchError, RankError, UnmatchedMessageError,
+                                   rank_traceback)
 from mpgpu_edu.comm.replay import replay
 from mpgpu_edu.comm.result import LaunchResult, resolve_cluster
 from mpgpu_edu.comm.router import Router
@@ -68,7 +68,7 @@ def run_sim(fn: Callable[..., Any], cluster: Any, args: tuple, kwargs: dict,
         except Aborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - re-raised by the launcher
-            errors[rank] = (exc, traceback.format_exc())
+            errors[rank] = (exc, rank_traceback(exc))
             router.fail(exc)
         finally:
             router.finish(comm.host)
@@ -125,7 +125,7 @@ def _raise_failure(router: Router, errors: dict[int, tuple[BaseException, str]])
     if isinstance(failure, (DeadlockError, MessageMismatchError)):
         raise failure  # detected by the router, not raised by a learner's code
     if isinstance(failure, _StreamFailure):
-        tb = "".join(traceback.format_exception(failure.original))
+        tb = rank_traceback(failure.original)
         raise RankError(failure.rank, failure.original, tb) from failure.original
     for rank, (exc, tb) in sorted(errors.items()):
         if exc is failure:

@@ -191,6 +191,7 @@ class Router:
         lines = [f"  {a.name}: {a.pending}" for a in self.actors if a.state == "blocked"]
         lines += [f"  {a.name}: finished" for a in self.actors
                   if a.state == "done" and a.lane == ops.HOST]
+        lines += self._unmatched_lines()
         self.failure = DeadlockError(
             "deadlock: every rank is blocked and none can make progress\n" + "\n".join(lines)
             + "\nA blocking send waits until its receiver posts the matching recv. Check that "
@@ -199,6 +200,24 @@ class Router:
             pending=[a.waiting for a in self.actors if a.state == "blocked" and a.waiting],
             finished=[a.rank for a in self.actors if a.state == "done" and a.lane == ops.HOST])
         self.wake()
+
+    def _unmatched_lines(self, most: int = 4) -> list[str]:
+        """For a deadlock's message: each rank's messages posted and never matched (its own
+        isend/irecv as well as the send or receive it blocks in), so that a tag or a peer
+        that differs at the two ends shows at once."""
+        by_rank: dict[str, list[str]] = {}
+        for queue in self.unmatched.values():
+            for posted in queue:
+                if not posted.done:
+                    by_rank.setdefault(posted.actor.name, []).append(posted.describe())
+        if not by_rank:
+            return []
+        lines = ["Posted and never matched:"]
+        for name in sorted(by_rank, key=lambda n: (int(n.split()[1]), n)):
+            texts = by_rank[name]
+            more = f"; and {len(texts) - most} more" if len(texts) > most else ""
+            lines.append(f"  {name}: " + "; ".join(texts[:most]) + more)
+        return lines
 
     # ---- whichever comes first: served when every actor is blocked -------------------------
     def request_any(self, request: AnyRequest) -> None:

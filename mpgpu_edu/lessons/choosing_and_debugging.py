@@ -26,9 +26,9 @@ from mpgpu_edu.memory import estimate_memory, spec_params
 from mpgpu_edu.viz.choosing import (comparison_html, comparison_text, describe_setting,
                                     memory_table, plot_comparison)
 from mpgpu_edu.viz.debugging import plot_smoothing, plot_wait_for
-from mpgpu_edu.viz.palette import format_bytes as _bytes
+from mpgpu_edu.viz.palette import format_bytes
 
-__all__ = ["Setting", "_bytes", "bad_shard", "both_send_first", "comparison_html",
+__all__ = ["Setting", "format_bytes", "bad_shard", "both_send_first", "comparison_html",
            "comparison_text", "describe_setting", "estimate_memory", "fewest_devices",
            "find_straggler_reference", "forgot_to_send", "longest_waiter", "memory_table",
            "phase_seconds", "plot_comparison", "plot_smoothing", "plot_wait_for", "run_smoothing",

@@ -203,6 +203,19 @@ def _smoothed(blocks: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
                                                 blocks)]
 
 
+def _smoothed_swapped(blocks: list[torch.Tensor], steps: int) -> list[torch.Tensor]:
+    """What every rank ends with when its two halos trade places each step: the left
+    neighbour's element lands on the right end and the right one's on the left (with 2 ranks,
+    a program that tells the two halos apart by the order they arrive, not by tag)."""
+    xs = [b.double() for b in blocks]
+    n = len(xs)
+    for _ in range(steps):
+        padded = [torch.cat([xs[(r + 1) % n][:1], xs[r], xs[(r - 1) % n][-1:]])
+                  for r in range(n)]
+        xs = [(p[:-2] + p[1:-1] + p[2:]) / 3 for p in padded]
+    return [x.to(b.dtype) for x, b in zip(xs, blocks)]
+
+
 def _judge_smooth(facts: dict[str, Any], lengths: list[int], steps: int, seed: int = 0,
                   dtype: str = "float32") -> None:
     _judge_all_waited(facts)
@@ -217,6 +230,18 @@ def _judge_smooth(facts: dict[str, Any], lengths: list[int], steps: int, seed: i
             expect(got.dtype == want[rank].dtype,
                    f"{what} came back {_dtype(got)}: keep the block's dtype ({dtype}), halo "
                    "buffers included (torch.empty_like(block[:1]))")
+            swapped = _smoothed_swapped(blocks, steps)[rank]
+            expect(n < 2 or steps < 1 or got.shape != swapped.shape
+                   or not torch.allclose(got.double(), swapped.double(), rtol=1e-4, atol=1e-4)
+                   or torch.allclose(got.double(), want[rank].double(), rtol=1e-4, atol=1e-4),
+                   f"{what} is what it would be with its two halos swapped: the left "
+                   "neighbour's last element went to the right end and the right one's first "
+                   "to the left. " + (
+                       "With 2 ranks both come from the same peer, so the order they arrive "
+                       "in cannot tell them apart: send each direction under a tag of its own "
+                       "and receive each halo with the tag of the direction it travels"
+                       if n == 2 else "Pad the block as [from the left, block, from the "
+                       "right]"))
         expect_close(got, want[rank], what, rtol=1e-4, atol=1e-4)
         if exact:
             expect(torch.allclose(got, want[rank], rtol=1e-12, atol=1e-12),
