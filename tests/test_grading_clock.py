@@ -125,11 +125,30 @@ def test_a_checker_child_that_fakes_the_simulators_numbers_is_judged_on_the_grad
 
     source = (ROOT / "exercises" / "ex01_communication.py").read_text()
     learner = tmp_path / "ex01_communication.py"
-    learner.write_text(source + "\n" + NAIVE_DRESSED_AS_RING)
+    # the patch wrapped so that it does not look like the learner's code in the package's
+    # class (which the child's own watch would name first: the next test)
+    hidden = NAIVE_DRESSED_AS_RING.replace(
+        "_base.CommStats.to_dict = ring_numbers",
+        "import functools\n    _base.CommStats.to_dict = functools.partialmethod(ring_numbers)")
+    assert hidden != NAIVE_DRESSED_AS_RING
+    learner.write_text(source + "\n" + hidden)
     result = run_exercise("1.3", learner, judge_here=True)
     by_name = {case.name: case for case in result.cases}
     assert by_name[TRAFFIC].status == "failed" and "rank 0" in by_name[TRAFFIC].message
     assert by_name["sums in place on 4 ranks"].status == "passed"
+
+
+def test_a_child_that_patches_the_packages_class_with_its_own_code_is_told_so(
+        tmp_path: Path) -> None:
+    from mpgpu_edu.grading.runner import run_exercise
+
+    source = (ROOT / "exercises" / "ex01_communication.py").read_text()
+    learner = tmp_path / "ex01_communication.py"
+    learner.write_text(source + "\n" + NAIVE_DRESSED_AS_RING)
+    result = run_exercise("1.3", learner, judge_here=True)
+    assert result.points == 0
+    assert all(case.status == "failed" for case in result.cases)
+    assert "changed the package's own mpgpu_edu.comm.base.CommStats" in result.cases[0].message
 
 
 def _record() -> dict:
