@@ -202,14 +202,15 @@ class Router:
         self.wake()
 
     def _unmatched_lines(self, most: int = 4) -> list[str]:
-        """For a deadlock's message: each rank's messages posted and never matched (its own
-        isend/irecv as well as the send or receive it blocks in), so that a tag or a peer
-        that differs at the two ends shows at once."""
+        """For a deadlock's message: each rank's messages posted and never matched, besides
+        the one it blocks in (its isend/irecv), so that a tag or a peer that differs at the
+        two ends shows at once."""
         by_rank: dict[str, list[str]] = {}
         for queue in self.unmatched.values():
             for posted in queue:
-                if not posted.done:
-                    by_rank.setdefault(posted.actor.name, []).append(posted.describe())
+                text = posted.describe()
+                if not posted.done and text not in posted.actor.pending:  # not said above
+                    by_rank.setdefault(posted.actor.name, []).append(text)
         if not by_rank:
             return []
         lines = ["Posted and never matched:"]
