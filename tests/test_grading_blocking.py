@@ -121,3 +121,59 @@ def test_code_from_the_learners_file_bound_in_a_package_module_is_noticed(tmp_pa
     finally:
         del cost.added_by_learner
     assert isinstance(sys.modules["mpgpu_edu.collectives.cost"], types.ModuleType)
+
+
+def test_a_class_grading_child_keeps_the_references_blocked_between_cases(tmp_path,
+                                                                          monkeypatch):
+    """The child of class grading (the grader judges) blocks the references before the file
+    is imported and unblocks them only at its end: a thread that watches them between two
+    cases never sees them callable. A learner's own check (the child judges, with them)
+    blocks them case by case, and the watcher sees the gaps."""
+    import threading
+    import time
+
+    from mpgpu_edu.grading import compute
+    from mpgpu_edu.grading.checks import Case
+    from mpgpu_edu.pipeline import schedules
+
+    seen: dict[str, bool] = {}
+
+    def watch(impl):
+        def look():
+            end = time.monotonic() + 0.4
+            while time.monotonic() < end:
+                if schedules._one_f_one_b_order.__code__.co_filename != "<blocked>":
+                    seen["callable"] = True
+                time.sleep(0.0005)
+        threading.Thread(target=look, daemon=True).start()
+        return 0
+
+    def later(impl):
+        time.sleep(0.5)
+        return 0
+
+    cases = [Case("watch", 1, watch, lambda data: None),
+             Case("later", 1, later, lambda data: None)]
+    monkeypatch.setattr("mpgpu_edu.grading.checks.cases_for", lambda exercise: cases)
+    def judged(case, message, request, sent):  # a judge takes its time, references callable
+        time.sleep(0.05)
+        return {**message, "type": "judged", "status": "passed", "message": "", "text": ""}
+
+    monkeypatch.setattr(compute, "_judged", judged)
+    learner = tmp_path / "ex04_pipeline.py"
+    learner.write_text("def one_f_one_b_orders(n_stages, n_microbatches):\n    return []\n")
+    for judge, gaps in ((False, False), (True, True)):
+        seen.clear()
+        sent: list = []
+        request = {"exercise": "4.3", "judge": judge, "file": str(learner),
+                   "function": "one_f_one_b_orders", "budget_s": 30.0, "start": 0,
+                   "case_timeout_s": None, "memory_bytes": 2**30,
+                   "display_file": "ex04_pipeline.py", "figures": False}
+        def send(message, sent=sent):  # the pipe to the grader takes its time too
+            sent.append(message)
+            time.sleep(0.02)
+
+        compute._run(send, request, compute.CappedOutput(1000))
+        assert seen.get("callable", False) is gaps, (judge, seen)
+        assert [m["type"] for m in sent][-1] == "done"
+    assert schedules._one_f_one_b_order(0, 2, 2)  # and all is put back at the end

@@ -104,6 +104,28 @@ HELD = {
                              "def interleaved_orders(n_stages, n_microbatches, n_chunks):\n"
                              "    return [_K[0](p, n_stages, n_microbatches, n_chunks)\n"
                              "            for p in range(n_stages)]\n", "yours to write"),
+    "1.3 another exercise's answer": ("1.3", "ex01_communication.py",
+                                      "from mpgpu_edu.lessons import communication as cm\n"
+                                      "def ring_all_reduce(comm, tensor):\n"
+                                      "    cm.binary_tree_all_reduce(comm, tensor)\n",
+                                      "yours to write"),
+    "1.2 another lesson's server": ("1.2", "ex01_communication.py",
+                                    "from mpgpu_edu.lessons import parameter_server as ps\n"
+                                    "def naive_all_reduce(comm, tensor):\n"
+                                    "    if comm.rank == 0:\n"
+                                    "        ps.reference_server_loop(comm, tensor, 1,\n"
+                                    "                                 -(comm.world_size - 1))\n"
+                                    "    else:\n"
+                                    "        ps.reference_worker_step(comm, tensor, tensor, 0)\n",
+                                    "yours to write"),
+    "4.3 a table made at import": ("4.3", "ex04_pipeline.py",
+                                   "from mpgpu_edu.pipeline import schedules as s\n"
+                                   "_TABLE = {(p, m): [s._one_f_one_b_order(q, p, m)\n"
+                                   "                   for q in range(p)]\n"
+                                   "          for p in range(1, 9) for m in range(1, 17)}\n"
+                                   "def one_f_one_b_orders(n_stages, n_microbatches):\n"
+                                   "    return _TABLE[(n_stages, n_microbatches)]\n",
+                                   "cannot be called"),
     "8.2 a subclass": ("8.2", "ex08_bigger_models.py",
                        "import mpgpu_edu.dp.fsdp as f\n"
                        "class _R(f.FSDPReplica):\n    pass\n"
@@ -121,6 +143,34 @@ def test_the_packages_code_reached_any_other_way_scores_nothing(name: str,
     result = check(exercise_id, impl=str(tmp_path), figures=False)
     assert result.points == 0, str(result)
     assert said in str(result)
+
+
+def test_in_class_grading_the_references_stay_blocked_for_the_whole_run(tmp_path: Path
+                                                                         ) -> None:
+    """A thread the file starts at import, which calls the reference once the import is
+    over (between two cases, or while a case runs), finds it blocked: in class grading the
+    child blocks the references from before the import to its end."""
+    from mpgpu_edu.grading.runner import run_exercise
+
+    learner = tmp_path / "ex04_pipeline.py"
+    learner.write_text(
+        "import threading, time\n"
+        "from mpgpu_edu.pipeline import schedules as s\n"
+        "_TABLE = {}\n"
+        "def _fill():\n"
+        "    time.sleep(0.3)\n"
+        "    for p in range(1, 9):\n"
+        "        for m in range(1, 17):\n"
+        "            _TABLE[(p, m)] = [s._one_f_one_b_order(q, p, m) for q in range(p)]\n"
+        "threading.Thread(target=_fill, daemon=True).start()\n"
+        "def one_f_one_b_orders(n_stages, n_microbatches):\n"
+        "    for _ in range(40):\n"
+        "        if (n_stages, n_microbatches) in _TABLE:\n"
+        "            return _TABLE[(n_stages, n_microbatches)]\n"
+        "        time.sleep(0.05)\n"
+        "    raise RuntimeError('no table')\n")
+    result = run_exercise("4.3", learner, judge_here=True)
+    assert result.points == 0, str(result)
 
 
 def test_changing_the_packages_own_code_fails_the_case(tmp_path: Path) -> None:

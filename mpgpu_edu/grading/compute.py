@@ -140,43 +140,55 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
     send({"type": "import"})
     from mpgpu_edu.grading.checks._blocking import package_bindings
 
-    baseline = package_bindings()  # before the learner's file runs a line
-    try:
-        with _alarm(min(30.0, request["budget_s"])):
-            impl = _load(request["file"], request["function"])
-    except BaseException as exc:  # noqa: BLE001 - anything the file does on import
-        status = "timeout" if isinstance(exc, CaseTimeout) else "error"
-        send({"type": "import_error", "status": status,
-              "message": _import_message(exc, request)})
-        return
-    figure_sent = False
-    for index in range(request["start"], len(cases)):
-        case = cases[index]
-        left = request["budget_s"] - (time.monotonic() - started)
-        if left <= 0:
-            break
-        soft = min(case.timeout_s, request["case_timeout_s"] or case.timeout_s, left)
-        send({"type": "start", "index": index, "timeout_s": soft})
-        case_start = time.monotonic()
-        message: dict[str, Any] = {"type": "computed", "index": index}
+    # Class grading (the grader judges): the references stay blocked from before the
+    # learner's file is imported until the child ends, so no code of the file (at import, in
+    # a thread it started, between two cases) ever runs them. A learner's own check judges
+    # here, with the references, so it blocks them per case, and while the file is imported.
+    whole_run = contextlib.ExitStack()
+    with whole_run:
+        if not request["judge"]:
+            whole_run.enter_context(references_blocked(request["exercise"]))
+        baseline = package_bindings()  # before the learner's file runs a line
         try:
-            with _alarm(soft), references_blocked(request["exercise"]):
-                message["data"] = plain(case.compute(impl))
-            package_left_as_it_was(baseline, request["file"])
-        except BaseException as exc:  # noqa: BLE001 - classified for the report
-            timed_out = isinstance(exc, CaseTimeout)
-            status, text = (("timeout", f"still running after {soft:.1f} s (an endless loop? "
-                             "a rank waiting for a message nobody sends?)") if timed_out else
-                            classify(exc, soft, request["memory_bytes"], request["file"],
-                                     request["display_file"]))
-            message = {"type": "ended", "index": index, "status": status, "message": text}
-        if request["judge"] and message["type"] == "computed":
-            message = _judged(case, message, request, figure_sent)
-            figure_sent = figure_sent or bool(message.get("figure"))
-        message.update(output=output.take(), seconds=round(time.monotonic() - case_start, 3))
-        send(message)
-        if message.get("status") == "timeout":
-            break  # threads may still be running: continue in a fresh process
+            with _alarm(min(30.0, request["budget_s"])), references_blocked(
+                    request["exercise"], importing=True, references=request["judge"]):
+                impl = _load(request["file"], request["function"])
+        except BaseException as exc:  # noqa: BLE001 - anything the file does on import
+            status = "timeout" if isinstance(exc, CaseTimeout) else "error"
+            send({"type": "import_error", "status": status,
+                  "message": _import_message(exc, request)})
+            return
+        figure_sent = False
+        for index in range(request["start"], len(cases)):
+            case = cases[index]
+            left = request["budget_s"] - (time.monotonic() - started)
+            if left <= 0:
+                break
+            soft = min(case.timeout_s, request["case_timeout_s"] or case.timeout_s, left)
+            send({"type": "start", "index": index, "timeout_s": soft})
+            case_start = time.monotonic()
+            message: dict[str, Any] = {"type": "computed", "index": index}
+            try:
+                with _alarm(soft), (references_blocked(request["exercise"])
+                                    if request["judge"] else contextlib.nullcontext()):
+                    message["data"] = plain(case.compute(impl))
+                package_left_as_it_was(baseline, request["file"])
+            except BaseException as exc:  # noqa: BLE001 - classified for the report
+                timed_out = isinstance(exc, CaseTimeout)
+                status, text = (("timeout", f"still running after {soft:.1f} s (an endless "
+                                 "loop? a rank waiting for a message nobody sends?)")
+                                if timed_out else
+                                classify(exc, soft, request["memory_bytes"], request["file"],
+                                         request["display_file"]))
+                message = {"type": "ended", "index": index, "status": status, "message": text}
+            if request["judge"] and message["type"] == "computed":
+                message = _judged(case, message, request, figure_sent)
+                figure_sent = figure_sent or bool(message.get("figure"))
+            message.update(output=output.take(),
+                           seconds=round(time.monotonic() - case_start, 3))
+            send(message)
+            if message.get("status") == "timeout":
+                break  # threads may still be running: continue in a fresh process
     send({"type": "done"})
 
 
@@ -194,24 +206,64 @@ def _judged(case: Any, message: dict, request: dict, figure_sent: bool) -> dict:
 
 
 @contextlib.contextmanager
-def references_blocked(exercise_id: str) -> Iterator[None]:
-    """While inside (a case's *compute* half), the package's own implementation of the
-    function being written (a lesson's checks name it in ``REFERENCES``: functions, classes,
-    methods) raises when called, however the learner's code reached it: its code is swapped,
-    not its names (``checks._blocking``), so a reference kept in a dict, a default argument
-    or a subclass raises too. The judges after it use it again."""
-    from mpgpu_edu.grading.checks import CheckFailure, lesson_module
+def references_blocked(exercise_id: str, importing: bool = False,
+                       references: bool = True) -> Iterator[None]:
+    """While inside (a case's *compute* half), the package's own implementations of the
+    functions the course asks for (every lesson's ``REFERENCES``, not only this exercise's:
+    one exercise's reference can do another's work) raise when called, however the learner's
+    code reached them: their code is swapped, not their names (``checks._blocking``), so a
+    reference kept in a dict, a default argument or a subclass raises too. A lesson's checks
+    may name, in ``NEEDS``, the references its own cases call while they compute (a schedule
+    to feed the learner's executor); those stay callable for that exercise. ``importing``:
+    the collectives too (``checks._support.from_scratch``), as no exercise file needs any of
+    them while it is imported (``references=False``: those alone, the references being
+    blocked already). The judges after it use them again."""
+    from mpgpu_edu.grading.checks import CheckFailure
     from mpgpu_edu.grading.checks._blocking import code_blocked
-    from mpgpu_edu.grading.registry import get
 
-    references = getattr(lesson_module(get(exercise_id).lesson), "REFERENCES", {})
-    targets = []
-    for target in references.get(exercise_id, ()):
-        for owner, attribute in resolve_reference(target):
-            targets.append((owner, f"exercise {exercise_id} is yours to write: the package's "
-                                   f"own {attribute} cannot be called while it is checked"))
+    targets = [(owner, f"exercise {exercise_id} is yours to write: the package's own "
+                       f"{attribute} cannot be called while it is checked")
+               for owner, attribute in (blocked_references(exercise_id) if references
+                                        else [])]
+    if importing:
+        from mpgpu_edu.grading.checks._support import _forbidden_targets
+
+        targets += [(value, f"importing the file for exercise {exercise_id} called "
+                            f"{display}: code at the top of an exercise file runs before the "
+                            "check starts, and must not call the package's collectives")
+                    for value, display in _forbidden_targets()]
     with code_blocked(targets, CheckFailure):
         yield
+
+
+# Blocked for every exercise, besides each exercise's own ``REFERENCES``: the course's answer
+# implementations, whose only use is to be an answer (or the package's own DDP and parameter
+# servers, which no check computes with), so that one exercise's reference cannot do
+# another's work (1.6's tree for 1.3, lesson 02's server for 1.2, the DDP's buckets for 3.1).
+ANSWERS = ("mpgpu_edu.lessons.communication:binary_tree_all_reduce",
+           "mpgpu_edu.lessons.parameter_server:*", "mpgpu_edu.lessons.welcome:device_ids_for",
+           "mpgpu_edu.lessons.choosing_and_debugging:smooth_ring_reference",
+           "mpgpu_edu.lessons.choosing_and_debugging:find_straggler_reference",
+           "mpgpu_edu.dp.ddp:*", "mpgpu_edu.dp.wrapper:*", "mpgpu_edu.dp.fsdp:*",
+           "mpgpu_edu.ps.sharded:*", "mpgpu_edu.ps.sync:*",
+           "mpgpu_edu.memory.recompute:checkpointed")
+
+
+def blocked_references(exercise_id: str) -> list[tuple[Any, str]]:
+    """(object, name) of every reference blocked while ``exercise_id`` computes: its own
+    lesson's ``REFERENCES`` for it, and ``ANSWERS``, less what its lesson ``NEEDS`` for it
+    (code of the package that its own cases compute with)."""
+    from mpgpu_edu.grading.checks import lesson_module
+    from mpgpu_edu.grading.registry import get
+
+    module = lesson_module(get(exercise_id).lesson)
+    needs = set(getattr(module, "NEEDS", {}).get(exercise_id, ()))
+    targets = [*getattr(module, "REFERENCES", {}).get(exercise_id, ()), *ANSWERS]
+    out: list[tuple[Any, str]] = []
+    for target in dict.fromkeys(targets):
+        if target not in needs:
+            out.extend(resolve_reference(target))
+    return out
 
 
 def package_left_as_it_was(baseline: dict, learner_file: str) -> None:

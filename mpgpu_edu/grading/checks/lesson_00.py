@@ -118,9 +118,11 @@ def _random_ids() -> list[dict[str, Any]]:
 # The package's own implementation of each exercise: unavailable to the learner's code while
 # it is checked (``grading.compute``); the judges here still compare with it.
 REFERENCES = {"0.1": ["mpgpu_edu.cluster.visible:parse_visible",
-                      "mpgpu_edu.cluster.visible:_scan"],
+                      "mpgpu_edu.cluster.visible:_scan",
+                      "mpgpu_edu.cluster.visible:_read_entry"],
               "0.2": ["mpgpu_edu.cluster.visible:device_ids_to_physical",
-                      "mpgpu_edu.lessons.welcome:device_ids_for"]}
+                      "mpgpu_edu.lessons.welcome:device_ids_for",
+                      "mpgpu_edu.cluster.visible:_bad_device_ids_message"]}
 
 CASES: dict[str, list[Case]] = {
     "0.1": [

@@ -39,7 +39,8 @@ REFERENCES = {  # the package's own implementation, out of reach while the learn
     "3.2": ["mpgpu_edu.dp.ddp:make_buckets", "mpgpu_edu.dp.ddp:make_buckets_torch"],
     "3.3": ["mpgpu_edu.dp.ddp:grad_buckets", "mpgpu_edu.dp.ddp:ddp_step_overlapped",
             "mpgpu_edu.dp.wrapper:DDPWrapper", "mpgpu_edu.dp.wrapper:wrap_ddp"],
-    "3.4": ["mpgpu_edu.memory:estimate_memory", "mpgpu_edu.memory:bytes_per_param"],
+    "3.4": ["mpgpu_edu.memory:estimate_memory", "mpgpu_edu.memory:bytes_per_param",
+            "mpgpu_edu.memory.measure:parameter_bytes", "mpgpu_edu.memory.measure:gradient_bytes"],
     "3.5": ["mpgpu_edu.dp.wrapper:*", "mpgpu_edu.dp.ddp:*",  # buckets, broadcast, overlap
             "mpgpu_edu.replica.flat:*"],  # and the flattening: the wrapper is the learner's
 }

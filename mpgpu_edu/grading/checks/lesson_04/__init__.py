@@ -46,6 +46,7 @@ REFERENCES = {  # the package's own implementation, out of reach while the learn
             "mpgpu_edu.pipeline.partition:_min_max_boundaries",
             "mpgpu_edu.pipeline.partition:_check_stage_count"],
     "4.2": ["mpgpu_edu.pipeline.schedules:gpipe", "mpgpu_edu.pipeline.schedules:_interleaved_order",
+            "mpgpu_edu.pipeline.measures:_all_steps",
             "mpgpu_edu.pipeline.schedules:_one_f_one_b_order"],
     "4.3": ["mpgpu_edu.pipeline.schedules:one_f_one_b",
             "mpgpu_edu.pipeline.schedules:_one_f_one_b_order",

@@ -49,12 +49,11 @@ REFERENCES = {
     "5.3": ["mpgpu_edu.hybrid.mesh:Mesh", "mpgpu_edu.hybrid.mesh:Mesh.replica_ranks",
             "mpgpu_edu.hybrid.mesh:Mesh.stage_ranks", "mpgpu_edu.hybrid.mesh:make_groups",
             "mpgpu_edu.collectives.hierarchical:node_groups",
-            "mpgpu_edu.collectives.hierarchical:rail_groups"],
+            "mpgpu_edu.collectives.hierarchical:rail_groups", "mpgpu_edu.viz.mesh:mesh_coords"],
     "5.4": ["mpgpu_edu.tensor.megatron:megatron_mlp", "mpgpu_edu.tensor.layers:ParallelMLP",
             "mpgpu_edu.tensor.mappings:copy_to_parallel",
             "mpgpu_edu.tensor.mappings:reduce_from_parallel",
-            "mpgpu_edu.tensor.mappings:_CopyToParallel",
-            "mpgpu_edu.tensor.mappings:_ReduceFromParallel"],
+            "mpgpu_edu.tensor.mappings:*"],  # its scatter and gather would do f and g too
 }
 
 CASES: dict[str, list[Case]] = {

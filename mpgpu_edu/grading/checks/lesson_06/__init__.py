@@ -28,7 +28,8 @@ from mpgpu_edu.grading.checks.lesson_06.straggler import (_find_case, _random_st
 
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
-    "6.3": ["mpgpu_edu.lessons.choosing_and_debugging:smooth_ring_reference"],
+    "6.3": ["mpgpu_edu.lessons.choosing_and_debugging:smooth_ring_reference",
+            "mpgpu_edu.lessons.choosing_and_debugging:smooth_on_one_device"],
     "6.4": ["mpgpu_edu.lessons.choosing_and_debugging:find_straggler_reference",
             "mpgpu_edu.lessons.choosing_and_debugging:phase_seconds"],
 }

@@ -56,5 +56,6 @@ CASES: dict[str, list[Case]] = {
 # checked (``from_scratch`` switches it off, with the other collectives, for 7.2).
 REFERENCES = {"7.1": ["mpgpu_edu.collectives.hierarchical:node_groups",
                       "mpgpu_edu.collectives.hierarchical:rail_groups",
-                      "mpgpu_edu.hybrid.mesh:Mesh", "mpgpu_edu.hybrid.mesh:make_groups"],
+                      "mpgpu_edu.hybrid.mesh:Mesh", "mpgpu_edu.hybrid.mesh:make_groups",
+                      "mpgpu_edu.cluster.topology:Topology.groups"],
               "7.2": ["mpgpu_edu.collectives.hierarchical:all_reduce_hierarchical"]}

@@ -28,7 +28,9 @@ from mpgpu_edu.grading.checks.lesson_09.recompute import (_accumulate, _basic, _
 REFERENCES = {
     "9.1": ["mpgpu_edu.memory.models:layer_activation_bytes",
             "mpgpu_edu.memory.models:activation_bytes",
-            "mpgpu_edu.memory.models:activation_terms"],
+            "mpgpu_edu.memory.models:activation_terms",
+            "mpgpu_edu.estimate.choosing:_tensor_parallel",
+            "mpgpu_edu.estimate.choosing:_Job"],
     "9.2": ["mpgpu_edu.memory.recompute:checkpointed", "torch.utils.checkpoint:checkpoint",
             "torch.utils.checkpoint:checkpoint_sequential",
             "torch.utils.checkpoint:CheckpointFunction"],
