@@ -126,6 +126,15 @@ HELD = {
                                    "def one_f_one_b_orders(n_stages, n_microbatches):\n"
                                    "    return _TABLE[(n_stages, n_microbatches)]\n",
                                    "cannot be called"),
+    "4.3 rebuilt from the code": ("4.3", "ex04_pipeline.py",
+                                  "import types\n"
+                                  "from mpgpu_edu.pipeline import schedules as s\n"
+                                  "_COPY = types.FunctionType(s._one_f_one_b_order.__code__,\n"
+                                  "                           s.__dict__, 'copy')\n"
+                                  "def one_f_one_b_orders(n_stages, n_microbatches):\n"
+                                  "    return [_COPY(p, n_stages, n_microbatches)\n"
+                                  "            for p in range(n_stages)]\n",
+                                  "cannot be called"),
     "8.2 a subclass": ("8.2", "ex08_bigger_models.py",
                        "import mpgpu_edu.dp.fsdp as f\n"
                        "class _R(f.FSDPReplica):\n    pass\n"

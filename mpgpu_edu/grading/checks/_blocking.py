@@ -16,6 +16,7 @@ taken before a case and compared after it, any difference fails the case.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import sys
 import types
@@ -59,7 +60,17 @@ def raising_code(fn: types.FunctionType, error: type[BaseException],
     """A code object that raises ``error(message)``, fit to replace ``fn.__code__``: any
     arguments, and as many free variables as ``fn`` has (a method that calls ``super()``
     has one), which it never reads."""
-    free = fn.__code__.co_freevars
+    code = _template(fn.__code__.co_freevars)
+    consts = tuple(error if c == _ERROR else message if c == _MESSAGE else c
+                   for c in code.co_consts)
+    return code.replace(co_consts=consts, co_name=fn.__code__.co_name,
+                        co_qualname=fn.__code__.co_qualname)
+
+
+@functools.lru_cache(maxsize=None)
+def _template(free: tuple[str, ...]) -> types.CodeType:
+    """The raising code for functions with the free variables ``free`` (compiled once per
+    such tuple: most have none), its error and message still placeholders."""
     source = ["def outer():", *[f"    {name} = None" for name in free],
               "    def blocked(*args, **kwargs):"]
     if free:
@@ -69,11 +80,7 @@ def raising_code(fn: types.FunctionType, error: type[BaseException],
     with warnings.catch_warnings():  # "'str' object is not callable": replaced below
         warnings.simplefilter("ignore")
         exec(compile("\n".join(source), "<blocked>", "exec"), namespace)  # noqa: S102
-    code = namespace["outer"]().__code__
-    consts = tuple(error if c == _ERROR else message if c == _MESSAGE else c
-                   for c in code.co_consts)
-    return code.replace(co_consts=consts, co_name=fn.__code__.co_name,
-                        co_qualname=fn.__code__.co_qualname)
+    return namespace["outer"]().__code__
 
 
 @contextlib.contextmanager
