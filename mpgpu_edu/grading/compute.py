@@ -150,8 +150,10 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
             whole_run.enter_context(references_blocked(request["exercise"]))
         baseline = package_bindings()  # before the learner's file runs a line
         try:
-            with _alarm(min(30.0, request["budget_s"])), references_blocked(
-                    request["exercise"], importing=True, references=request["judge"]):
+            with _alarm(min(30.0, request["budget_s"])), (
+                    references_blocked(request["exercise"]) if request["judge"]
+                    else contextlib.nullcontext()), \
+                    collectives_blocked_at_import(request["exercise"]):
                 impl = _load(request["file"], request["function"])
         except BaseException as exc:  # noqa: BLE001 - anything the file does on import
             status = "timeout" if isinstance(exc, CaseTimeout) else "error"
@@ -206,33 +208,34 @@ def _judged(case: Any, message: dict, request: dict, figure_sent: bool) -> dict:
 
 
 @contextlib.contextmanager
-def references_blocked(exercise_id: str, importing: bool = False,
-                       references: bool = True) -> Iterator[None]:
-    """While inside (a case's *compute* half), the package's own implementations of the
-    functions the course asks for (every lesson's ``REFERENCES``, not only this exercise's:
-    one exercise's reference can do another's work) raise when called, however the learner's
+def references_blocked(exercise_id: str) -> Iterator[None]:
+    """While inside (a case's *compute* half), the package's own implementations that would
+    do the exercise's work (``blocked_references``) raise when called, however the learner's
     code reached them: their code is swapped, not their names (``checks._blocking``), so a
-    reference kept in a dict, a default argument or a subclass raises too. A lesson's checks
-    may name, in ``NEEDS``, the references its own cases call while they compute (a schedule
-    to feed the learner's executor); those stay callable for that exercise. ``importing``:
-    the collectives too (``checks._support.from_scratch``), as no exercise file needs any of
-    them while it is imported (``references=False``: those alone, the references being
-    blocked already). The judges after it use them again."""
+    reference kept in a dict, a default argument or a subclass raises too. The judges after
+    it use them again."""
     from mpgpu_edu.grading.checks import CheckFailure
     from mpgpu_edu.grading.checks._blocking import code_blocked
 
-    targets = [(owner, f"exercise {exercise_id} is yours to write: the package's own "
-                       f"{attribute} cannot be called while it is checked")
-               for owner, attribute in (blocked_references(exercise_id) if references
-                                        else [])]
-    if importing:
-        from mpgpu_edu.grading.checks._support import _forbidden_targets
+    with code_blocked([(owner, f"exercise {exercise_id} is yours to write: the package's own "
+                               f"{attribute} cannot be called while it is checked")
+                       for owner, attribute in blocked_references(exercise_id)], CheckFailure):
+        yield
 
-        targets += [(value, f"importing the file for exercise {exercise_id} called "
-                            f"{display}: code at the top of an exercise file runs before the "
-                            "check starts, and must not call the package's collectives")
-                    for value, display in _forbidden_targets()]
-    with code_blocked(targets, CheckFailure):
+
+@contextlib.contextmanager
+def collectives_blocked_at_import(exercise_id: str) -> Iterator[None]:
+    """While the learner's file is imported: the collectives (``checks._support.
+    forbidden_collectives``) raise too, as no exercise file needs one at import, and a table
+    of their results made then would outlive every check."""
+    from mpgpu_edu.grading.checks import CheckFailure
+    from mpgpu_edu.grading.checks._blocking import code_blocked
+    from mpgpu_edu.grading.checks._support import forbidden_collectives
+
+    with code_blocked([(value, f"importing the file for exercise {exercise_id} called "
+                               f"{display}: code at the top of an exercise file runs before "
+                               "the check starts, and must not call the package's collectives")
+                       for value, display in forbidden_collectives()], CheckFailure):
         yield
 
 
@@ -251,19 +254,13 @@ ANSWERS = ("mpgpu_edu.lessons.communication:binary_tree_all_reduce",
 
 def blocked_references(exercise_id: str) -> list[tuple[Any, str]]:
     """(object, name) of every reference blocked while ``exercise_id`` computes: its own
-    lesson's ``REFERENCES`` for it, and ``ANSWERS``, less what its lesson ``NEEDS`` for it
-    (code of the package that its own cases compute with)."""
+    lesson's ``REFERENCES`` for it, and ``ANSWERS``."""
     from mpgpu_edu.grading.checks import lesson_module
     from mpgpu_edu.grading.registry import get
 
-    module = lesson_module(get(exercise_id).lesson)
-    needs = set(getattr(module, "NEEDS", {}).get(exercise_id, ()))
-    targets = [*getattr(module, "REFERENCES", {}).get(exercise_id, ()), *ANSWERS]
-    out: list[tuple[Any, str]] = []
-    for target in dict.fromkeys(targets):
-        if target not in needs:
-            out.extend(resolve_reference(target))
-    return out
+    own = getattr(lesson_module(get(exercise_id).lesson), "REFERENCES", {}).get(exercise_id, ())
+    return [found for target in dict.fromkeys([*own, *ANSWERS])
+            for found in resolve_reference(target)]
 
 
 def package_left_as_it_was(baseline: dict, learner_file: str) -> None:

@@ -78,7 +78,7 @@ _PACKAGE_MODULES = ("mpgpu_edu.collectives", "mpgpu_edu.collectives.allreduce",
 _ALLOWED = ("check_op", "finish_op", "flat_view")  # argument checks and views, not collectives
 
 
-def _forbidden_targets() -> list[tuple[Any, str]]:
+def forbidden_collectives() -> list[tuple[Any, str]]:
     """(object, display name) of every collective an exercise must not call: torch's, and
     every function and class of the package's collectives (its closed forms aside)."""
     import importlib
@@ -107,7 +107,7 @@ def from_scratch(impl: Callable[..., Any], exercise_id: str) -> Iterator[None]:
 
     targets = [(value, f"exercise {exercise_id} is built from comm.send/recv/isend/irecv "
                        f"only, but it called {display}")
-               for value, display in _forbidden_targets()]
+               for value, display in forbidden_collectives()]
     with code_blocked(targets, CheckFailure):
         yield
 

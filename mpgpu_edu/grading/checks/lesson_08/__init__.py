@@ -8,8 +8,8 @@ code and compares. The oracle for the wrapper is single-device training on the s
 its shards are ``mpgpu_edu.dp.fsdp.flat_shard`` of the single-device parameters.
 
 The package's own wrapper (``mpgpu_edu.dp.fsdp``) is out of the capstone's reach: while the
-learner's code runs, every public name of that module raises (``without_reference``), also
-under the names the learner's module imported.
+learner's code runs, every function and class of that module raises, however it was reached
+(``grading.compute.ANSWERS``, blocked for every exercise).
 
 Modules: ``shard`` (8.1), ``setup`` (the capstone's models, data and reference), ``wrapper``
 (its compute halves), ``judges`` (its judge halves)."""

@@ -1,13 +1,13 @@
 """Exercise 8.2, the sharded wrapper: the compute halves. They train the learner's wrapper on the
-simulator with the package's own wrapper out of reach (``without_reference``), record the
-collectives it calls and the weights autograd keeps, and return plain facts."""
+simulator (the package's own wrapper, all of ``mpgpu_edu.dp.fsdp``, is out of reach: the
+grader blocks it for every exercise, ``grading.compute.ANSWERS``), record the collectives it
+calls and the weights autograd keeps, and return plain facts."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import gc
-import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,32 +16,10 @@ import torch
 from torch import nn
 
 from mpgpu_edu.cluster import Cluster
-from mpgpu_edu.grading.checks import CheckFailure
 from mpgpu_edu.grading.checks._support import compute_examples, launch_facts, rebound, run_spmd
 from mpgpu_edu.grading.checks.lesson_08.setup import (ACCUMULATE, HIDDEN, LR, WIDTHS, Impl,
                                                       _batch, _example, _model,
                                                       _prefetch_cluster, _same)
-
-REFERENCE_MODULE = "mpgpu_edu.dp.fsdp"
-
-
-@contextlib.contextmanager
-def without_reference(impl: Impl, exercise_id: str) -> Iterator[None]:
-    """While inside, every function and class of ``mpgpu_edu.dp.fsdp`` (its private helpers
-    too) raises when called, however the learner's code reached it (its code is swapped, as
-    ``from_scratch`` does for the collectives)."""
-    import importlib
-
-    from mpgpu_edu.grading.checks._blocking import code_blocked
-
-    module = importlib.import_module(REFERENCE_MODULE)
-    targets = [(value, f"exercise {exercise_id} is yours to write, but it called "
-                       f"{REFERENCE_MODULE}.{name}, the package's own")
-               for name, value in vars(module).items()
-               if (inspect.isfunction(value) or inspect.isclass(value))
-               and getattr(value, "__module__", "") == REFERENCE_MODULE]
-    with code_blocked(targets, CheckFailure):
-        yield
 
 
 @contextlib.contextmanager
@@ -206,7 +184,7 @@ def _run(impl: Impl, n: int, widths: tuple[int, ...], *, n_samples: int = 12, st
 
 def _launch(impl: Impl, program: Callable[..., Any], cluster: Cluster | int,
             with_trace: bool = False) -> dict:
-    with without_reference(impl, "8.2"), _recording(impl) as calls:
+    with _recording(impl) as calls:
         result = run_spmd(program, cluster)
     facts = launch_facts(result, with_trace=with_trace)
     facts["calls"] = [list(call) for call in calls]
