@@ -108,6 +108,10 @@ def rank_traceback(exc: BaseException) -> str:
 
     import torch
 
+    remote = getattr(exc, "remote_frames", None)  # raised in a rank process (comm.apart)
+    if remote is not None:
+        kept = [f for f in remote if "mpgpu_edu" + os.sep + "comm" + os.sep not in f.filename]
+        return "".join(traceback.format_list(kept or remote))
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     launcher = (os.path.join(package, "comm") + os.sep, os.path.join(package, "runtime") + os.sep)
     inner = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,

@@ -30,6 +30,7 @@ from mpgpu_edu.comm.flops import FlopCount
 from mpgpu_edu.comm.message import check_peer, check_sources, kind_of
 from mpgpu_edu.comm.router import Actor, AnyRequest, Posted, Router
 
+
 class _PostWork(Work):
     def __init__(self, comm: SimCommunicator, posted: Posted) -> None:
         self.comm, self.posted = comm, posted
@@ -93,7 +94,101 @@ class SimMemory(MemoryRecorder):
         self.comm.actor().ops.append(ops.Memory(category, -nbytes, label))
 
 
-class SimCommunicator(Communicator):
+class CountedCommunicator(Communicator):
+    """What the simulator's communicators share: each thread of a rank counts the ops it
+    runs (``bind``), and ``compute``/``flush_region`` turn the count into ``Compute`` ops,
+    handed to ``record(actor, op)``. Subclasses set ``cluster``, ``host`` and ``_local`` (a
+    ``threading.local``) and define ``record`` and ``counting_skipped`` (true while the
+    communicator's own copies run, which are not the program's work)."""
+
+    cluster: Any
+    host: Actor
+    _local: threading.local
+
+    def actor(self) -> Actor:
+        return getattr(self._local, "actor", self.host)
+
+    def record(self, actor: Actor, op: ops.Op) -> None:
+        raise NotImplementedError
+
+    def counting_skipped(self) -> bool:
+        return False
+
+    def bind(self, actor: Actor) -> None:
+        """Make ``actor`` this thread's, and count every op the thread runs from now on: ops
+        outside compute regions (the adds of a reduction, bucket copies) are timed as
+        ``compute`` events labelled ``elementwise`` at the next message or wait."""
+        self._local.actor = actor
+        if actor.counter is None:
+            actor.counter = FlopCount(self.cluster, skip=self.counting_skipped)
+            actor.counter.factories = False
+            actor.counter.__enter__()  # the thread's own mode stack: gone with the thread
+            actor.flush = lambda: self.flush_region(actor)
+
+    # ---- compute ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def compute(self, kind: str = "compute", label: str = "",
+                seconds: float | None = None) -> Iterator[None]:
+        actor = self.actor()
+        if actor.region is not None:  # nested: counted by the outer region
+            yield
+            return
+        self.flush_region(actor)  # elementwise work before the region is not the region's
+        counter, pushed = actor.counter, False
+        if counter is None:  # a thread that was never bound: count this region alone
+            counter, pushed = FlopCount(self.cluster, skip=self.counting_skipped), True
+            actor.counter = counter
+            counter.__enter__()
+        actor.region = (kind, label)
+        counter.active, counter.factories = seconds is None, True
+        try:
+            yield
+        finally:
+            counter.active, counter.factories = True, False
+            if seconds is None:
+                self.flush_region(actor)
+            elif seconds > 0:
+                self.record(actor, ops.Compute(float(seconds), kind, label, 0.0))
+            actor.region = None
+            if pushed:
+                counter.__exit__(None, None, None)
+                actor.counter = None
+                actor.emitted, actor.emitted_by_dtype = (0.0, 0, 0.0), {}
+
+    def flush_region(self, actor: Actor) -> None:
+        """Time the ops counted since the last flush as one ``Compute``: the open region's,
+        or, outside regions, ``compute``/``elementwise`` (a reduction's adds, a bucket's
+        copies). Called before every message and wait, so that the work lands before the
+        message it precedes.
+
+        Seconds: ``sum over dtypes of flops / (peak * efficiency)``, plus, for the ops whose
+        bytes take longer than their FLOPs, the difference (the roofline, see ``flops``),
+        plus ``launch_overhead_s`` per kernel."""
+        counter = actor.counter
+        if counter is None or actor.region is not None and not counter.active:
+            return
+        flops0, kernels0, extra0 = actor.emitted
+        by_dtype = dict(counter.by_dtype)
+        actor.emitted = (sum(by_dtype.values()), counter.kernels, counter.memory_extra_s)
+        flops, kernels = actor.emitted[0] - flops0, counter.kernels - kernels0
+        if kernels <= 0:
+            return
+        seconds = counter.memory_extra_s - extra0
+        seconds += kernels * getattr(self.cluster, "launch_overhead_s", 0.0)
+        for dtype, total in by_dtype.items():
+            new = total - actor.emitted_by_dtype.get(dtype, 0.0)
+            if new > 0:
+                seconds += self.cluster.flop_seconds(new, dtype)
+        actor.emitted_by_dtype = by_dtype
+        # On the comm stream (the reductions of an overlapped all-reduce) the work runs
+        # beside the compute stream, as NCCL's kernels do on a GPU: the replay times it on
+        # the comm lane, without waiting for the compute stream.
+        kind, label = actor.region or ("compute", "elementwise")
+        if seconds > 0 or flops > 0:
+            self.record(actor, ops.Compute(seconds, kind, label, flops))
+
+
+class SimCommunicator(CountedCommunicator):
     """One rank's view of the simulated cluster."""
 
     def __init__(self, rank: int, world_size: int, router: Router, cluster: Any,
@@ -115,19 +210,11 @@ class SimCommunicator(Communicator):
     def memory(self) -> MemoryRecorder:
         return self._memory
 
-    def actor(self) -> Actor:
-        return getattr(self._local, "actor", self.host)
+    def record(self, actor: Actor, op: ops.Op) -> None:
+        actor.ops.append(op)
 
-    def bind(self, actor: Actor) -> None:
-        """Make ``actor`` this thread's, and count every op the thread runs from now on: ops
-        outside compute regions (the adds of a reduction, bucket copies) are timed as
-        ``compute`` events labelled ``elementwise`` at the next message or wait."""
-        self._local.actor = actor
-        if actor.counter is None:
-            actor.counter = FlopCount(self.cluster, skip=self.router.lock._is_owned)
-            actor.counter.factories = False
-            actor.counter.__enter__()  # the thread's own mode stack: gone with the thread
-            actor.flush = lambda: self.flush_region(actor)
+    def counting_skipped(self) -> bool:
+        return self.router.lock._is_owned()  # the router's copies of a message
 
     # ---- point to point ---------------------------------------------------------------------
     def _post(self, op: str, tensor: torch.Tensor, peer: int, tag: int,
@@ -177,68 +264,6 @@ class SimCommunicator(Communicator):
                           "waiting for the first of: "
                           + "; ".join(w.posted.describe() for w in works))
         return request.result
-
-    # ---- compute ------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def compute(self, kind: str = "compute", label: str = "",
-                seconds: float | None = None) -> Iterator[None]:
-        actor = self.actor()
-        if actor.region is not None:  # nested: counted by the outer region
-            yield
-            return
-        self.flush_region(actor)  # elementwise work before the region is not the region's
-        counter, pushed = actor.counter, False
-        if counter is None:  # a thread that was never bound: count this region alone
-            counter, pushed = FlopCount(self.cluster, skip=self.router.lock._is_owned), True
-            actor.counter = counter
-            counter.__enter__()
-        actor.region = (kind, label)
-        counter.active, counter.factories = seconds is None, True
-        try:
-            yield
-        finally:
-            counter.active, counter.factories = True, False
-            if seconds is None:
-                self.flush_region(actor)
-            elif seconds > 0:
-                actor.ops.append(ops.Compute(float(seconds), kind, label, 0.0))
-            actor.region = None
-            if pushed:
-                counter.__exit__(None, None, None)
-                actor.counter = None
-                actor.emitted, actor.emitted_by_dtype = (0.0, 0, 0.0), {}
-
-    def flush_region(self, actor: Actor) -> None:
-        """Time the ops counted since the last flush as one ``Compute``: the open region's,
-        or, outside regions, ``compute``/``elementwise`` (a reduction's adds, a bucket's
-        copies). Called before every message and wait, so that the work lands before the
-        message it precedes.
-
-        Seconds: ``sum over dtypes of flops / (peak * efficiency)``, plus, for the ops whose
-        bytes take longer than their FLOPs, the difference (the roofline, see ``flops``),
-        plus ``launch_overhead_s`` per kernel."""
-        counter = actor.counter
-        if counter is None or actor.region is not None and not counter.active:
-            return
-        flops0, kernels0, extra0 = actor.emitted
-        by_dtype = dict(counter.by_dtype)
-        actor.emitted = (sum(by_dtype.values()), counter.kernels, counter.memory_extra_s)
-        flops, kernels = actor.emitted[0] - flops0, counter.kernels - kernels0
-        if kernels <= 0:
-            return
-        seconds = counter.memory_extra_s - extra0
-        seconds += kernels * getattr(self.cluster, "launch_overhead_s", 0.0)
-        for dtype, total in by_dtype.items():
-            new = total - actor.emitted_by_dtype.get(dtype, 0.0)
-            if new > 0:
-                seconds += self.cluster.flop_seconds(new, dtype)
-        actor.emitted_by_dtype = by_dtype
-        # On the comm stream (the reductions of an overlapped all-reduce) the work runs
-        # beside the compute stream, as NCCL's kernels do on a GPU: the replay times it on
-        # the comm lane, without waiting for the compute stream.
-        kind, label = actor.region or ("compute", "elementwise")
-        if seconds > 0 or flops > 0:
-            actor.ops.append(ops.Compute(seconds, kind, label, flops))
 
     # ---- the communication stream -------------------------------------------------------------
     def run_async(self, fn: Callable[..., Any], *args: Any) -> Work:

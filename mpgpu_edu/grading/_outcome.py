@@ -50,7 +50,7 @@ _NO_SUCH_METHOD = re.compile(r"'\w*Communicator' object has no attribute '\w+'")
 
 def learner_frames(exc: BaseException, file: str, display: str) -> str:
     """The traceback lines that point into the learner's file, shown under its real name."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames = getattr(exc, "remote_frames", None) or traceback.extract_tb(exc.__traceback__)
     mine = [f for f in frames if f.filename == file]
     lines = [f'  File "{display}", line {f.lineno}, in {f.name}\n'
              f"    {f.line or ''}" for f in mine[-4:]]
