@@ -18,7 +18,9 @@ rank that raises sends its exception's type names, message and traceback; the la
 raises it as the first builtin exception of those names (``NotImplementedError``,
 ``AssertionError``...) or as ``RemoteError``, with the rank's traceback attached.
 
-Before a rank runs its program, every tensor of ``hide`` (sequences with one entry per rank)
+A rank process keeps no file descriptor of its parent's but its own two pipes (the others
+point at ``/dev/null``: ``runtime.isolate.only_fds``). Before it runs its program, every
+tensor of ``hide`` (sequences with one entry per rank)
 that belongs to another rank is cleared in the rank's process, then ``prepare(rank)`` runs
 (grading isolates the process there and imports the learner's file). What a rank prints
 comes back with its result. The launcher kills every rank process when the launch ends,
@@ -30,13 +32,10 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import ctypes
 import io
 import itertools
 import json
 import math
-import os
-import signal
 import sys
 import threading
 import traceback
@@ -55,6 +54,8 @@ from mpgpu_edu.comm.message import check_peer, check_sources
 from mpgpu_edu.comm.plain import plain
 from mpgpu_edu.comm.router import Actor
 from mpgpu_edu.comm.sim import CountedCommunicator, SimCommunicator
+from mpgpu_edu.runtime.forked import end_all, fork_each
+from mpgpu_edu.runtime.isolate import only_fds
 
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
@@ -298,12 +299,8 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
     pipes = [(Pipe(), Pipe()) for _ in range(n)]  # per rank: (program, stream), both ends
     pids: list[int] = []
     try:
-        sys.stdout.flush()
-        for rank in range(n):
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the rank's process, which ends in os._exit
-                _rank_main(rank, cluster, fn, args, kwargs or {}, pipes, hide, prepare)
-            pids.append(pid)
+        pids = fork_each(n, lambda rank: _rank_main(rank, cluster, fn, args, kwargs or {},
+                                                    pipes, hide, prepare))
         for (program, stream) in pipes:
             program[1].close()
             stream[1].close()
@@ -316,11 +313,7 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
 
         return run_sim(serve, cluster, (), {}, timeout)
     finally:
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                os.waitpid(pid, 0)
+        end_all(pids)
         for (program, stream) in pipes:
             for conn in (*program, *stream):
                 with contextlib.suppress(OSError):
@@ -332,34 +325,31 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
 def _rank_main(rank: int, cluster: Any, fn: Callable[..., Any], args: tuple, kwargs: dict,
                pipes: list, hide: Sequence[Sequence[Any]],
                prepare: Callable[[int], None] | None) -> None:  # pragma: no cover - forked
-    try:
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the launch
-        for index, (program, stream) in enumerate(pipes):
-            program[0].close()
-            stream[0].close()
+    """The rank's process (``runtime.forked.fork_each`` ends it when this returns)."""
+    for index, (program, stream) in enumerate(pipes):
+        program[0].close()
+        stream[0].close()
+        if index != rank:
+            program[1].close()
+            stream[1].close()
+    only_fds([pipes[rank][0][1].fileno(), pipes[rank][1][1].fileno()])
+    output = _Output()
+    sys.stdout = sys.stderr = output
+    for per_rank in hide:
+        for index, value in enumerate(per_rank):
             if index != rank:
-                program[1].close()
-                stream[1].close()
-        output = _Output()
-        sys.stdout = sys.stderr = output
-        for per_rank in hide:
-            for index, value in enumerate(per_rank):
-                if index != rank:
-                    _clear(value)
-        comm = ApartCommunicator(rank, cluster.world_size, cluster, pipes[rank][0][1],
-                                 pipes[rank][1][1], output)
-        try:
-            if prepare is not None:
-                prepare(rank)
-            comm.bind(comm.host)
-            result = fn(comm, *args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - reported to the launcher
-            comm.failed(exc)
-        else:
-            comm.finished(result)
-    finally:
-        os._exit(0)
+                _clear(value)
+    comm = ApartCommunicator(rank, cluster.world_size, cluster, pipes[rank][0][1],
+                             pipes[rank][1][1], output)
+    try:
+        if prepare is not None:
+            prepare(rank)
+        comm.bind(comm.host)
+        result = fn(comm, *args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - reported to the launcher
+        comm.failed(exc)
+    else:
+        comm.finished(result)
 
 
 def _clear(value: Any, depth: int = 0) -> None:

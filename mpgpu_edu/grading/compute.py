@@ -31,6 +31,7 @@ import torch
 
 from mpgpu_edu.grading._outcome import CaseTimeout, classify, learner_frames
 from mpgpu_edu.grading.wire import encode
+from mpgpu_edu.runtime.isolate import cut_off, not_dumpable
 
 GRADING_CHILD_ENV = "MPGPU_EDU_GRADING_CHILD"
 FILE_BYTES = 64 * 2**20  # the largest file a check's child may write
@@ -132,7 +133,11 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
     from mpgpu_edu.grading.checks import cases_for
     from mpgpu_edu.grading.checks._plain import plain
 
+    from mpgpu_edu.grading.checks import _support
+
     started = time.monotonic()
+    _support.SECRET = request.pop("secret", 0)  # popped: a rank process finds it nowhere
+    apart = not request["judge"] and request["exercise"] in ranks_apart(request["exercise"])
     cases = cases_for(request["exercise"])
     if request["judge"]:
         send({"type": "cases", "cases": [{"name": c.name, "points": c.points,
@@ -154,7 +159,11 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
                     references_blocked(request["exercise"]) if request["judge"]
                     else contextlib.nullcontext()), \
                     collectives_blocked_at_import(request["exercise"]):
-                impl = _load(request["file"], request["function"])
+                if apart:  # this child never runs the file: each rank process does
+                    not_dumpable()
+                    impl = _support.APART = InRanks(request)
+                else:
+                    impl = _load(request["file"], request["function"])
         except BaseException as exc:  # noqa: BLE001 - anything the file does on import
             status = "timeout" if isinstance(exc, CaseTimeout) else "error"
             send({"type": "import_error", "status": status,
@@ -298,16 +307,130 @@ def resolve_reference(target: str) -> list[tuple[Any, str]]:
     return [((owner.__dict__[name] if classes else getattr(owner, name)), attribute)]
 
 
+def ranks_apart(exercise_id: str) -> tuple[str, ...]:
+    """The exercises of ``exercise_id``'s lesson whose ranks run apart in class grading
+    (the lesson's ``RANKS_APART``)."""
+    from mpgpu_edu.grading.checks import lesson_module
+    from mpgpu_edu.grading.registry import get
+
+    return tuple(getattr(lesson_module(get(exercise_id).lesson), "RANKS_APART", ()))
+
+
+class InRanks:
+    """The learner's function, for an exercise whose ranks run apart in class grading
+    (``RANKS_APART``): the child reads the file's text but never runs it; each rank process
+    of ``comm.apart`` cuts itself off from the others (``runtime.isolate.cut_off``), then
+    imports the file (``prepare``), and only there can the function be called. So no code
+    of the submission runs where the router, the op lists and the other ranks' inputs are,
+    and no rank holds another's input, nor the secret that made them."""
+
+    def __init__(self, request: dict) -> None:
+        self.file, self.function = request["file"], request["function"]
+        self.baseline: dict = {}  # in a rank: the package as it was before the file ran
+        self.exercise, self.workdir = request["exercise"], request["workdir"]
+        self.source = Path(self.file).read_text(encoding="utf-8", errors="replace")
+        compile(self.source, self.file, "exec")  # a syntax error is the import's error
+        self.loaded: Any = None
+        self.__name__ = self.function.rsplit(".", 1)[-1]
+        self.counted: dict[str, list[int]] | None = None  # counting_calls' dict, in the child
+        self.rank = -1
+        self.calls: dict[str, int] = {}  # in a rank's process: its calls of each name
+
+    @contextlib.contextmanager
+    def counting(self, names: Any, calls: dict[str, list[int]]) -> Iterator[None]:
+        """``checks._support.counting_calls`` with the ranks apart: each rank's process
+        counts its calls of the file's functions ``names``, and its result brings them back
+        (``calls_here``) into ``calls`` (``add_calls``)."""
+        self.counted = calls
+        try:
+            yield
+        finally:
+            self.counted = None
+
+    def calls_here(self) -> dict[str, int]:
+        """In a rank's process, once its program returned: its calls of each counted name;
+        first, as the child does after every case, fail if the package was changed."""
+        package_left_as_it_was(self.baseline, self.file)
+        return dict(self.calls)
+
+    def add_calls(self, rank: int, calls: Any) -> None:
+        if self.counted is None or type(calls) is not dict:
+            return
+        for name, count in calls.items():
+            if name in self.counted and type(count) is int:
+                self.counted[name] += [rank] * max(0, min(count, 10_000))
+
+    def _count(self, module: Any) -> None:
+        """In a rank's process: count the calls of the names ``counting`` was given."""
+        import functools
+
+        where = vars(module)
+        for name in self.counted or ():
+            fn = where.get(name)
+            if not callable(fn):
+                continue
+
+            def counted(*args: Any, _name: str = name, _fn: Any = fn, **kwargs: Any) -> Any:
+                self.calls[_name] = self.calls.get(_name, 0) + 1
+                return _fn(*args, **kwargs)
+
+            where[name] = functools.wraps(fn)(counted)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.loaded is None:
+            raise RuntimeError(f"exercise {self.exercise}'s function runs in the ranks' "
+                               "processes only, where its check runs its ranks apart")
+        return self.loaded(*args, **kwargs)
+
+    def prepare(self, rank: int) -> None:
+        """In rank ``rank``'s process: forget the secret, cut the process off, import."""
+        from mpgpu_edu.grading.checks import _support
+
+        _support.SECRET = 0
+        problems = cut_off([self.workdir, "/tmp", "/dev/shm"])
+        if problems:
+            raise RuntimeError("the grader could not cut this rank's process off from the "
+                               "others (" + "; ".join(problems) + "): ask the instructor "
+                               "to grade where user namespaces are allowed")
+        from mpgpu_edu.grading.checks._blocking import package_bindings
+
+        self.baseline = package_bindings()  # the blocks of the case included
+        with collectives_blocked_at_import(self.exercise):
+            module = _module(self.file, self.source)
+        self.loaded = _attribute(module, self.function)
+        self._count(module)
+
+
 def _load(file: str, function: str) -> Any:
+    """The module ``file``'s attribute ``function``."""
+    return _attribute(_module(file), function)
+
+
+def _module(file: str, source: str | None = None) -> Any:
+    """The module ``file`` (or, given ``source``, that text under the file's name)."""
     name = Path(file).stem
     if name in sys.modules:  # never shadow a module already loaded (torch, the checks...)
         name = f"_checked_{name}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {file}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    if source is not None:
+        import linecache
+        import types
+
+        module = types.ModuleType(name)
+        module.__file__ = file
+        linecache.cache[file] = (len(source), None, source.splitlines(True), file)
+        sys.modules[name] = module
+        exec(compile(source, file, "exec"), module.__dict__)  # noqa: S102 - the rank's own
+    else:
+        spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {file}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _attribute(module: Any, function: str) -> Any:
     target: Any = module
     for part in function.split("."):
         if not hasattr(target, part):

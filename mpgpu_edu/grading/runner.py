@@ -91,6 +91,10 @@ def run_exercise(exercise_id: str, file: Path, function: str | None = None, *,
                "output_chars": limits.output_chars, "max_processes": limits.max_processes,
                "display_file": display_file or str(file), "judge": not judge_here,
                "figures": figures}
+    if judge_here:  # class grading: inputs no submission can rebuild (checks._support)
+        from mpgpu_edu.grading.checks._support import grading_secret
+
+        request["secret"] = grading_secret()
     try:
         _run_sessions(state, request, limits, server)
     finally:

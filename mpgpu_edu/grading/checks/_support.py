@@ -25,6 +25,24 @@ from mpgpu_edu.grading.checks._clock import record as run_record
 LAUNCH_TIMEOUT_S = 15.0
 ALPHA, BETA = 1e-5, 1e9
 
+# Mixed into every seed of ``rank_inputs``: 0 for a learner's own check; in class grading a
+# number drawn once per grader process (``grading_secret``) and handed to each child, so
+# that a submission cannot rebuild the inputs of ranks it does not hold.
+SECRET = 0
+# In a class-grading child whose exercise runs its ranks apart (``compute.InRanks``): the
+# learner's function, and ``run_spmd`` runs every rank in a process of its own.
+APART: Any = None
+
+
+def grading_secret() -> int:
+    """The grader process's secret (drawn on first use), to hand to its children."""
+    global SECRET
+    if not SECRET:
+        import secrets
+
+        SECRET = secrets.randbits(62) or 1
+    return SECRET
+
 
 class LearnerError(Exception):
     """The learner's code raised: ``original`` is its exception (traceback included)."""
@@ -41,13 +59,19 @@ def uniform(n: int) -> Cluster:
 
 
 def run_spmd(fn: Callable[..., Any], cluster: Cluster | int, *args: Any,
-             timeout: float = LAUNCH_TIMEOUT_S) -> LaunchResult:
+             timeout: float = LAUNCH_TIMEOUT_S, hide: tuple | list = ()) -> LaunchResult:
     """``launch`` on the simulator, with a rank's failure turned into what the grader
     reports: NotImplementedError and assertion failures as themselves, a deadlock or
-    mismatched messages as a failure, other exceptions as the learner's error."""
+    mismatched messages as a failure, other exceptions as the learner's error.
+
+    Where the exercise's ranks run apart (``APART``), every rank is a process of its own
+    (``comm.apart``) that imports the learner's file itself, and each sequence of ``hide``
+    (one entry per rank: the ranks' inputs) keeps only the rank's own entry there."""
     if isinstance(cluster, int):
         cluster = uniform(cluster)
     try:
+        if APART is not None:
+            return _run_apart(fn, cluster, args, timeout, hide)
         return launch(fn, cluster, *args, timeout=timeout)
     except RankError as exc:
         original = exc.original
@@ -63,6 +87,24 @@ def run_spmd(fn: Callable[..., Any], cluster: Cluster | int, *args: Any,
         raise CheckFailure(f"{type(exc).__name__}: {exc}") from None
     except LaunchTimeoutError:
         raise
+
+
+def _run_apart(fn: Callable[..., Any], cluster: Cluster, args: tuple, timeout: float,
+               hide: tuple | list) -> LaunchResult:
+    """``run_spmd`` with the ranks apart: each rank's result comes back with the calls it
+    counted (``counting_calls``), which join the counts of the case."""
+    from mpgpu_edu.comm.apart import run_apart
+
+    apart = APART
+
+    def program(comm: Any, *args: Any) -> list[Any]:
+        return [fn(comm, *args), apart.calls_here()]
+
+    result = run_apart(program, cluster, args, {}, timeout, hide=hide, prepare=apart.prepare)
+    for rank, row in enumerate(result.results):
+        apart.add_calls(rank, row[1])
+    result.results = [row[0] for row in result.results]
+    return result
 
 
 # ---- from scratch means from send and recv -------------------------------------------------
@@ -260,8 +302,12 @@ def counting_calls(impl: Callable[..., Any], names: tuple[str, ...] | list[str]
     record the rank that calls them, from the simulator's rank thread (``rank-N``; -1
     elsewhere): ``{name: [rank of each call]}``. A name the module does not have is never
     called (an empty list)."""
-    where = getattr(impl, "__globals__", {})
     calls: dict[str, list[int]] = {name: [] for name in names}
+    if hasattr(impl, "counting"):  # the ranks run apart: each counts in its own process
+        with impl.counting(names, calls):
+            yield calls
+        return
+    where = getattr(impl, "__globals__", {})
     saved = {name: where[name] for name in names if callable(where.get(name))}
 
     def rank_now() -> int:
@@ -303,8 +349,9 @@ def step_rows(got: Any) -> Any:
 
 
 def rank_inputs(world_size: int, numel: int, seed: int = 0) -> list[torch.Tensor]:
-    """One small-integer float tensor per rank (sums are exact in float32)."""
-    generator = torch.Generator().manual_seed(seed)
+    """One small-integer float tensor per rank (sums are exact in float32); ``SECRET``
+    mixed into the seed."""
+    generator = torch.Generator().manual_seed((seed + SECRET * 1_000_003) % 2**63)
     return [torch.randint(-8, 9, (numel,), generator=generator).float()
             for _ in range(world_size)]
 

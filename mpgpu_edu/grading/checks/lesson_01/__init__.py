@@ -7,6 +7,13 @@ values, bytes and messages per rank, who talks to whom, how many isend/irecv wor
 left unwaited (``works``), and the time against the grader's own reference. Whether a returned
 tensor shares memory with the input is recorded in *compute* as plain data.
 
+In class grading the all-reduces and halves built from scratch (``RANKS_APART``) run every
+rank in a process of its own that imports the learner's file itself and holds only its own
+input (``comm.apart``, ``compute.InRanks``): a rank cannot sum inputs it was never given and
+send ring-shaped messages for show, and the record of its messages is kept where no code of
+the submission runs. 1.7's calls of the learner's own 1.4 and 1.5 are counted in each
+rank's process and come back with its result (``counting_calls``).
+
 Modules: ``p2p`` (1.1), ``all_reduce`` (what the all-reduces 1.2, 1.3, 1.6 and 1.7 share),
 ``traffic`` (each all-reduce's bytes and messages per rank), ``scatter_gather`` (1.4, 1.5).
 """
@@ -29,6 +36,8 @@ from mpgpu_edu.grading.checks.lesson_01.traffic import (_judge_naive_hidden, _ju
                                                         _traffic_case, _tree_traffic)
 from mpgpu_edu.lessons.communication import binary_tree_all_reduce
 
+
+RANKS_APART = ("1.2", "1.3", "1.4", "1.5", "1.6", "1.7")
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs (the
     # collectives of 1.2-1.7 are, for every case: ``from_scratch``)

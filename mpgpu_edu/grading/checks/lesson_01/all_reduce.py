@@ -88,7 +88,7 @@ def _all_reduce_facts(impl: Impl, exercise: str, n: int, numel: Any, seed: int =
     ``numel``: a size as ``_spec`` reads it."""
     inputs = _inputs_of(n, numel, seed)
     with from_scratch(impl, exercise):
-        result = run_spmd(_all_reduce_program(impl, inputs), cluster(n))
+        result = run_spmd(_all_reduce_program(impl, inputs), cluster(n), hide=[inputs])
     return launch_facts(result, with_trace)
 
 

@@ -24,20 +24,19 @@ def _collective_facts(impl: Impl, exercise: str, n: int, shape: tuple[int, ...],
     """compute: what each rank's input and returned value are afterwards, and (``shares``)
     whether each returned tensor shares memory with the rank's input tensor."""
     inputs = _inputs(n, shape, seed, dtype)
-    shares: list[Any] = [None] * n
 
-    def program(comm: Any) -> tuple[torch.Tensor, Any]:
+    def program(comm: Any) -> tuple[torch.Tensor, Any, list[bool]]:
         tensor = inputs[comm.rank].clone()
         got = impl(comm, tensor)
         parts = got if isinstance(got, (list, tuple)) else [got]
-        shares[comm.rank] = [isinstance(p, torch.Tensor) and _same_memory(p, tensor)
-                             for p in parts]
-        return tensor, got
+        shares = [isinstance(p, torch.Tensor) and _same_memory(p, tensor) for p in parts]
+        return tensor, got, shares
 
     with from_scratch(impl, exercise):
-        result = run_spmd(program, uniform(n))
+        result = run_spmd(program, uniform(n), hide=[inputs])
     facts = launch_facts(result)
-    facts["shares"] = shares
+    facts["shares"] = [row[2] for row in facts["results"]]
+    facts["results"] = [row[:2] for row in facts["results"]]
     return facts
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from mpgpu_edu.comm.base import RESERVED_TAG
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import Case, _support
 from mpgpu_edu.grading.checks._support import (bytes_of, each, examples, expect, expect_close,
                                                from_scratch, launch_facts, run_spmd, uniform)
 from mpgpu_edu.lessons import choosing_and_debugging as cd
@@ -173,7 +173,8 @@ def _random_pairings() -> list[dict[str, Any]]:
 # ---- 6.3 a halo exchange that cannot deadlock ------------------------------------------------
 
 def _blocks(lengths: list[int], seed: int = 0, dtype: str = "float32") -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
+    """Rank r's block of ``lengths[r]`` small integers (the grader's secret in the seed)."""
+    generator = torch.Generator().manual_seed((seed + _support.SECRET * 1_000_003) % 2**63)
     return [torch.randint(-8, 9, (k,), generator=generator).to(getattr(torch, dtype))
             for k in lengths]
 
@@ -188,7 +189,8 @@ def _run_smooth(impl: Impl, lengths: list[int], steps: int, seed: int = 0,
         return {"got": out, "block_after": given, "is_input": _shares_memory(out, given)}
 
     with from_scratch(impl, "6.3"):
-        return launch_facts(run_spmd(program, uniform(len(lengths))), with_trace=with_trace)
+        return launch_facts(run_spmd(program, uniform(len(lengths)), hide=[blocks]),
+                            with_trace=with_trace)
 
 
 def _smoothed(blocks: list[torch.Tensor], steps: int) -> list[torch.Tensor]:

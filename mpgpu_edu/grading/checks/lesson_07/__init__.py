@@ -54,6 +54,9 @@ CASES: dict[str, list[Case]] = {
 
 # The package's own implementation of each exercise: it must not run while the exercise is
 # checked (``from_scratch`` switches it off, with the other collectives, for 7.2).
+# Run with every rank in a process of its own in class grading (see lesson 01's checks).
+RANKS_APART = ("7.2",)
+
 REFERENCES = {"7.1": ["mpgpu_edu.collectives.hierarchical:node_groups",
                       "mpgpu_edu.collectives.hierarchical:rail_groups",
                       "mpgpu_edu.hybrid.mesh:Mesh", "mpgpu_edu.hybrid.mesh:make_groups",

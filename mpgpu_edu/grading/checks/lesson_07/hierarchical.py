@@ -49,7 +49,7 @@ def _hier_compute(impl: Impl, nodes: int, per_node: int, numel: int, op: str = "
         return tensor
 
     with from_scratch(impl, "7.2"):
-        return launch_facts(run_spmd(program, two_level(nodes, per_node)))
+        return launch_facts(run_spmd(program, two_level(nodes, per_node), hide=[inputs]))
 
 
 def _shifted_phase_one(inputs: list[torch.Tensor], nodes: int, per_node: int, op: str,

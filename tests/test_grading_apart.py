@@ -1,0 +1,146 @@
+"""Class grading runs the collectives of lesson 01 with every rank in a process of its own
+(``RANKS_APART``, ``comm.apart``, ``compute.InRanks``): a rank holds only its own input, its
+process is cut off from the others (``runtime.isolate``), and the record of its messages is
+kept where no code of the submission runs. Each cheat below scores full marks where the
+ranks are threads of one process (a learner's own ``check``, which need not resist its own
+learner), and nothing on what it cheats on in class grading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mpgpu_edu.grading import check
+from mpgpu_edu.grading.checks import lesson_module
+from mpgpu_edu.grading.runner import run_exercise
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLVED = (ROOT / "solutions" / "ex01_communication.py").read_text()
+
+
+def _with_ring(body: str) -> str:
+    """The solved file, with 1.3's ring replaced by ``body`` (indented code)."""
+    start = SOLVED.index("    ### BEGIN SOLUTION 1.3")
+    end = SOLVED.index("    ### END SOLUTION", start) + len("    ### END SOLUTION")
+    return SOLVED[:start] + body + SOLVED[end:]
+
+
+_SHOW = """    chunks = list(torch.tensor_split(tensor.view(-1), n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    for k in range(2 * (n - 1)):  # ring-shaped messages of the right sizes, for show
+        out = chunks[(rank - 1 - k) % n].new_zeros(chunks[(rank - 1 - k) % n].shape)
+        into = chunks[(rank - 2 - k) % n].new_zeros(chunks[(rank - 2 - k) % n].shape)
+        work = comm.isend(out, right)
+        comm.recv(into, left)
+        work.wait()
+"""
+
+# Each computes the sum from what it should not know, and sends messages only for show.
+CHEATS = {
+    "the other ranks' inputs, read from the caller's frame": """    import sys
+    n, rank = comm.world_size, comm.rank
+    frame, inputs = sys._getframe(1), None
+    while frame is not None and inputs is None:
+        found = frame.f_locals.get("inputs")
+        if isinstance(found, list) and len(found) == n:
+            inputs = found
+        frame = frame.f_back
+""" + _SHOW + """    if inputs is not None and not tensor.is_meta:
+        tensor.copy_(sum(t.reshape(tensor.shape).to(tensor.dtype) for t in inputs))
+""",
+    "the inputs made again from the check's own seeds": """\
+    from mpgpu_edu.grading.checks._support import rank_inputs
+    n, rank = comm.world_size, comm.rank
+    mine, total = tensor.reshape(-1).clone(), None
+    for seed in range(0 if tensor.is_meta else 200):
+        made = rank_inputs(n, mine.numel(), seed)
+        if mine.dtype == torch.float64:
+            made = [t.double() + (r + 1) / 7 for r, t in enumerate(made)]
+        if torch.equal(made[rank].to(mine.dtype), mine):
+            total = sum(made).to(mine.dtype).reshape(tensor.shape)
+            break
+""" + _SHOW + """    if total is not None:
+        tensor.copy_(total)
+""",
+    "the inputs passed round in files": """    import os, time
+    n, rank = comm.world_size, comm.rank
+    folders = ["/tmp", "/dev/shm", os.getcwd()]
+    if not tensor.is_meta:
+        for folder in folders:
+            torch.save(tensor.clone(), os.path.join(folder, f"cheat-{n}-{rank}.pt"))
+""" + _SHOW + """    if not tensor.is_meta:
+        total = tensor.clone()
+        for other in range(n):
+            if other != rank:
+                for folder in folders:
+                    path = os.path.join(folder, f"cheat-{n}-{other}.pt")
+                    if os.path.exists(path):
+                        total += torch.load(path)
+                        break
+        tensor.copy_(total)
+""",
+}
+
+
+def test_lesson_01_runs_its_collectives_apart() -> None:
+    assert set(lesson_module(1).RANKS_APART) == {"1.2", "1.3", "1.4", "1.5", "1.6", "1.7"}
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_a_cheat_that_works_among_threads_scores_nothing_apart(name: str, tmp_path: Path
+                                                               ) -> None:
+    learner = tmp_path / "ex01_communication.py"
+    learner.write_text(_with_ring(CHEATS[name]))
+    own = check("1.3", impl=str(tmp_path), figures=False)
+    assert own.points == own.max_points, str(own)  # the cheat works among threads
+    graded = run_exercise("1.3", learner, judge_here=True)
+    # only "runs on meta tensors" is left: the cheat's messages do run on meta tensors
+    assert graded.points <= 1, str(graded)
+
+
+@pytest.mark.parametrize("exercise_id, filename", [
+    ("1.4", "ex01_communication.py"),  # what the rank learns comes back in its result
+    ("1.7", "ex01_communication.py"),  # calls of the learner's 1.4 and 1.5, counted apart
+    ("6.3", "ex06_choosing.py"), ("7.2", "ex07_many_machines.py")])
+def test_the_solution_keeps_full_marks_apart(exercise_id: str, filename: str) -> None:
+    assert exercise_id in lesson_module(int(exercise_id.split(".")[0])).RANKS_APART
+    graded = run_exercise(exercise_id, ROOT / "solutions" / filename, judge_here=True)
+    assert graded.points == graded.max_points, str(graded)
+
+
+_PROBE = """    import os
+    n, rank = comm.world_size, comm.rank
+    seen = []
+    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            seen.append(os.readlink(f"/proc/self/fd/{fd}").split(":")[0])
+        except OSError:
+            pass
+    try:
+        open(f"/proc/{os.getppid()}/mem", "rb").close()
+        parent = "readable"
+    except OSError as exc:
+        parent = type(exc).__name__
+    try:
+        open("made-by-a-rank.txt", "w").close()
+        write = "written"
+    except OSError as exc:
+        import errno
+        write = errno.errorcode[exc.errno]
+    raise ValueError(f"PROBE sockets={seen.count('socket')} parent={parent} "
+                     f"tmp={sorted(os.listdir('/tmp'))} cwd={sorted(os.listdir('.'))} "
+                     f"write={write}")
+"""
+
+
+def test_a_rank_process_holds_only_its_own_pipes_and_cannot_read_its_launcher(
+        tmp_path: Path) -> None:
+    """A rank's process keeps no descriptor of the child's but its own two pipes (not the
+    child's pipe to the grader), cannot read the memory of the process that holds the
+    router, and sees an empty, read-only /tmp and scratch folder."""
+    learner = tmp_path / "ex01_communication.py"
+    learner.write_text(_with_ring(_PROBE))
+    graded = run_exercise("1.3", learner, judge_here=True)
+    text = str(graded) + "".join(str(getattr(c, "message", "")) for c in graded.cases)
+    assert "PROBE sockets=2 parent=PermissionError tmp=[] cwd=[] write=EROFS" in text, text
