@@ -83,6 +83,42 @@ CHEATS = {
 }
 
 
+DDP_CHEAT = """
+def average_gradients(comm, model):
+    \"\"\"Every rank's gradient computed here, from every rank's slice of the batch found in
+    the caller's frame: the mean, without one message.\"\"\"
+    import sys
+    import torch
+    frame, shards = sys._getframe(1), None
+    while frame is not None and shards is None:
+        found = frame.f_locals.get("shards")
+        if isinstance(found, list) and len(found) == 2:
+            shards = found
+        frame = frame.f_back
+    grads = []
+    for xs, ys in zip(*shards):
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(xs), ys).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for p, *mine in zip(model.parameters(), *grads):
+        p.grad = torch.stack(mine).mean(0)
+"""
+
+
+def test_a_rank_cannot_average_gradients_from_slices_it_was_not_given(tmp_path: Path
+                                                                      ) -> None:
+    """3.1: every rank holds only its own slice of the batch (and the data are drawn with the
+    grader's secret), so the mean gradient needs the other ranks' messages."""
+    solved = (ROOT / "solutions" / "ex03_data_parallel.py").read_text()
+    learner = tmp_path / "ex03_data_parallel.py"
+    learner.write_text(solved + DDP_CHEAT)
+    own = check("3.1", impl=str(tmp_path), figures=False)
+    assert own.points == own.max_points, str(own)  # the cheat works among threads
+    graded = run_exercise("3.1", learner, judge_here=True)
+    # the traffic case only caps what a rank sends: sending nothing passes it
+    assert graded.points <= 1, str(graded)
+
+
 def test_lesson_01_runs_its_collectives_apart() -> None:
     assert set(lesson_module(1).RANKS_APART) == {"1.2", "1.3", "1.4", "1.5", "1.6", "1.7"}
 
@@ -102,6 +138,7 @@ def test_a_cheat_that_works_among_threads_scores_nothing_apart(name: str, tmp_pa
 @pytest.mark.parametrize("exercise_id, filename", [
     ("1.4", "ex01_communication.py"),  # what the rank learns comes back in its result
     ("1.7", "ex01_communication.py"),  # calls of the learner's 1.4 and 1.5, counted apart
+    ("3.5", "ex03_data_parallel.py"),  # the calls of the collectives, recorded apart
     ("6.3", "ex06_choosing.py"), ("7.2", "ex07_many_machines.py")])
 def test_the_solution_keeps_full_marks_apart(exercise_id: str, filename: str) -> None:
     assert exercise_id in lesson_module(int(exercise_id.split(".")[0])).RANKS_APART

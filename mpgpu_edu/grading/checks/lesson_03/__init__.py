@@ -34,6 +34,10 @@ from mpgpu_edu.grading.checks.lesson_03.memory import (MEMORY_MODELS, _judge_fp3
                                                        _memory_outputs, _meta_and_bad)
 
 
+# Run with every rank in a process of its own in class grading (see lesson 01's checks):
+# each rank holds only its slice of the batch (and, in 3.5, its own replica).
+RANKS_APART = ("3.1", "3.3", "3.5")
+
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "3.1": ["mpgpu_edu.hybrid.train:all_reduce_gradients", "mpgpu_edu.dp.ddp:all_reduce_buckets"],
     "3.2": ["mpgpu_edu.dp.ddp:make_buckets", "mpgpu_edu.dp.ddp:make_buckets_torch"],

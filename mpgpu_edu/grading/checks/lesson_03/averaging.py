@@ -31,13 +31,19 @@ Impl = Callable[..., Any]
 WIDTHS = (6, 5, 3)
 
 
-def _averaging_program(impl: Impl, widths: tuple[int, ...], x: torch.Tensor, y: torch.Tensor,
+def _shards(x: torch.Tensor, y: torch.Tensor, n: int) -> list[list[torch.Tensor]]:
+    """Each rank's slice of the batch: ``[xs, ys]``, one entry per rank (hidden from the
+    other ranks where the ranks run apart)."""
+    return [list(torch.tensor_split(x, n)), list(torch.tensor_split(y, n))]
+
+
+def _averaging_program(impl: Impl, widths: tuple[int, ...], shards: list[list[torch.Tensor]],
                        overlap: bool = False) -> Callable[..., Any]:
     base = _model(widths)  # built here: rank threads must not share the global RNG
 
     def program(comm: Any) -> list[torch.Tensor]:
         model = copy.deepcopy(base)
-        xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
+        xs, ys = (part[comm.rank] for part in shards)
         loss = nn.functional.mse_loss(model(xs), ys)
         if overlap:
             with comm.compute("backward", "backward"):
@@ -52,8 +58,9 @@ def _averaging_program(impl: Impl, widths: tuple[int, ...], x: torch.Tensor, y: 
 def _averaged(impl: Impl, n: int, widths: tuple[int, ...], n_samples: int,
               overlap: bool = False, cluster: Cluster | None = None) -> dict:
     """compute: every rank's gradients after the learner averaged them, and the traffic."""
-    x, y = _batch(n_samples, widths)
-    result = run_spmd(_averaging_program(impl, widths, x, y, overlap), cluster or uniform(n))
+    shards = _shards(*_batch(n_samples, widths), n)
+    result = run_spmd(_averaging_program(impl, widths, shards, overlap), cluster or uniform(n),
+                      hide=shards)
     facts = launch_facts(result)
     facts["grads"] = facts.pop("results")
     return facts
@@ -158,14 +165,15 @@ def _intervals_overlap(trace: Any, device: int, after: float = 0.0) -> float:
 def _overlap_run(impl: Impl) -> dict:
     """*compute*: the learner's overlapped averaging on the overlap cluster, with its
     timeline (the judge runs the no-overlap baseline itself)."""
-    x, y = _batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS)
-    yours = run_spmd(_averaging_program(impl, OVERLAP_WIDTHS, x, y, True), _overlap_cluster(2))
+    shards = _shards(*_batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS), 2)
+    yours = run_spmd(_averaging_program(impl, OVERLAP_WIDTHS, shards, True),
+                     _overlap_cluster(2), hide=shards)
     return launch_facts(yours, with_trace=True)
 
 
 def _judge_overlap_timeline(data: dict) -> Evidence:
-    x, y = _batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS)
-    plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, x, y, True),
+    shards = _shards(*_batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS), 2)
+    plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, shards, True),
                      _overlap_cluster(2))
     shown = evidence({"yours": data["trace"],
                       "no overlap (all-reduce after backward)": plain.trace.to_dict()})

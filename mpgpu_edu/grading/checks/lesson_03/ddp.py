@@ -52,12 +52,19 @@ def _recording(impl: Impl) -> Iterator[dict[str, list]]:
 DDP_LR = 0.1
 
 
-def _ddp_program(impl: Impl, widths: tuple[int, ...], norm: bool, n_samples: int, steps: int,
-                 cap: int, calls: dict) -> Callable[..., Any]:
-    replicas = [_model(widths, seed=0, norm=norm)] + [
-        _model(widths, seed=100 + r, norm=norm) for r in range(1, 6)]  # rank 0's is the start
+def _ddp_inputs(n: int, widths: tuple[int, ...], norm: bool, n_samples: int, steps: int
+                ) -> tuple[list[nn.Module], list[list[tuple[torch.Tensor, torch.Tensor]]]]:
+    """Rank r's replica (rank 0's is the start) and its slice of every step's batch: one
+    entry per rank, hidden from the other ranks where the ranks run apart."""
+    replicas = [_model(widths, seed=0 if r == 0 else 100 + r, norm=norm) for r in range(n)]
     batches = [_batch(n_samples, widths, seed=10 + s) for s in range(steps)]
+    shards = [[(torch.tensor_split(x, n)[r], torch.tensor_split(y, n)[r]) for x, y in batches]
+              for r in range(n)]
+    return replicas, shards
 
+
+def _ddp_program(impl: Impl, replicas: list[nn.Module], shards: list[list[Any]],
+                 n_samples: int, cap: int, calls: dict) -> Callable[..., Any]:
     def program(comm: Any) -> dict:
         model = copy.deepcopy(replicas[comm.rank])
         wrapper = impl(comm, model, cap)
@@ -65,9 +72,8 @@ def _ddp_program(impl: Impl, widths: tuple[int, ...], norm: bool, n_samples: int
         comm.barrier()  # every rank has finished constructing: now the steps
         calls["phase"][0] = "steps"
         optimizer = torch.optim.SGD(model.parameters(), lr=DDP_LR)
-        for x, y in batches:
-            xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
-            share = len(xs) / len(x)
+        for xs, ys in shards[comm.rank]:
+            share = len(xs) / n_samples
             with comm.compute("forward", "forward"):
                 out = wrapper(xs)
             loss = nn.functional.mse_loss(out, ys) * share * comm.world_size
@@ -76,7 +82,10 @@ def _ddp_program(impl: Impl, widths: tuple[int, ...], norm: bool, n_samples: int
             wrapper.finish()
             optimizer.step()
             optimizer.zero_grad()
-        return {"start": start, "params": [p.detach().clone() for p in model.parameters()]}
+        mine = {kind: [c for c in calls[kind] if c[0] == comm.rank]
+                for kind in ("all_reduce", "broadcast")}  # made in this rank's process
+        return {"start": start, "params": [p.detach().clone() for p in model.parameters()],
+                "calls": mine}
     return program
 
 
@@ -85,12 +94,16 @@ def _ddp_run(impl: Impl, n: int, widths: tuple[int, ...], cap: int, *, norm: boo
              with_trace: bool = False) -> dict:
     """compute: the learner's DDP trains ``steps`` SGD steps on ``n`` ranks; what each rank
     holds after construction and at the end, what it all-reduced and broadcast, and when."""
+    replicas, shards = _ddp_inputs(n, widths, norm, n_samples, steps)
     with _recording(impl) as calls:
-        result = run_spmd(_ddp_program(impl, widths, norm, n_samples, steps, cap, calls),
-                          cluster or uniform(n))
+        result = run_spmd(_ddp_program(impl, replicas, shards, n_samples, cap, calls),
+                          cluster or uniform(n), hide=[replicas, shards])
     facts = launch_facts(result, with_trace=with_trace)
-    facts["all_reduce"] = [list(c) for c in calls["all_reduce"]]
-    facts["broadcast"] = [list(c) for c in calls["broadcast"]]
+    for kind in ("all_reduce", "broadcast"):
+        facts[kind] = [list(c) for rank in facts["results"]
+                       for c in (rank["calls"][kind] if isinstance(rank, dict) else [])]
+    facts["results"] = [{k: v for k, v in rank.items() if k != "calls"}
+                        if isinstance(rank, dict) else rank for rank in facts["results"]]
     return facts
 
 

@@ -7,8 +7,11 @@ from torch import nn
 
 
 def _model(widths: tuple[int, ...], seed: int = 0, norm: bool = False) -> nn.Sequential:
-    """An MLP; ``norm`` puts a LayerNorm (two more parameters) after the first layer."""
-    torch.manual_seed(seed)
+    """An MLP; ``norm`` puts a LayerNorm (two more parameters) after the first layer (the
+    grader's secret in the seed, as in ``_batch``)."""
+    from mpgpu_edu.grading.checks import _support
+
+    torch.manual_seed((seed + _support.SECRET * 1_000_003) % 2**63)
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(widths, widths[1:])):
         layers.append(nn.Linear(a, b, bias=not (norm and i == 1)))
@@ -20,7 +23,10 @@ def _model(widths: tuple[int, ...], seed: int = 0, norm: bool = False) -> nn.Seq
 
 
 def _batch(n_samples: int, widths: tuple[int, ...], seed: int = 1) -> tuple[torch.Tensor, ...]:
-    generator = torch.Generator().manual_seed(seed)
+    """Inputs and targets (the grader's secret in the seed: ``checks._support.SECRET``)."""
+    from mpgpu_edu.grading.checks import _support
+
+    generator = torch.Generator().manual_seed((seed + _support.SECRET * 1_000_003) % 2**63)
     return (torch.randn(n_samples, widths[0], generator=generator),
             torch.randn(n_samples, widths[-1], generator=generator))
 
