@@ -138,6 +138,7 @@ def test_a_cheat_that_works_among_threads_scores_nothing_apart(name: str, tmp_pa
 @pytest.mark.parametrize("exercise_id, filename", [
     ("1.4", "ex01_communication.py"),  # what the rank learns comes back in its result
     ("1.7", "ex01_communication.py"),  # calls of the learner's 1.4 and 1.5, counted apart
+    ("2.3", "ex02_parameter_server.py"),  # what the server's parameters held, collected
     ("3.5", "ex03_data_parallel.py"),  # the calls of the collectives, recorded apart
     ("6.3", "ex06_choosing.py"), ("7.2", "ex07_many_machines.py")])
 def test_the_solution_keeps_full_marks_apart(exercise_id: str, filename: str) -> None:

@@ -59,19 +59,23 @@ def uniform(n: int) -> Cluster:
 
 
 def run_spmd(fn: Callable[..., Any], cluster: Cluster | int, *args: Any,
-             timeout: float = LAUNCH_TIMEOUT_S, hide: tuple | list = ()) -> LaunchResult:
+             timeout: float = LAUNCH_TIMEOUT_S, hide: tuple | list = (),
+             collect: tuple | list = ()) -> LaunchResult:
     """``launch`` on the simulator, with a rank's failure turned into what the grader
     reports: NotImplementedError and assertion failures as themselves, a deadlock or
     mismatched messages as a failure, other exceptions as the learner's error.
 
     Where the exercise's ranks run apart (``APART``), every rank is a process of its own
     (``comm.apart``) that imports the learner's file itself, and each sequence of ``hide``
-    (one entry per rank: the ranks' inputs) keeps only the rank's own entry there."""
+    (one entry per rank: the ranks' inputs) keeps only the rank's own entry there. Each list
+    of ``collect`` has a slot per rank that rank r's program fills (slot r: what a case
+    learns inside the program, besides its return value); apart, each rank's slot comes back
+    with its result, as plain data."""
     if isinstance(cluster, int):
         cluster = uniform(cluster)
     try:
         if APART is not None:
-            return _run_apart(fn, cluster, args, timeout, hide)
+            return _run_apart(fn, cluster, args, timeout, hide, collect)
         return launch(fn, cluster, *args, timeout=timeout)
     except RankError as exc:
         original = exc.original
@@ -90,19 +94,24 @@ def run_spmd(fn: Callable[..., Any], cluster: Cluster | int, *args: Any,
 
 
 def _run_apart(fn: Callable[..., Any], cluster: Cluster, args: tuple, timeout: float,
-               hide: tuple | list) -> LaunchResult:
+               hide: tuple | list, collect: tuple | list) -> LaunchResult:
     """``run_spmd`` with the ranks apart: each rank's result comes back with the calls it
-    counted (``counting_calls``), which join the counts of the case."""
+    counted (``counting_calls``), which join the counts of the case, and its slot of every
+    list of ``collect``."""
     from mpgpu_edu.comm.apart import run_apart
 
     apart = APART
 
     def program(comm: Any, *args: Any) -> list[Any]:
-        return [fn(comm, *args), apart.calls_here()]
+        out = fn(comm, *args)
+        rank = comm.rank
+        return [out, apart.calls_here(), [slots[rank] for slots in collect]]
 
     result = run_apart(program, cluster, args, {}, timeout, hide=hide, prepare=apart.prepare)
     for rank, row in enumerate(result.results):
         apart.add_calls(rank, row[1])
+        for slots, value in zip(collect, row[2]):
+            slots[rank] = value
     result.results = [row[0] for row in result.results]
     return result
 

@@ -25,6 +25,10 @@ from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _run_step,
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training, _training
 
 
+# Run with every rank in a process of its own in class grading (see lesson 01's checks):
+# each rank holds only its own gradient, or its own samples of each step's batch.
+RANKS_APART = ("2.1", "2.2", "2.3", "2.4")
+
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "2.1": ["mpgpu_edu.lessons.parameter_server:reference_worker_step"],
     "2.2": ["mpgpu_edu.ps.sync:server_step",

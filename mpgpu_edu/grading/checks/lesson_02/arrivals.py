@@ -27,14 +27,15 @@ def _uneven_workers(impl: Impl) -> dict:
     parameters."""
     n, numel = len(DELAYS) + 1, 100
     params, grads = torch.linspace(-1, 1, numel), rank_inputs(n, numel, 1)
-    ledgers: list[Any] = [None]
-    held: list[list[torch.Tensor]] = [[] for _ in range(n - 1)]
+    watched: list[Any] = [None] * n  # the server's: what its parameters held at each receive
+    held: list[Any] = [[] for _ in range(n)]
 
     def program(comm: Any) -> torch.Tensor:
         mine = params.clone()
         if comm.rank == n - 1:
-            ledgers[0] = WorkLedger(comm, watch=mine)
-            impl(ledgers[0], mine, UNEVEN_STEPS, LR)
+            ledger = WorkLedger(comm, watch=mine)
+            watched[n - 1] = ledger.at_receive
+            impl(ledger, mine, UNEVEN_STEPS, LR)
             return mine
         for _step in range(UNEVEN_STEPS):
             with comm.compute("backward", "gradient", seconds=DELAYS[comm.rank]):
@@ -44,10 +45,11 @@ def _uneven_workers(impl: Impl) -> dict:
         return mine
 
     with from_scratch(impl, "2.3"), counting_calls(impl, ["sgd_update"]) as calls:
-        facts = launch_facts(run_spmd(program, n), with_trace=True)
+        facts = launch_facts(run_spmd(program, n, hide=[grads], collect=[watched, held]),
+                             with_trace=True)
     facts["updates"] = calls["sgd_update"].count(n - 1)
-    facts["at_receive"] = ledgers[0].at_receive  # the server's parameters
-    facts["held"] = held  # each worker's parameters when it sent each step's gradient
+    facts["at_receive"] = watched[n - 1]  # the server's parameters
+    facts["held"] = held[: n - 1]  # each worker's parameters when it sent each gradient
     return facts
 
 

@@ -26,7 +26,7 @@ def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0, dtype: str = "fl
     """compute: the learner's sharded step on every rank (the grader counts each rank's
     works, started and waited, from the run's record: ``works``)."""
     params, grads = start_and_grads(n, numel, seed, dtype)
-    changed = [False] * n
+    changed: list[Any] = [False] * n
 
     def program(comm: Any) -> torch.Tensor:
         mine, grad = params.clone(), grads[comm.rank].clone()
@@ -35,7 +35,7 @@ def _run_sharded(impl: Impl, n: int, numel: int, seed: int = 0, dtype: str = "fl
         return mine
 
     with from_scratch(impl, "2.4"), counting_calls(impl, ["sgd_update"]) as calls:
-        facts = launch_facts(run_spmd(program, n))
+        facts = launch_facts(run_spmd(program, n, hide=[grads], collect=[changed]))
     facts["grad_changed"] = changed
     facts["updates"] = [calls["sgd_update"].count(r) for r in range(n)]
     return facts

@@ -73,13 +73,15 @@ def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int 
     communicator is a ``WorkLedger``, and ``at_receive`` what its parameters held each time
     one of its receives completed."""
     params, grads = start_and_grads(n, numel, seed, dtype)
-    changed, ledgers = [False] * n, [None]
+    changed: list[Any] = [False] * n
+    watched: list[Any] = [None] * n  # the server's: what its parameters held at each receive
 
     def program(comm: Any) -> torch.Tensor:
         mine = params.clone()
         if comm.rank == server:
             if watch:
-                comm = ledgers[0] = WorkLedger(comm, watch=mine)
+                comm = WorkLedger(comm, watch=mine)
+                watched[server] = comm.at_receive
             if side == "server":
                 impl(comm, mine, LR)
             elif side == "loop":
@@ -96,11 +98,12 @@ def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int 
 
     exercise = {"worker": "2.1", "server": "2.2", "loop": "2.3"}[side]
     with from_scratch(impl, exercise), counting_calls(impl, ["sgd_update"]) as calls:
-        facts = launch_facts(run_spmd(program, n), with_trace)
+        facts = launch_facts(run_spmd(program, n, hide=[grads], collect=[changed, watched]),
+                             with_trace)
     facts["grad_changed"] = changed
     facts["updates"] = [calls["sgd_update"].count(r) for r in range(n)]
     if watch:
-        facts["at_receive"] = ledgers[0].at_receive
+        facts["at_receive"] = watched[server]
     return facts
 
 

@@ -30,7 +30,11 @@ def _model(name: str, seed: int) -> nn.Module:
 
 
 def _batch(name: str, step: int, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(97 * seed + step)
+    """Step ``step``'s batch (the grader's secret in the seed: ``checks._support.SECRET``)."""
+    from mpgpu_edu.grading.checks import _support
+
+    generator = torch.Generator().manual_seed((97 * seed + step
+                                               + _support.SECRET * 1_000_003) % 2**63)
     sizes = MODELS[name]
     return (torch.randn(samples, sizes[0], generator=generator),
             torch.randn(samples, sizes[-1], generator=generator))
@@ -59,6 +63,9 @@ def _train(impl: Impl, exercise: str, n: int, name: str, steps: int, seed: int) 
     start = nn.utils.parameters_to_vector(_model(name, seed).parameters()).detach()
     n_workers = n if exercise == "2.4" else n - 1
     server = None if exercise == "2.4" else n - 1
+    batches = [_batch(name, step, SAMPLES * n_workers, seed) for step in range(steps)]
+    shards = [[(x[SAMPLES * r:SAMPLES * (r + 1)], y[SAMPLES * r:SAMPLES * (r + 1)])
+               for x, y in batches] for r in range(n)]  # each worker's samples of each step
 
     def program(comm: Any) -> torch.Tensor:
         flat = start.clone()
@@ -69,10 +76,8 @@ def _train(impl: Impl, exercise: str, n: int, name: str, steps: int, seed: int) 
                 for _ in range(steps):
                     _reference_server(comm, flat, LR)
             return flat
-        for step in range(steps):
-            x, y = _batch(name, step, SAMPLES * n_workers, seed)
-            mine = slice(SAMPLES * comm.rank, SAMPLES * (comm.rank + 1))
-            grad = _flat_grad(name, seed, flat, x[mine], y[mine])
+        for xs, ys in shards[comm.rank]:
+            grad = _flat_grad(name, seed, flat, xs, ys)
             if exercise == "2.4":
                 impl(comm, flat, grad, LR)
             elif exercise == "2.1":
@@ -82,7 +87,7 @@ def _train(impl: Impl, exercise: str, n: int, name: str, steps: int, seed: int) 
         return flat
 
     with from_scratch(impl, exercise):
-        return launch_facts(run_spmd(program, n))
+        return launch_facts(run_spmd(program, n, hide=[shards]))
 
 
 def _judge_training(facts: dict, n: int, name: str, steps: int, seed: int,
