@@ -155,30 +155,86 @@ _PROBE = """    import os
             seen.append(os.readlink(f"/proc/self/fd/{fd}").split(":")[0])
         except OSError:
             pass
-    try:
-        open(f"/proc/{os.getppid()}/mem", "rb").close()
-        parent = "readable"
-    except OSError as exc:
-        parent = type(exc).__name__
-    try:
-        open("made-by-a-rank.txt", "w").close()
-        write = "written"
-    except OSError as exc:
-        import errno
-        write = errno.errorcode[exc.errno]
-    raise ValueError(f"PROBE sockets={seen.count('socket')} parent={parent} "
-                     f"tmp={sorted(os.listdir('/tmp'))} cwd={sorted(os.listdir('.'))} "
-                     f"write={write}")
+    pids = sorted(d for d in os.listdir("/proc") if d.isdigit())
+    writes = []
+    for path in ("made-by-a-rank.txt", "/dev/made-by-a-rank", "/tmp/made-by-a-rank"):
+        try:
+            open(path, "w").close()
+            writes.append("written")
+        except OSError as exc:
+            import errno
+            writes.append(errno.errorcode[exc.errno])
+    raise ValueError(f"PROBE sockets={seen.count('socket')} pids={pids} "
+                     f"parent={os.getppid()} tmp={sorted(os.listdir('/tmp'))} "
+                     f"cwd={sorted(os.listdir('.'))} writes={writes}")
 """
 
 
 def test_a_rank_process_holds_only_its_own_pipes_and_cannot_read_its_launcher(
         tmp_path: Path) -> None:
     """A rank's process keeps no descriptor of the child's but its own two pipes (not the
-    child's pipe to the grader), cannot read the memory of the process that holds the
-    router, and sees an empty, read-only /tmp and scratch folder."""
+    child's pipe to the grader), sees no other process (its own PID namespace: none to read
+    the memory of, or to signal), and sees empty /tmp and scratch folders, and no folder it
+    can write to (/dev included)."""
     learner = tmp_path / "ex01_communication.py"
     learner.write_text(_with_ring(_PROBE))
     graded = run_exercise("1.3", learner, judge_here=True)
     text = str(graded) + "".join(str(getattr(c, "message", "")) for c in graded.cases)
-    assert "PROBE sockets=2 parent=PermissionError tmp=[] cwd=[] write=EROFS" in text, text
+    assert ("PROBE sockets=2 pids=['1'] parent=0 tmp=[] cwd=[] "
+            "writes=['EROFS', 'EROFS', 'EROFS']") in text, text
+
+
+_SECRET_HUNT = """    import re
+    from mpgpu_edu.grading.checks import _support
+    key = "SECRET_HEX"  # the two halves apart: the whole key is made by nothing here
+    head, tail = bytes.fromhex(key[:32]), bytes.fromhex(key[32:])
+    found = ["_support.SECRET"] if _support.SECRET else []
+    with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if "r" not in perms or line.rstrip().endswith(("[vvar]", "[vsyscall]")):
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                data = mem.read(end - start)
+                at = data.find(head)
+                while at >= 0:
+                    if data[at + 16:at + 32] == tail:
+                        found.append(line.split()[-1] if len(line.split()) > 5 else span)
+                        break
+                    at = data.find(head, at + 1)
+            except (OSError, ValueError, OverflowError):
+                pass
+    raise ValueError(f"HUNT found={found}")
+"""
+
+
+def test_no_rank_finds_the_grader_s_secret(tmp_path: Path) -> None:
+    """The key of the ranks' inputs never leaves the grader: the child asks it for each seed
+    it needs. So the key's bytes are nowhere in a rank's memory, freed memory included (read
+    here through /proc/self/mem, which the rank's new /proc shows where the class-grading
+    sandbox does not hide it)."""
+    from mpgpu_edu.grading.checks import _support
+
+    _support.grading_secret()
+    learner = tmp_path / "ex01_communication.py"
+    learner.write_text(_with_ring(_SECRET_HUNT.replace("SECRET_HEX", _support.SECRET.hex())))
+    graded = run_exercise("1.3", learner, judge_here=True)
+    text = "".join(str(getattr(c, "message", "")) for c in graded.cases)
+    assert "HUNT found=[]" in text, text
+
+
+def test_the_secret_keys_every_seed() -> None:
+    from mpgpu_edu.grading.checks import _support
+
+    saved = _support.SECRET
+    try:
+        _support.SECRET = bytearray()
+        assert _support.secret_seed(7) == 7  # a learner's own check: the seeds as they are
+        _support.SECRET = bytearray(b"k" * 32)
+        one = _support.secret_seed(7)
+        _support.SECRET = bytearray(b"j" * 32)
+        assert one != _support.secret_seed(7) and 0 <= one < 2**63
+    finally:
+        _support.SECRET = saved

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import signal
 import sys
@@ -68,6 +69,10 @@ def main(conn: Any, request: dict) -> None:
     os.environ[GRADING_CHILD_ENV] = "1"  # this process runs checks (the demo-call log skips it)
     try:
         _isolate(request)
+        if not request["judge"]:  # class grading: the grader makes the ranks' seeds
+            from mpgpu_edu.grading.checks import _support
+
+            _support.SEED_SOURCE = _SeedSource(conn)
         output = CappedOutput(request["output_chars"])
         sys.stdout = sys.stderr = output
         _run(lambda message: conn.send_bytes(encode(message)), request, output)
@@ -75,6 +80,26 @@ def main(conn: Any, request: dict) -> None:
         with contextlib.suppress(Exception):
             conn.close()
         os._exit(0)  # do not wait for threads the learner's code left running
+
+
+class _SeedSource:
+    """In class grading, the seeds of the ranks' inputs come from the grader
+    (``checks._support.secret_seed``): a ``seed`` message on the pipe, answered with the
+    seed made from it with the grader's secret key, which never leaves the grader."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.ids, self.made = conn, 0, {}
+
+    def __call__(self, seed: int) -> int:
+        if seed not in self.made:
+            self.ids += 1
+            self.conn.send_bytes(encode({"type": "seed", "id": self.ids, "seed": int(seed)}))
+            while True:  # an answer to a request a timed-out case left behind is skipped
+                reply = json.loads(self.conn.recv_bytes(4096))
+                if reply.get("id") == self.ids:
+                    break
+            self.made[seed] = int(reply["seed"])
+        return self.made[seed]
 
 
 def _isolate(request: dict) -> None:
@@ -136,7 +161,6 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
     from mpgpu_edu.grading.checks import _support
 
     started = time.monotonic()
-    _support.SECRET = request.pop("secret", 0)  # popped: a rank process finds it nowhere
     apart = not request["judge"] and request["exercise"] in ranks_apart(request["exercise"])
     cases = cases_for(request["exercise"])
     if request["judge"]:
@@ -322,7 +346,7 @@ class InRanks:
     of ``comm.apart`` cuts itself off from the others (``runtime.isolate.cut_off``), then
     imports the file (``prepare``), and only there can the function be called. So no code
     of the submission runs where the router, the op lists and the other ranks' inputs are,
-    and no rank holds another's input, nor the secret that made them."""
+    and no rank holds another's input, nor the key that made them (the grader's)."""
 
     def __init__(self, request: dict) -> None:
         self.file, self.function = request["file"], request["function"]
@@ -383,10 +407,10 @@ class InRanks:
         return self.loaded(*args, **kwargs)
 
     def prepare(self, rank: int) -> None:
-        """In rank ``rank``'s process: forget the secret, cut the process off, import."""
+        """In rank ``rank``'s process: cut the process off, then import the file."""
         from mpgpu_edu.grading.checks import _support
 
-        _support.SECRET = 0
+        _support.SEED_SOURCE = None  # the pipe to the grader is not this process's
         problems = cut_off([self.workdir, "/tmp", "/dev/shm"])
         if problems:
             raise RuntimeError("the grader could not cut this rank's process off from the "

@@ -81,6 +81,10 @@ def run_exercise(exercise_id: str, file: Path, function: str | None = None, *,
     exercise = get(exercise_id)
     if not server.prefix:  # a sandbox dies with the thread that starts it: not in the back
         threading.Thread(target=_start, args=(server,), daemon=True).start()
+    if judge_here:  # class grading: the key of the ranks' inputs, drawn once, kept here
+        from mpgpu_edu.grading.checks._support import grading_secret
+
+        grading_secret()
     state = State(exercise, figures, trust_child=not judge_here)  # judging here: imports
     # the checks while the server starts
     started = time.monotonic()
@@ -91,10 +95,6 @@ def run_exercise(exercise_id: str, file: Path, function: str | None = None, *,
                "output_chars": limits.output_chars, "max_processes": limits.max_processes,
                "display_file": display_file or str(file), "judge": not judge_here,
                "figures": figures}
-    if judge_here:  # class grading: inputs no submission can rebuild (checks._support)
-        from mpgpu_edu.grading.checks._support import grading_secret
-
-        request["secret"] = grading_secret()
     try:
         _run_sessions(state, request, limits, server)
     finally:

@@ -8,6 +8,7 @@ the checks, never from the child.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from dataclasses import dataclass, field
@@ -119,11 +120,26 @@ def follow(state: State, child: Any, limits: Any) -> None:
                 return
             continue
         try:
-            phase = handle(state, decode(data), phase)
+            message = decode(data)
+            if message["type"] == "seed" and not state.trust_child:
+                _answer_seed(conn, message)
+                continue
+            phase = handle(state, message, phase)
         except (BadMessage, KeyError, TypeError, ValueError, IndexError):
             state.message = "the check process sent something that is not a check's message"
             state.record_rest("error", "not run: " + state.message)
             return
+
+
+def _answer_seed(conn: Any, message: dict) -> None:
+    """A class-grading child asks for the seed of inputs: made here, with the key that never
+    leaves this process (``checks._support.secret_seed``)."""
+    from mpgpu_edu.grading.checks._support import secret_seed
+
+    seed = message["seed"]
+    if type(seed) is not int or abs(seed) > 2**63:
+        raise ValueError("a seed is an int")
+    conn.send_bytes(json.dumps({"id": message.get("id"), "seed": secret_seed(seed)}).encode())
 
 
 def handle(state: State, message: dict, phase: Phase) -> Phase | None:

@@ -6,38 +6,45 @@ in class grading): each then reaches the others only through the pipes it was gi
 * makes it not dumpable (``PR_SET_DUMPABLE`` 0), so that no other process of the same user
   reads or writes its memory through ``/proc/PID/mem`` or ``ptrace``; ``not_dumpable()``
   does that alone (the launcher of the rank processes calls it for itself);
-* moves it into new user, mount, network and IPC namespaces: no abstract Unix socket, no
-  System V shared memory and no network peer of another process is reachable;
-* mounts an empty, read-only ``tmpfs`` over each folder of ``private`` (the scratch
-  folder, ``/tmp``, ``/dev/shm``), so that no file passes from one process to another (a
-  write fails with "Read-only file system"; read-only, because inside the class-grading
-  sandbox, whose capabilities are dropped, the new user namespace cannot map the process's
-  own user, so a file it made would have no owner); the package's and
-  Python's own folders, where one lies inside such a folder, are shown again on top (a
-  folder inside one of them is left as it is);
+* moves it into new user, mount, network, IPC and PID namespaces: no abstract Unix socket,
+  no System V shared memory, no network peer and no other process (not in a new ``/proc``,
+  or an empty one where the sandbox's cannot be mounted again; not to a signal) is
+  reachable; no pseudo-terminal can be made. For the PID namespace it forks: the child goes on as the
+  first process of the namespace, the caller waits for it and ends with it;
+* mounts an empty ``tmpfs`` over each folder of ``private`` (the scratch folder, ``/tmp``,
+  ``/dev/shm``), the package's and Python's own folders shown again on top where one lies
+  inside such a folder, then makes every mount read-only (``/dev`` and the sandbox's own
+  tmpfs folders included), so that no file passes from one process to another: a write
+  fails with "Read-only file system". Read-only, because inside the class-grading sandbox,
+  whose capabilities are dropped, the new user namespace cannot map the process's own
+  user: a file it made would have no owner.
 
 ``only_fds(keep)`` points every other file descriptor at ``/dev/null`` (a forked process
 inherits its parent's pipes, a grading child's pipe to the grader among them; the numbers
 stay taken, so that no object of the parent's closes a file the process opens later).
 
 ``cut_off`` returns what it could not do (empty when everything was done), so that a caller
-may refuse to go on: namespaces need a Linux kernel that lets a user make them (the class-grading
-sandbox already needs that).
+may refuse to go on: namespaces need a Linux kernel that lets a user make them (the
+class-grading sandbox already needs that).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
-CLONE_NEWIPC, CLONE_NEWNET = 0x08000000, 0x40000000
+CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWPID = 0x08000000, 0x40000000, 0x20000000
 PR_SET_DUMPABLE = 4
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 0x1000, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE = 1024, 2048, 0x1000, 0x4000, 0x40000
+MS_RELATIME = 1 << 21
+PR_SET_PDEATHSIG = 1
 
 
 def _libc() -> ctypes.CDLL:
@@ -54,14 +61,17 @@ def not_dumpable() -> str:
 
 
 def cut_off(private: Iterable[str | Path]) -> list[str]:
-    """See the module's docstring; call it in a child with a single thread."""
+    """See the module's docstring; call it in a child with a single thread. The process
+    that called it ends here, once the process that goes on (its child, the first of a new
+    PID namespace) has ended."""
     problems = [p for p in [not_dumpable()] if p]
     if sys.platform != "linux":
         return problems
     libc = _libc()
     uid, gid = os.getuid(), os.getgid()
     cwd = Path(os.getcwd())
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC) != 0:
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC
+                    | CLONE_NEWPID) != 0:
         problems.append(f"unshare: {os.strerror(ctypes.get_errno())}")
         return problems
     with contextlib.suppress(OSError):  # the same ids inside, so files keep their owner
@@ -70,27 +80,97 @@ def cut_off(private: Iterable[str | Path]) -> list[str]:
         Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         problems.append(f"mount --make-rprivate /: {os.strerror(ctypes.get_errno())}")
-    else:
-        needed = [Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(),
-                  Path(sys.base_prefix).resolve(), Path(os.__file__).resolve().parent]
-        for folder in dict.fromkeys(Path(p).resolve() for p in private):
-            if not folder.is_dir() or any(n == folder or n in folder.parents for n in needed):
-                continue
-            inside = [n for n in needed if folder in n.parents]  # shown again on top
-            fds = [os.open(n, os.O_PATH | os.O_DIRECTORY) for n in inside]
-            if libc.mount(b"tmpfs", str(folder).encode(), b"tmpfs",
-                          MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=1m,mode=0555") != 0:
+        return problems
+    problems += _empty_folders(libc, private)
+    problems += _all_read_only(libc)
+    _enter_again(cwd)
+    _first_of_new_pids(libc, problems)
+    return problems
+
+
+def _empty_folders(libc: ctypes.CDLL, private: Iterable[str | Path]) -> list[str]:
+    """An empty tmpfs over each folder of ``private``, read-only once the package's and
+    Python's own folders inside it are shown again on top."""
+    problems = []
+    needed = [Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(),
+              Path(sys.base_prefix).resolve(), Path(os.__file__).resolve().parent]
+    for folder in dict.fromkeys(Path(p).resolve() for p in private):
+        if not folder.is_dir() or any(n == folder or n in folder.parents for n in needed):
+            continue
+        inside = [n for n in needed if folder in n.parents]
+        fds = [os.open(n, os.O_PATH | os.O_DIRECTORY) for n in inside]
+        try:
+            if libc.mount(b"tmpfs", str(folder).encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                          b"size=1m,mode=0755") != 0:
                 problems.append(f"tmpfs over {folder}: {os.strerror(ctypes.get_errno())}")
-            else:
-                for n, fd in zip(inside, fds):
-                    n.mkdir(parents=True, exist_ok=True)
-                    if libc.mount(f"/proc/self/fd/{fd}".encode(), str(n).encode(), None,
-                                  MS_BIND | MS_REC, None) != 0:
-                        problems.append(f"{n} shown again: {os.strerror(ctypes.get_errno())}")
+                continue
+            for n, fd in zip(inside, fds):
+                n.mkdir(parents=True, exist_ok=True)
+                if libc.mount(f"/proc/self/fd/{fd}".encode(), str(n).encode(), None,
+                              MS_BIND | MS_REC, None) != 0:
+                    problems.append(f"{n} shown again: {os.strerror(ctypes.get_errno())}")
+            if libc.mount(None, str(folder).encode(), None,
+                          MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None) != 0:
+                problems.append(f"{folder} read-only: {os.strerror(ctypes.get_errno())}")
+        finally:
             for fd in fds:
                 os.close(fd)
-        _enter_again(cwd)
     return problems
+
+
+_LOCKED = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
+           "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+
+
+def _all_read_only(libc: ctypes.CDLL) -> list[str]:
+    """Every mount that is writable (``/dev``, a tmpfs the sandbox made, the learner's
+    folder...) made read-only, keeping the flags a user namespace may not drop; ``/proc``
+    and ``/sys`` aside (``_first_of_new_pids`` mounts a new ``/proc``)."""
+    problems = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError as exc:
+        return [f"/proc/self/mountinfo: {exc}"]
+    for line in lines:
+        fields = line.split()
+        point, options = fields[4].replace("\\040", " "), fields[5].split(",")
+        kind = fields[fields.index("-") + 1] if "-" in fields else ""
+        if "rw" not in options or kind in ("proc", "sysfs") or point.startswith(("/proc/",
+                                                                                  "/sys/")):
+            continue
+        if kind == "devpts":  # a new pseudo-terminal would be a channel: none at all
+            if libc.mount(b"tmpfs", point.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                          b"size=4k") != 0 and ctypes.get_errno() != errno.ENOENT:
+                problems.append(f"{point} hidden: {os.strerror(ctypes.get_errno())}")
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for name, flag in _LOCKED.items():
+            if name in options:
+                flags |= flag
+        if libc.mount(None, point.encode(), None, flags, None) != 0:
+            if ctypes.get_errno() != errno.ENOENT:  # else under a tmpfs mounted above
+                problems.append(f"{point} read-only: {os.strerror(ctypes.get_errno())}")
+    return problems
+
+
+def _first_of_new_pids(libc: ctypes.CDLL, problems: list[str]) -> None:
+    """Fork into the PID namespace made by ``unshare``: the child, its first process, sees
+    no other process (a new ``/proc``) and can signal none; this process waits for it and
+    ends with it."""
+    pid = os.fork()
+    if pid:
+        with contextlib.suppress(BaseException):
+            os.waitpid(pid, 0)
+        os._exit(0)
+    with contextlib.suppress(Exception):
+        libc.prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL when the waiting process is killed
+    if libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0:
+        return
+    # A sandbox's /proc with parts mounted over (bwrap's) cannot be mounted again: an empty
+    # one then, so that no other process shows (their names, states and times neither).
+    if libc.mount(b"tmpfs", b"/proc", b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  b"size=4k") != 0:
+        problems.append(f"/proc hidden: {os.strerror(ctypes.get_errno())}")
 
 
 def _enter_again(cwd: Path) -> None:

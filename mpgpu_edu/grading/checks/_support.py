@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import inspect
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,23 +27,34 @@ from mpgpu_edu.grading.checks._clock import record as run_record
 LAUNCH_TIMEOUT_S = 15.0
 ALPHA, BETA = 1e-5, 1e9
 
-# Mixed into every seed of ``rank_inputs``: 0 for a learner's own check; in class grading a
-# number drawn once per grader process (``grading_secret``) and handed to each child, so
-# that a submission cannot rebuild the inputs of ranks it does not hold.
-SECRET = 0
+# The key of every seed of the ranks' inputs (``secret_seed``), in class grading: 32 random
+# bytes drawn once by the grader process (``grading_secret``), which never leave it, so that
+# a submission cannot make again the inputs of ranks it does not hold. A class-grading child
+# gets each seed it needs from the grader (``SEED_SOURCE``, ``compute._SeedSource``); a
+# learner's own check has neither, and its seeds are as written.
+SECRET = bytearray()
+SEED_SOURCE: Callable[[int], int] | None = None
 # In a class-grading child whose exercise runs its ranks apart (``compute.InRanks``): the
 # learner's function, and ``run_spmd`` runs every rank in a process of its own.
 APART: Any = None
 
 
-def grading_secret() -> int:
-    """The grader process's secret (drawn on first use), to hand to its children."""
+def grading_secret() -> None:
+    """Draw the grader process's secret key, once (class grading)."""
     global SECRET
     if not SECRET:
-        import secrets
+        SECRET = bytearray(os.urandom(32))
 
-        SECRET = secrets.randbits(62) or 1
-    return SECRET
+
+def secret_seed(seed: int) -> int:
+    """``seed`` itself without a key; else a seed made from it with the key (BLAKE2b), from
+    which the key cannot be had back: asked of the grader in a class-grading child."""
+    if SEED_SOURCE is not None:
+        return SEED_SOURCE(seed)
+    if not SECRET:
+        return seed
+    digest = hashlib.blake2b(str(seed).encode(), key=SECRET, digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 class LearnerError(Exception):
@@ -360,7 +373,7 @@ def step_rows(got: Any) -> Any:
 def rank_inputs(world_size: int, numel: int, seed: int = 0) -> list[torch.Tensor]:
     """One small-integer float tensor per rank (sums are exact in float32); ``SECRET``
     mixed into the seed."""
-    generator = torch.Generator().manual_seed((seed + SECRET * 1_000_003) % 2**63)
+    generator = torch.Generator().manual_seed(secret_seed(seed))
     return [torch.randint(-8, 9, (numel,), generator=generator).float()
             for _ in range(world_size)]
 

@@ -11,7 +11,7 @@ def _model(widths: tuple[int, ...], seed: int = 0, norm: bool = False) -> nn.Seq
     grader's secret in the seed, as in ``_batch``)."""
     from mpgpu_edu.grading.checks import _support
 
-    torch.manual_seed((seed + _support.SECRET * 1_000_003) % 2**63)
+    torch.manual_seed(_support.secret_seed(seed))
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(widths, widths[1:])):
         layers.append(nn.Linear(a, b, bias=not (norm and i == 1)))
@@ -26,7 +26,7 @@ def _batch(n_samples: int, widths: tuple[int, ...], seed: int = 1) -> tuple[torc
     """Inputs and targets (the grader's secret in the seed: ``checks._support.SECRET``)."""
     from mpgpu_edu.grading.checks import _support
 
-    generator = torch.Generator().manual_seed((seed + _support.SECRET * 1_000_003) % 2**63)
+    generator = torch.Generator().manual_seed(_support.secret_seed(seed))
     return (torch.randn(n_samples, widths[0], generator=generator),
             torch.randn(n_samples, widths[-1], generator=generator))
 

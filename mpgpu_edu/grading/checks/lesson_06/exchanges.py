@@ -174,7 +174,7 @@ def _random_pairings() -> list[dict[str, Any]]:
 
 def _blocks(lengths: list[int], seed: int = 0, dtype: str = "float32") -> list[torch.Tensor]:
     """Rank r's block of ``lengths[r]`` small integers (the grader's secret in the seed)."""
-    generator = torch.Generator().manual_seed((seed + _support.SECRET * 1_000_003) % 2**63)
+    generator = torch.Generator().manual_seed(_support.secret_seed(seed))
     return [torch.randint(-8, 9, (k,), generator=generator).to(getattr(torch, dtype))
             for k in lengths]
 
