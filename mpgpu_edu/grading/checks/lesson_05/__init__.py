@@ -42,6 +42,10 @@ from mpgpu_edu.grading.checks.lesson_05.zero1 import (_ZERO1_VALUES, _zero1_all,
 # (5.2 has none: the package has no ZeRO-1 step of that signature). The notebook's demos take
 # 5.4's from ``lessons.tensor_and_hybrid.reference_megatron_mlp``, which calls the package's
 # megatron_mlp and so is blocked with it.
+# Run with every rank in a process of its own in class grading (see lesson 01's checks):
+# each rank holds only its own shards of the weights, or its own gradients.
+RANKS_APART = ("5.1", "5.2", "5.4")
+
 REFERENCES = {
     "5.1": ["mpgpu_edu.tensor.layers:ColumnParallelLinear",
             "mpgpu_edu.tensor.mappings:gather_from_parallel",

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from mpgpu_edu.grading.checks import _support
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, launch_facts,
                                                run_spmd, uniform)
 
@@ -20,7 +21,7 @@ Impl = Callable[..., Any]
 def _column_inputs(n: int, batch: int, d_in: int, k: int, bias: int, seed: int = 0,
                    dtype: str = "float32"
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(_support.secret_seed(seed))
     kind = getattr(torch, dtype)
     x = torch.randn(batch, d_in, generator=generator, dtype=kind)
     weight = torch.randn(n * k, d_in, generator=generator, dtype=kind)
@@ -31,18 +32,20 @@ def _column_inputs(n: int, batch: int, d_in: int, k: int, bias: int, seed: int =
 def _column_compute(impl: Impl, n: int, batch: int, d_in: int, k: int, bias: int = 1,
                     seed: int = 0, dtype: str = "float32") -> dict[str, Any]:
     x, weight, b = _column_inputs(n, batch, d_in, k, bias, seed, dtype)
+    weights = [weight[r * k:(r + 1) * k] for r in range(n)]  # each rank's rows: its own
+    biases = [b[r * k:(r + 1) * k] if b is not None else None for r in range(n)]
 
     def program(comm: Any) -> dict[str, Any]:
-        rows = slice(comm.rank * k, (comm.rank + 1) * k)
-        given = {"x": x.clone(), "weight_shard": weight[rows].clone(),
-                 "bias_shard": b[rows].clone() if b is not None else None}
+        given = {"x": x.clone(), "weight_shard": weights[comm.rank].clone(),
+                 "bias_shard": (biases[comm.rank].clone() if biases[comm.rank] is not None
+                                else None)}
         with comm.compute("forward", "column-parallel linear"):
             out = impl(comm, given["x"], given["weight_shard"], given["bias_shard"])
         # the caller's tensors as the function left them (the judge compares)
         return {"out": out, "after": {name: t.detach().clone() for name, t in given.items()
                                       if t is not None}}
 
-    result = run_spmd(program, uniform(n))
+    result = run_spmd(program, uniform(n), hide=[weights, biases])
     facts = launch_facts(result)
     facts["flops"] = [float(sum(e.flops for e in result.trace.on(r, "compute")))
                       for r in range(n)]

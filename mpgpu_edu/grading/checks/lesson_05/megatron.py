@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 from mpgpu_edu.grading.checks import CheckFailure
 from mpgpu_edu.grading.checks._plain import is_tensor
+from mpgpu_edu.grading.checks import _support
 from mpgpu_edu.grading.checks._support import (bytes_of, examples, expect, expect_close,
                                                launch_facts, run_spmd, uniform)
 
@@ -22,7 +23,7 @@ Impl = Callable[..., Any]
 
 def _mlp_inputs(n: int, batch: list[int], d_in: int, hidden: int, d_out: int, bias: int,
                 seed: int) -> dict[str, Any]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(_support.secret_seed(seed))
     tensors = {"x": torch.randn(*batch, d_in, generator=generator),
                "w1": torch.randn(hidden, d_in, generator=generator) / d_in ** 0.5,
                "b1": torch.randn(hidden, generator=generator) if bias else None,
@@ -52,12 +53,15 @@ def _loss(out: torch.Tensor, again: torch.Tensor | None, x: torch.Tensor,
 def _mlp_compute(impl: Impl, n: int, batch: list[int], d_in: int, hidden: int, d_out: int,
                  bias: int = 1, seed: int = 0, reuse: str = "") -> dict[str, Any]:
     t = _mlp_inputs(n, batch, d_in, hidden, d_out, bias, seed)
+    # each rank's shards of the weights: its own (the full weights are in no rank's hands)
+    shards = [{"w1": torch.tensor_split(t["w1"], n, 0)[r],
+               "b1": torch.tensor_split(t["b1"], n)[r] if bias else None,
+               "w2": torch.tensor_split(t["w2"], n, 1)[r]} for r in range(n)]
 
     def program(comm: Any, backward: bool) -> dict[str, Any]:
-        mine = {"x": t["x"].clone(),
-                "w1": torch.tensor_split(t["w1"], n, 0)[comm.rank].clone(),
-                "b1": torch.tensor_split(t["b1"], n)[comm.rank].clone() if bias else None,
-                "w2": torch.tensor_split(t["w2"], n, 1)[comm.rank].clone(),
+        own = shards[comm.rank]
+        mine = {"x": t["x"].clone(), "w1": own["w1"].clone(),
+                "b1": own["b1"].clone() if bias else None, "w2": own["w2"].clone(),
                 "b2": t["b2"].clone() if bias else None}
         for leaf in mine.values():
             if leaf is not None:
@@ -85,8 +89,9 @@ def _mlp_compute(impl: Impl, n: int, batch: list[int], d_in: int, hidden: int, d
         return record
 
     # Two runs, forward alone and forward with backward: the grader counts each one's bytes.
-    return dict(launch_facts(run_spmd(program, uniform(n), True)),
-                forward_only=launch_facts(run_spmd(program, uniform(n), False)))
+    return dict(launch_facts(run_spmd(program, uniform(n), True, hide=[shards])),
+                forward_only=launch_facts(run_spmd(program, uniform(n), False,
+                                                   hide=[shards])))
 
 
 def _mlp_reference(n: int, batch: list[int], d_in: int, hidden: int, d_out: int,

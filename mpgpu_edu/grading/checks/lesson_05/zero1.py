@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from mpgpu_edu.grading.checks._plain import is_tensor, type_name
+from mpgpu_edu.grading.checks import _support
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, launch_facts,
                                                run_spmd, uniform)
 
@@ -22,7 +23,7 @@ LR = 0.01
 
 def _zero1_inputs(n: int, shard: int, steps: int, seed: int
                   ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(_support.secret_seed(seed))
     start = torch.randn(n * shard, generator=generator)
     grads = [[torch.randn(n * shard, generator=generator) for _ in range(n)]
              for _ in range(steps)]
@@ -32,16 +33,17 @@ def _zero1_inputs(n: int, shard: int, steps: int, seed: int
 def _zero1_compute(impl: Impl, n: int, shard: int, steps: int, seed: int = 0
                    ) -> dict[str, Any]:
     start, grads = _zero1_inputs(n, shard, steps, seed)
+    mine = [[grads[step][r] for step in range(steps)] for r in range(n)]  # rank r's gradients
 
     def program(comm: Any) -> dict[str, Any]:
         params, state, grads_after = start.clone(), {}, []
         for step in range(steps):
-            grad = grads[step][comm.rank].clone()
+            grad = mine[comm.rank][step].clone()
             impl(comm, params, grad, state, LR)
             grads_after.append(grad.clone())  # the caller's gradient, as the step left it
         return {"params": params, "state": state, "grads_after": grads_after}
 
-    return launch_facts(run_spmd(program, uniform(n)))
+    return launch_facts(run_spmd(program, uniform(n), hide=[mine]))
 
 
 def _zero1_reference(n: int, shard: int, steps: int, seed: int) -> tuple[torch.Tensor, dict]:

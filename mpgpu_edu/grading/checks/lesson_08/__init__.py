@@ -29,6 +29,11 @@ from mpgpu_edu.grading.checks.lesson_08.shard import (_judge_own_memory, _judge_
 from mpgpu_edu.grading.checks.lesson_08.wrapper import (_accumulation, _adam_prefetch, _basic,
                                                         _hidden, _prefetch_runs)
 
+# Run with every rank in a process of its own in class grading (see lesson 01's checks):
+# each rank holds only its own slice of every batch; its calls of the collectives come back
+# with its result.
+RANKS_APART = ("8.2",)
+
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "8.1": ["mpgpu_edu.dp.fsdp:flat_shard"],
 }

@@ -133,10 +133,16 @@ class _GathersAhead:
             self.ahead.append(self.started - len(self.ahead) - 1)
 
 
+def _shards(batches: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> list[list[Any]]:
+    """Rank r's slice of every batch: one entry per rank, hidden from the other ranks where
+    the ranks run apart."""
+    return [[(torch.tensor_split(x, n)[r], torch.tensor_split(y, n)[r]) for x, y in batches]
+            for r in range(n)]
+
+
 def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
-             optimizer: str, prefetch: bool) -> Callable[..., Any]:
+             optimizer: str, prefetch: bool, shards_of: list[list[Any]]) -> Callable[..., Any]:
     base = _model(widths)
-    batches = [_batch(n_samples, widths, seed=10 + s) for s in range(steps)]
 
     def program(comm: Any) -> dict:
         module = copy.deepcopy(base)
@@ -148,9 +154,8 @@ def _program(impl: Impl, widths: tuple[int, ...], n_samples: int, steps: int,
                else torch.optim.Adam(shards, lr=LR))
         grads, alive = [], []
         saved, held = _SavedWeights(base), _GatheredAlive(module)
-        for step, (x, y) in enumerate(batches):
-            xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in (x, y))
-            share = len(xs) / len(x)
+        for step, (xs, ys) in enumerate(shards_of[comm.rank]):
+            share = len(xs) / n_samples
             held.on = gathers.on = step == 0
             with saved if step == 0 else contextlib.nullcontext():
                 out = replica(xs)
@@ -178,22 +183,32 @@ def _run(impl: Impl, n: int, widths: tuple[int, ...], *, n_samples: int = 12, st
     """compute: the learner's wrapper trains ``steps`` steps on ``n`` ranks; every rank's
     shards at the start and the end, their gradients after each ``finish``, and the
     collectives it called."""
-    return _launch(impl, _program(impl, widths, n_samples, steps, optimizer, prefetch),
-                   cluster or n, with_trace)
+    shards_of = _shards([_batch(n_samples, widths, seed=10 + s) for s in range(steps)], n)
+    return _launch(impl, _program(impl, widths, n_samples, steps, optimizer, prefetch,
+                                  shards_of), cluster or n, with_trace, hide=[shards_of])
 
 
 def _launch(impl: Impl, program: Callable[..., Any], cluster: Cluster | int,
-            with_trace: bool = False) -> dict:
+            with_trace: bool = False, hide: list | tuple = ()) -> dict:
+    """Run ``program`` with the collectives' calls recorded; each rank hands back its own
+    calls (made in its own process where the ranks run apart)."""
+    n = cluster if isinstance(cluster, int) else cluster.world_size
+    mine: list[Any] = [None] * n
     with _recording(impl) as calls:
-        result = run_spmd(program, cluster)
+        def recorded(comm: Any) -> Any:
+            out = program(comm)
+            mine[comm.rank] = [list(call) for call in calls if call[0] == comm.rank]
+            return out
+
+        result = run_spmd(recorded, cluster, hide=hide, collect=[mine])
     facts = launch_facts(result, with_trace=with_trace)
-    facts["calls"] = [list(call) for call in calls]
+    facts["calls"] = [call for rank_calls in mine for call in (rank_calls or [])]
     return facts
 
 
-def _accumulate_program(impl: Impl, widths: tuple[int, ...], n_samples: int) -> Callable:
+def _accumulate_program(impl: Impl, widths: tuple[int, ...], n_samples: int,
+                        shards_of: list[list[Any]]) -> Callable:
     base = _model(widths)
-    batches = [_batch(n_samples, widths, seed=20 + s) for s in range(3)]
 
     def program(comm: Any) -> dict:
         replica = impl(comm, copy.deepcopy(base), False)
@@ -201,7 +216,7 @@ def _accumulate_program(impl: Impl, widths: tuple[int, ...], n_samples: int) -> 
         grads = []
         for group in ACCUMULATE:
             for s in group:
-                xs, ys = (torch.tensor_split(t, comm.world_size)[comm.rank] for t in batches[s])
+                xs, ys = shards_of[comm.rank][s]
                 share = len(xs) / n_samples
                 loss = nn.functional.mse_loss(replica(xs), ys) * share * comm.world_size
                 loss.backward()
@@ -212,7 +227,9 @@ def _accumulate_program(impl: Impl, widths: tuple[int, ...], n_samples: int) -> 
 
 
 def _accumulation(impl: Impl) -> dict:
-    return _launch(impl, _accumulate_program(impl, WIDTHS, 12), 3)
+    shards_of = _shards([_batch(12, WIDTHS, seed=20 + s) for s in range(3)], 3)
+    return _launch(impl, _accumulate_program(impl, WIDTHS, 12, shards_of), 3,
+                   hide=[shards_of])
 
 
 def _basic(impl: Impl) -> dict:
