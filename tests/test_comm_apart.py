@@ -90,14 +90,22 @@ def test_the_same_run_as_the_threaded_simulator(n: int) -> None:
 def test_a_rank_sees_only_its_own_inputs() -> None:
     inputs = [torch.full((3,), float(r + 1)) for r in range(3)]
     nested = [{"w": torch.ones(2) * r} for r in range(3)]
+    modules = [torch.nn.Linear(2, 2) for _ in range(3)]
+    with torch.no_grad():
+        for r, module in enumerate(modules):
+            module.weight.fill_(r + 1)
+            module.bias.fill_(r + 1)
 
-    def peek(comm, inputs, nested):
-        return [t.sum().item() for t in inputs], [d["w"].sum().item() for d in nested]
+    def peek(comm, inputs, nested, modules):
+        return ([t.sum().item() for t in inputs], [d["w"].sum().item() for d in nested],
+                [sum(p.sum().item() for p in m.parameters()) for m in modules])
 
-    result = run_apart(peek, _cluster(3), (inputs, nested), hide=[inputs, nested])
-    for rank, (sums, ws) in enumerate(result.results):
+    result = run_apart(peek, _cluster(3), (inputs, nested, modules),
+                       hide=[inputs, nested, modules])
+    for rank, (sums, ws, params) in enumerate(result.results):
         assert sums == [3.0 * (rank + 1) if r == rank else 0.0 for r in range(3)]
         assert ws == [2.0 * rank if r == rank else 0.0 for r in range(3)]
+        assert params == [6.0 * (rank + 1) if r == rank else 0.0 for r in range(3)]
     assert [t[0].item() for t in inputs] == [1.0, 2.0, 3.0]  # the launcher's copy is intact
 
 

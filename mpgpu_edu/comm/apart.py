@@ -353,10 +353,14 @@ def _rank_main(rank: int, cluster: Any, fn: Callable[..., Any], args: tuple, kwa
 
 
 def _clear(value: Any, depth: int = 0) -> None:
-    """Zero every tensor in ``value`` (a tensor, or lists, tuples and dicts of them)."""
+    """Zero every tensor in ``value`` (a tensor, a module's parameters and buffers, or
+    lists, tuples and dicts of them)."""
     if depth > 8:
         return
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.nn.Module):
+        for tensor in [*value.parameters(), *value.buffers()]:
+            _clear(tensor, depth + 1)
+    elif isinstance(value, torch.Tensor):
         if not value.is_meta:
             with torch.no_grad():
                 value.detach().zero_()

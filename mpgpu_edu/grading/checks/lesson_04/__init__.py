@@ -41,6 +41,11 @@ from mpgpu_edu.grading.checks.lesson_04.schedules import (MAKESPAN_SIZES, _gpipe
 from mpgpu_edu.pipeline import gpipe, one_f_one_b
 
 
+# Run with every rank in a process of its own in class grading (see lesson 01's checks):
+# each rank holds only its own stage, the first only the microbatches, the last only the
+# targets (4.5).
+RANKS_APART = ("4.4", "4.5")
+
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "4.1": ["mpgpu_edu.pipeline.partition:partition_balanced",
             "mpgpu_edu.pipeline.partition:_min_max_boundaries",

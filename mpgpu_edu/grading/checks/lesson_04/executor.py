@@ -84,16 +84,18 @@ class _Counted(nn.Module):
 
 
 def _executor_program(impl: Impl, stages: list[nn.Sequential], widths_in: list[int],
-                      schedule: Schedule, data: tuple[list, list],
+                      schedule: Schedule, data: tuple[list, list], sizes: list[int],
                       seconds: tuple[float, float] | None) -> Callable[[Any], dict]:
+    """``stages``: one per rank; ``data``: per rank, its microbatches and its targets (the
+    first stage's and the last one's, None elsewhere); ``sizes``: each microbatch's rows."""
     def program(comm: Any) -> dict:
         p, rank, (xs, ys) = schedule.n_stages, comm.rank, data
+        xs, ys = xs[rank], ys[rank]  # the first stage's microbatches, the last one's targets
         stage = _Counted(copy.deepcopy(stages[rank]))
         for w in stage.inner.parameters():  # as after an earlier accumulation step
             w.grad = torch.full_like(w, EARLIER_GRAD)
-        shapes = [(len(x), widths_in[rank]) for x in xs] if rank > 0 else None
-        loss = impl(comm, schedule, stage, xs if rank == 0 else None,
-                    ys if rank == p - 1 else None, shapes, nn.functional.mse_loss, seconds)
+        shapes = [(rows, widths_in[rank]) for rows in sizes] if rank > 0 else None
+        loss = impl(comm, schedule, stage, xs, ys, shapes, nn.functional.mse_loss, seconds)
         grads = {n: w.grad for n, w in stage.inner.named_parameters()}
         with torch.no_grad():
             for w in stage.inner.parameters():
@@ -109,11 +111,13 @@ def _run_executor(impl: Impl, p: int, m: int, schedule: str, partition: str = "b
                   batch: int = 0, seed: int = 0, model: str = "mlp",
                   seconds: tuple[float, float] | None = None) -> dict:
     stages, widths_in = _split(p, partition, seed, model)
-    data = _data(batch or 2 * m, m, seed, model)
-    program = _executor_program(impl, stages, widths_in, _named_schedule(schedule, p, m), data,
-                                seconds)
+    xs, ys = _data(batch or 2 * m, m, seed, model)
+    inputs = [xs if r == 0 else None for r in range(p)]  # each only where it is given
+    targets = [ys if r == p - 1 else None for r in range(p)]
+    program = _executor_program(impl, stages, widths_in, _named_schedule(schedule, p, m),
+                                (inputs, targets), [len(x) for x in xs], seconds)
     try:
-        result = run_spmd(program, uniform(p), timeout=45.0)
+        result = run_spmd(program, uniform(p), timeout=45.0, hide=[stages, inputs, targets])
     except CheckFailure as exc:  # a deadlock or mismatched messages: say on which schedule
         raise CheckFailure(f"{schedule}, {p} stages, {m} microbatches{ABOUT.get(schedule, '')}:"
                            f" {exc}") from None

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mpgpu_edu.grading.checks import _support
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, expect_waited,
                                                launch_facts, run_spmd, uniform)
 from mpgpu_edu.pipeline import Schedule, gpipe, steps_of
@@ -24,12 +25,13 @@ WIDTH, ROWS = 8, 4
 
 
 def _stages(n_stages: int) -> list[nn.Module]:
-    torch.manual_seed(4)
+    torch.manual_seed(_support.secret_seed(4))
     return [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(n_stages)]
 
 
 def _batch(n_microbatches: int) -> torch.Tensor:
-    return torch.randn(n_microbatches * ROWS, WIDTH, generator=torch.Generator().manual_seed(5))
+    generator = torch.Generator().manual_seed(_support.secret_seed(5))
+    return torch.randn(n_microbatches * ROWS, WIDTH, generator=generator)
 
 
 def _cotangent(shape: tuple[int, ...], microbatch: int) -> torch.Tensor:
@@ -54,15 +56,17 @@ def _input_leaf(output: torch.Tensor, stage: nn.Module, shape: tuple[int, ...]
     return None
 
 
-def _forward_program(impl: Impl, stages: list[nn.Module], microbatches: list[torch.Tensor],
+def _forward_program(impl: Impl, stages: list[nn.Module], microbatches: list[Any],
                      schedule: Schedule) -> Callable[[Any], list[dict]]:
+    """``stages``: one per rank; ``microbatches``: per rank, the first stage's microbatches
+    (None on the others)."""
     def program(comm: Any) -> list[dict]:
         stage, p = copy.deepcopy(stages[comm.rank]), schedule.n_stages
         records = []
         for step in steps_of(schedule, comm.rank):
             if step.op != "F":
                 continue
-            x = microbatches[step.microbatch] if comm.rank == 0 else None
+            x = microbatches[comm.rank][step.microbatch] if comm.rank == 0 else None
             y = impl(comm, stage, step, p, x, (ROWS, WIDTH))
             record = {"out": y, "graph": isinstance(y, torch.Tensor) and y.grad_fn is not None,
                       "leaf": None, "leaf_grad": None}
@@ -79,8 +83,10 @@ def _forward_program(impl: Impl, stages: list[nn.Module], microbatches: list[tor
 def _compute_forward(impl: Impl, n_stages: int, n_microbatches: int) -> dict:
     schedule = gpipe(n_stages, n_microbatches)
     microbatches = list(torch.tensor_split(_batch(n_microbatches), n_microbatches))
-    result = run_spmd(_forward_program(impl, _stages(n_stages), microbatches, schedule),
-                      uniform(n_stages))
+    firsts = [microbatches if r == 0 else None for r in range(n_stages)]
+    stages = _stages(n_stages)
+    result = run_spmd(_forward_program(impl, stages, firsts, schedule), uniform(n_stages),
+                      hide=[stages, firsts])
     return dict(launch_facts(result, with_trace=True), p=n_stages, m=n_microbatches)
 
 

@@ -9,6 +9,7 @@ import random
 import torch
 from torch import nn
 
+from mpgpu_edu.grading.checks import _support
 from mpgpu_edu.pipeline import Schedule, Step, from_order, gpipe, one_f_one_b, partition_balanced
 
 
@@ -33,7 +34,7 @@ MODELS = {  # the widths of Linear layers with a Tanh between each two
 
 
 def _layers(widths: tuple[int, ...], seed: int) -> list[nn.Module]:
-    torch.manual_seed(seed)
+    torch.manual_seed(_support.secret_seed(seed))
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(widths, widths[1:])):
         layers.append(nn.Linear(a, b))
@@ -64,7 +65,7 @@ def _split(n_stages: int, partition: str, seed: int, model: str = "mlp"
 
 def _data(batch: int, n_mbs: int, seed: int, model: str = "mlp"
           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    g, widths = torch.Generator().manual_seed(seed), MODELS[model]
+    g, widths = torch.Generator().manual_seed(_support.secret_seed(seed)), MODELS[model]
     x, y = torch.randn(batch, widths[0], generator=g), torch.randn(batch, widths[-1], generator=g)
     return list(torch.tensor_split(x, n_mbs)), list(torch.tensor_split(y, n_mbs))
 

@@ -28,7 +28,7 @@ from mpgpu_edu.grading.checks.lesson_06.straggler import (_find_case, _random_st
 
 
 # Run with every rank in a process of its own in class grading (see lesson 01's checks).
-RANKS_APART = ("6.3",)
+RANKS_APART = ("6.2", "6.3")
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "6.3": ["mpgpu_edu.lessons.choosing_and_debugging:smooth_ring_reference",

@@ -66,13 +66,17 @@ def _judge_all_waited(facts: dict[str, Any]) -> None:
 
 def _swap_inputs(partners: list[int], numel: int, shape: list[int] | None = None,
                  dtype: str = "float32") -> list[torch.Tensor]:
-    """Rank r's tensor, of ``shape`` (default ``[numel]``) and ``dtype``: every element r, plus
-    in float64 sevenths that float32 cannot hold."""
+    """Rank r's tensor, of ``shape`` (default ``[numel]``) and ``dtype``: r plus a multiple of
+    16 drawn for each element (the grader's key in the seed), plus in float64 sevenths that
+    float32 cannot hold."""
     size = shape if shape is not None else [numel]
     fraction = torch.zeros(size, dtype=torch.float64)
     if dtype == "float64":
         fraction = torch.arange(fraction.numel(), dtype=torch.float64).reshape(size) / 7
-    return [(rank + fraction).to(getattr(torch, dtype)) for rank in range(len(partners))]
+    generator = torch.Generator().manual_seed(_support.secret_seed(
+        1000 * len(partners) + fraction.numel()))
+    return [(rank + fraction + 16 * torch.randint(0, 64, size, generator=generator))
+            .to(getattr(torch, dtype)) for rank in range(len(partners))]
 
 
 def _run_swap(impl: Impl, partners: list[int], numel: int = 6, shape: list[int] | None = None,
@@ -84,7 +88,8 @@ def _run_swap(impl: Impl, partners: list[int], numel: int = 6, shape: list[int] 
         out = impl(comm, given, partners[comm.rank])
         return {"got": out, "is_input": _shares_memory(out, given)}
 
-    return launch_facts(run_spmd(program, uniform(len(partners))), with_trace=True)
+    return launch_facts(run_spmd(program, uniform(len(partners)), hide=[inputs]),
+                        with_trace=True)
 
 
 def _judge_swap(facts: dict[str, Any], partners: list[int], numel: int = 6,
