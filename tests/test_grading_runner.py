@@ -250,9 +250,14 @@ def test_a_notebook_function_is_checked_in_the_kernel() -> None:
 
 
 def test_a_hanging_notebook_function_times_out() -> None:
+    """...and the package's functions the check blocked work again in the kernel while the
+    hanging case goes on (a lesson's demo after it would otherwise be refused)."""
+    from mpgpu_edu.lessons import communication as cm
+
     result = check("3.2", notebook_functions()["stuck"], timeout=1.5)
     assert result.status == "timeout"
     assert "background of this kernel" in result.cases[0].message
+    assert cm.binary_tree_all_reduce.__code__.co_filename != "<blocked>"
 
 
 def test_a_function_from_a_file_is_checked_in_a_separate_process() -> None:

@@ -52,6 +52,10 @@ def run_in_thread(exercise_id: str, fn: Callable[..., Any], *, limits: Limits = 
             status, message = "timeout", (f"still running after {soft:.1f} s; it goes on in "
                                           "the background of this kernel (restart the kernel "
                                           "if the CPU stays busy)")
+            # the package's functions it blocked work again for the rest of the notebook
+            from mpgpu_edu.grading.checks._blocking import release_thread
+
+            release_thread(thread.ident or 0)
         elif "error" in box:
             status, message = classify(box["error"], soft, limits.memory_bytes, file,
                                        "your notebook")

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import inspect
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Iterable, Iterator
@@ -90,6 +91,8 @@ def code_blocked(targets: Iterable[tuple[Any, str]],
     ``error(message)``, however the caller reached it."""
     swapped: list[tuple[types.FunctionType, types.CodeType]] = []
     done: set[int] = set()
+    mine = _ACTIVE.setdefault(threading.get_ident(), [])
+    mine.append(swapped)
     try:
         for target, message in targets:
             for fn in functions_of(target):
@@ -101,6 +104,23 @@ def code_blocked(targets: Iterable[tuple[Any, str]],
                 swapped.append((fn, original))
         yield
     finally:
+        for fn, original in reversed(swapped):
+            fn.__code__ = original
+        with contextlib.suppress(ValueError):
+            mine.remove(swapped)
+
+
+# The blocks each thread is inside (``code_blocked``), innermost last: ``release_thread``
+# puts their code back for a thread that cannot leave them (a check in the kernel that hangs).
+_ACTIVE: dict[int, list[list[tuple[types.FunctionType, types.CodeType]]]] = {}
+
+
+def release_thread(ident: int) -> None:
+    """Put back the code of every block thread ``ident`` is inside, innermost first: the
+    thread may go on running (an endless loop in the learner's code), the rest of the
+    process gets the package's functions back. Should the thread leave its blocks later, it
+    puts back the same code."""
+    for swapped in reversed(_ACTIVE.get(ident, [])):
         for fn, original in reversed(swapped):
             fn.__code__ = original
 
