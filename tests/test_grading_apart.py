@@ -164,9 +164,21 @@ _PROBE = """    import os
         except OSError as exc:
             import errno
             writes.append(errno.errorcode[exc.errno])
+    import fcntl
+    locks = []
+    with open(os.__file__, "rb") as shared:  # a file every process can open
+        for lock in (lambda: fcntl.lockf(shared, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 2**40),
+                     lambda: fcntl.flock(shared, fcntl.LOCK_SH | fcntl.LOCK_NB)):
+            try:
+                lock()
+                locks.append("locked")
+            except OSError as exc:
+                import errno
+                locks.append(errno.errorcode[exc.errno])
     raise ValueError(f"PROBE sockets={seen.count('socket')} pids={pids} "
                      f"parent={os.getppid()} tmp={sorted(os.listdir('/tmp'))} "
-                     f"cwd={sorted(os.listdir('.'))} writes={writes}")
+                     f"cwd={sorted(os.listdir('.'))} writes={writes} locks={locks} "
+                     f"sys={os.listdir('/sys')}")
 """
 
 
@@ -175,13 +187,14 @@ def test_a_rank_process_holds_only_its_own_pipes_and_cannot_read_its_launcher(
     """A rank's process keeps no descriptor of the child's but its own two pipes (not the
     child's pipe to the grader), sees no other process (its own PID namespace: none to read
     the memory of, or to signal), and sees empty /tmp and scratch folders, and no folder it
-    can write to (/dev included)."""
+    can write to (/dev included), an empty /sys, and may lock no file (a lock on a shared
+    read-only file carried a second hunt's inputs from rank to rank)."""
     learner = tmp_path / "ex01_communication.py"
     learner.write_text(_with_ring(_PROBE))
     graded = run_exercise("1.3", learner, judge_here=True)
     text = str(graded) + "".join(str(getattr(c, "message", "")) for c in graded.cases)
     assert ("PROBE sockets=2 pids=['1'] parent=0 tmp=[] cwd=[] "
-            "writes=['EROFS', 'EROFS', 'EROFS']") in text, text
+            "writes=['EROFS', 'EROFS', 'EROFS'] locks=['EPERM', 'EPERM'] sys=[]") in text, text
 
 
 _SECRET_HUNT = """    import re

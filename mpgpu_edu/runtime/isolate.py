@@ -19,6 +19,13 @@ in class grading): each then reaches the others only through the pipes it was gi
   whose capabilities are dropped, the new user namespace cannot map the process's own
   user: a file it made would have no owner.
 
+* hides ``/sys`` (an empty tmpfs) and, with a seccomp filter, refuses the system calls that
+  reach state the kernel keeps for the whole machine whatever the namespace, which one
+  process can set and another read: file locks (a lock on a read-only file shows to every
+  process that asks), inotify and fanotify, page-cache residency (``mincore``,
+  ``cachestat``) and the user's keyrings. Channels through timing and through the machine's
+  free memory stay open: slow and noisy, not closed.
+
 ``only_fds(keep)`` points every other file descriptor at ``/dev/null`` (a forked process
 inherits its parent's pipes, a grading child's pipe to the grader among them; the numbers
 stay taken, so that no object of the parent's closes a file the process opens later).
@@ -45,6 +52,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE = 1024, 2048, 0x1000, 0x4000, 0x40000
 MS_RELATIME = 1 << 21
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 
 
 def _libc() -> ctypes.CDLL:
@@ -85,7 +93,73 @@ def cut_off(private: Iterable[str | Path]) -> list[str]:
     problems += _all_read_only(libc)
     _enter_again(cwd)
     _first_of_new_pids(libc, problems)
+    problems += _hidden(libc, "/sys")
+    problems += _no_shared_kernel_state(libc)
     return problems
+
+
+def _hidden(libc: ctypes.CDLL, folder: str) -> list[str]:
+    """An empty read-only tmpfs over ``folder`` (``/sys``: its counters of the whole machine,
+    of the sandbox's cgroup, are state another process can change)."""
+    if not os.path.isdir(folder) or libc.mount(
+            b"tmpfs", folder.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            b"size=4k") == 0:
+        return []
+    return [f"{folder} hidden: {os.strerror(ctypes.get_errno())}"]
+
+
+# System calls that reach state the kernel keeps for the whole machine, not per namespace,
+# which one process can set and another read: file locks (fcntl's record locks, flock: one
+# lock table per file, whatever the mount), inotify and fanotify (an access to a file shows
+# to a watcher of it), page-cache residency (mincore, cachestat) and the user's keyrings.
+# By machine: (audit arch, {name: number}).
+_SYSCALLS = {
+    "x86_64": (0xC000003E, {"flock": 73, "inotify_init": 253, "inotify_add_watch": 254,
+                            "inotify_init1": 294, "fanotify_init": 300, "fanotify_mark": 301,
+                            "mincore": 27, "cachestat": 451, "add_key": 248,
+                            "request_key": 249, "keyctl": 250}, 72),
+    "aarch64": (0xC00000B7, {"flock": 32, "inotify_init1": 26, "inotify_add_watch": 27,
+                             "fanotify_init": 262, "fanotify_mark": 263, "mincore": 232,
+                             "cachestat": 451, "add_key": 217, "request_key": 218,
+                             "keyctl": 219}, 25),
+}
+_LOCK_COMMANDS = (5, 6, 7, 36, 37, 38)  # F_GETLK, F_SETLK, F_SETLKW and their OFD forms
+
+
+def _no_shared_kernel_state(libc: ctypes.CDLL) -> list[str]:
+    """A seccomp filter: the calls of ``_SYSCALLS`` and fcntl's lock commands fail with
+    EPERM (and every call of another ABI, x32's or i386's on x86_64, which would name them
+    by other numbers)."""
+    import platform
+    import struct
+
+    machine = platform.machine()
+    if machine not in _SYSCALLS:
+        return [f"no seccomp filter for {machine}: file locks stay shared"]
+    arch, numbers, fcntl = _SYSCALLS[machine]
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    code: list[tuple[int, int, int, int]] = [(ld, 0, 0, 4), (jeq, 1, 0, arch),  # another
+                                             (ret, 0, 0, deny), (ld, 0, 0, 0)]  # ABI: none
+    if machine == "x86_64":
+        code += [(jge, 0, 1, 0x40000000), (ret, 0, 0, deny)]
+    for number in numbers.values():
+        code += [(jeq, 0, 1, number), (ret, 0, 0, deny)]
+    code += [(jeq, 1, 0, fcntl), (ret, 0, 0, allow), (ld, 0, 0, 24)]  # fcntl's command
+    for command in _LOCK_COMMANDS:
+        code += [(jeq, 0, 1, command), (ret, 0, 0, deny)]
+    code += [(ret, 0, 0, allow)]
+    program = b"".join(struct.pack("HBBI", *row) for row in code)
+    buffer = ctypes.create_string_buffer(program)
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = Fprog(len(code), ctypes.cast(buffer, ctypes.c_void_p))
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.prctl(
+            PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        return [f"seccomp: {os.strerror(ctypes.get_errno())}"]
+    return []
 
 
 def _empty_folders(libc: ctypes.CDLL, private: Iterable[str | Path]) -> list[str]:
