@@ -225,3 +225,24 @@ def test_a_message_of_learner_type_arrives_as_plain_data() -> None:
     sneaky, mine, tensor = result.results[0]
     assert type(sneaky) is list and sneaky == [1] and sneaky != [2]
     assert mine == {"__unplain__": "Mine"} and type(tensor) is torch.Tensor
+
+
+def test_tamper_changes_every_message_that_carries_data() -> None:
+    inputs = [torch.arange(6.0) + r for r in range(3)]
+
+    def ring(comm, inputs):
+        t = inputs[comm.rank].clone()
+        all_reduce_ring(comm, t)
+        return t
+
+    plain = run_apart(ring, _cluster(3), (inputs,))
+    changed = run_apart(ring, _cluster(3), (inputs,), tamper=True)
+    assert plain.tampered is False and changed.tampered is True
+    assert all(not torch.equal(a, b) for a, b in zip(plain.results, changed.results))
+
+    def on_meta(comm):
+        t = torch.empty(6, device="meta")
+        all_reduce_ring(comm, t)
+        return t.shape[0]
+
+    assert run_apart(on_meta, _cluster(3), tamper=True).tampered is False

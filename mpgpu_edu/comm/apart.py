@@ -169,12 +169,33 @@ def rebuilt_error(header: dict[str, Any]) -> BaseException:
 
 # ---- the launcher's side -------------------------------------------------------------------
 
+class _Tamper:
+    """Changes the first element of every message that carries data, as it is sent: ``x``
+    becomes ``x + |x| + 1`` (never ``x`` itself, in any dtype). Every message, not one: a
+    message may carry only padding that no result shows."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def __call__(self, tensor: torch.Tensor) -> None:
+        if tensor.is_meta or tensor.numel() == 0 or tensor.is_complex():
+            return
+        self.done = True
+        flat = tensor.view(-1)
+        with torch.no_grad():
+            if tensor.dtype == torch.bool:
+                flat[0] = ~flat[0]
+            else:
+                flat[0] = flat[0] + flat[0].abs() + 1
+
+
 class _Server:
     """Serves one lane (program or comm stream) of one rank process, in the launch's thread
     of that lane: each request runs on the launch's own ``SimCommunicator``."""
 
-    def __init__(self, comm: SimCommunicator, conn: Connection, works: dict) -> None:
-        self.comm, self.conn, self.works = comm, conn, works
+    def __init__(self, comm: SimCommunicator, conn: Connection, works: dict,
+                 tamper: _Tamper | None = None) -> None:
+        self.comm, self.conn, self.works, self.tamper = comm, conn, works, tamper
         self.handles = itertools.count()
         self.stream: _Server | None = None
         self.output = ""
@@ -238,6 +259,8 @@ class _Server:
         if kind == "post":
             with comm.router.lock:
                 tensor = _tensor(h["tensor"], payload, empty=h["op"] != "send")
+                if self.tamper is not None and h["op"] == "send":
+                    self.tamper(tensor)
             peer, tag, op = int(h["peer"]), int(h["tag"]), h["op"]
             if op not in ("send", "recv"):
                 raise BadRequest(f"no such op {op!r}")
@@ -285,12 +308,14 @@ class _Server:
 def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
               kwargs: dict | None = None, timeout: float = 60.0,
               hide: Sequence[Sequence[Any]] = (),
-              prepare: Callable[[int], None] | None = None) -> Any:
+              prepare: Callable[[int], None] | None = None, tamper: bool = False) -> Any:
     """``launch(fn, cluster, *args, **kwargs)`` on the simulator, with every rank in a forked
     process of its own (see the module's docstring); returns the ``LaunchResult``, whose
     results are plain data. ``hide``: sequences with one entry per rank (tensors, or lists
     and dicts of them), cleared in every rank's process but their owner's. ``prepare(rank)``
-    runs in the rank's process before the program."""
+    runs in the rank's process before the program. ``tamper``: every message that carries
+    data has its first element changed on the way (``_Tamper``); the result's ``tampered``
+    says whether one was."""
     from mpgpu_edu.comm.launch import run_sim
     from mpgpu_edu.comm.result import resolve_cluster
 
@@ -305,13 +330,17 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
             program[1].close()
             stream[1].close()
 
+        changer = _Tamper() if tamper else None
+
         def serve(comm: SimCommunicator) -> Any:
             works: dict = {}
-            host = _Server(comm, pipes[comm.rank][0][0], works)
-            host.stream = _Server(comm, pipes[comm.rank][1][0], works)
+            host = _Server(comm, pipes[comm.rank][0][0], works, changer)
+            host.stream = _Server(comm, pipes[comm.rank][1][0], works, changer)
             return host.serve()
 
-        return run_sim(serve, cluster, (), {}, timeout)
+        result = run_sim(serve, cluster, (), {}, timeout)
+        result.tampered = bool(changer and changer.done)
+        return result
     finally:
         end_all(pids)
         for (program, stream) in pipes:

@@ -68,6 +68,7 @@ def record(result: Any, with_trace: bool = False) -> dict[str, Any]:
            for (rank, lane), op_list in sorted(result.op_lists.items())]
     return {"results": plain(result.results),
             MARK: {"recipe": plain(recipe), "world_size": len(result.results),
+                   "blind": bool(getattr(result, "blind", False)),
                    "with_trace": bool(with_trace), "ops": ops}}
 
 
@@ -127,6 +128,14 @@ def replayed(payload: Any) -> dict[str, Any]:
         trace, _logs = replay(op_lists, cluster, n, {"cluster": getattr(cluster, "name", "")})
     except (RuntimeError, KeyError, AttributeError, TypeError, ValueError) as exc:
         raise RecordError(f"the run's record of its messages does not add up ({exc})") from None
+    if payload.get("blind") is True:
+        from mpgpu_edu.grading.checks import CheckFailure
+
+        raise CheckFailure(
+            "the ranks' results came out the same, bit for bit, when the grader changed a "
+            "number in every message that carried data: they are not computed from what "
+            "the messages carry. Every rank gets the other ranks' data through comm.send/recv "
+            "(isend/irecv) and computes its result from what it received")
     facts: dict[str, Any] = {"stats": stats_of(op_lists, n), "works": works_of(op_lists, n),
                              "sends": sends_of(op_lists, n), "makespan": float(trace.makespan)}
     if payload.get("with_trace"):

@@ -126,7 +126,57 @@ def _run_apart(fn: Callable[..., Any], cluster: Cluster, args: tuple, timeout: f
         for slots, value in zip(collect, row[2]):
             slots[rank] = value
     result.results = [row[0] for row in result.results]
+    result.blind = _blind(program, cluster, args, timeout, hide, result.results)
     return result
+
+
+def _blind(program: Callable[..., Any], cluster: Cluster, args: tuple, timeout: float,
+           hide: tuple | list, results: list[Any]) -> bool:
+    """Whether the ranks' results stay the same, bit for bit, when the grader changes the
+    first element of every message that carries data (``comm.apart``'s ``tamper``): a
+    program that computes from what its messages carry gives other results; one that learnt
+    the other ranks' inputs some other way, and sends messages for show, does not. False
+    where no message carried data, where the results hold no tensor, or where the changed
+    run failed (a program may well fail on data it did not expect)."""
+    from mpgpu_edu.comm.apart import run_apart
+
+    if not any(isinstance(t, torch.Tensor) and t.numel() and not t.is_meta
+               for t in _tensors_in(results)):
+        return False
+    try:
+        changed = run_apart(program, cluster, args, {}, timeout, hide=hide,
+                            prepare=APART.prepare, tamper=True)
+    except Exception:  # noqa: BLE001 - a failure shows the data mattered
+        return False
+    return bool(changed.tampered) and _same([row[0] for row in changed.results], results)
+
+
+def _tensors_in(value: Any, depth: int = 0) -> Iterator[Any]:
+    if depth > 16:
+        return
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors_in(item, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors_in(item, depth + 1)
+
+
+def _same(a: Any, b: Any, depth: int = 0) -> bool:
+    """Plain data equal bit for bit (tensors of the same dtype, shape and values)."""
+    if depth > 16:
+        return False
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape and a.is_meta == b.is_meta
+                and (a.is_meta or torch.equal(a, b)))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    return type(a) is type(b) and a == b
 
 
 # ---- from scratch means from send and recv -------------------------------------------------
