@@ -490,14 +490,6 @@ class ApartCommunicator(CountedCommunicator):
         self._program_done = False
         self._stream_thread: threading.Thread | None = None
 
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
-    @property
-    def memory(self) -> MemoryRecorder:
-        return self._memory
-
     def counting_skipped(self) -> bool:
         return getattr(self._local, "quiet", False)
 
@@ -515,6 +507,13 @@ class ApartCommunicator(CountedCommunicator):
                 into: torch.Tensor | None = None) -> dict[str, Any]:
         """Send ``header`` (and ``tensor``'s elements) on this thread's lane and wait for the
         reply; copy the elements it brings into ``into``; raise the error it reports."""
+        reply, data = self._exchange(header, tensor)
+        self._fill(into, data)
+        return reply
+
+    def _exchange(self, header: dict[str, Any], tensor: torch.Tensor | None = None
+                  ) -> tuple[dict[str, Any], bytes | None]:
+        """``request``'s round trip: the reply and the elements it brings."""
         lane = self._lanes[self.actor().lane]
         self._local.quiet = True  # the communicator's own copies: not the program's work
         try:
@@ -522,12 +521,19 @@ class ApartCommunicator(CountedCommunicator):
             with lane.lock:
                 _send(lane.conn, header, payload)
                 reply, data = _read(lane.conn)
-            if "error" in reply:
-                raise rebuilt_error(reply)
-            if into is not None and data is not None:
-                with torch.no_grad():
-                    into.copy_(_tensor(_spec(into), data))
-            return reply
+        finally:
+            self._local.quiet = False
+        if "error" in reply:
+            raise rebuilt_error(reply)
+        return reply, data
+
+    def _fill(self, into: torch.Tensor | None, data: bytes | None) -> None:
+        if into is None or data is None:
+            return
+        self._local.quiet = True
+        try:
+            with torch.no_grad():
+                into.copy_(_tensor(_spec(into), data))
         finally:
             self._local.quiet = False
 
@@ -582,30 +588,15 @@ class ApartCommunicator(CountedCommunicator):
         if not works or not all(isinstance(w, _ApartWork) for w in works):
             raise TypeError("wait_any needs a non-empty list of works from isend/irecv")
         self.flush_region(self.actor())
-        lane = self._lanes[self.actor().lane]
-        self._local.quiet = True
-        try:
-            with lane.lock:
-                _send(lane.conn, {"type": "wait_any", "handles": [w.handle for w in works]})
-                reply, data = _read(lane.conn)
-            if "error" in reply:
-                raise rebuilt_error(reply)
-            index = int(reply["index"])
-            into = works[index].tensor
-            if into is not None and data is not None:
-                with torch.no_grad():
-                    into.copy_(_tensor(_spec(into), data))
-            return index
-        finally:
-            self._local.quiet = False
+        reply, data = self._exchange({"type": "wait_any",
+                                      "handles": [w.handle for w in works]})
+        index = int(reply["index"])
+        self._fill(works[index].tensor, data)
+        return index
 
     # ---- the communication stream -------------------------------------------------------------
     def run_async(self, fn: Callable[..., Any], *args: Any) -> Work:
-        host = self.actor()
-        if host.lane != ops.HOST:
-            raise RuntimeError("run_async is called from the rank's program, not from a job "
-                               "already on the comm stream")
-        self.flush_region(host)
+        self.submitting_actor()
         reply = self.request({"type": "submit"})
         job = next(self._job_ids)
         with self._ready:

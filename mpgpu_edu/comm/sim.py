@@ -98,18 +98,37 @@ class CountedCommunicator(Communicator):
     """What the simulator's communicators share: each thread of a rank counts the ops it
     runs (``bind``), and ``compute``/``flush_region`` turn the count into ``Compute`` ops,
     handed to ``record(actor, op)``. Subclasses set ``cluster``, ``host`` and ``_local`` (a
-    ``threading.local``) and define ``record`` and ``counting_skipped`` (true while the
+    ``threading.local``) and ``_memory``, and define ``record`` and ``counting_skipped`` (true while the
     communicator's own copies run, which are not the program's work)."""
 
     cluster: Any
     host: Actor
     _local: threading.local
+    _memory: MemoryRecorder
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def memory(self) -> MemoryRecorder:
+        return self._memory
 
     def actor(self) -> Actor:
         return getattr(self._local, "actor", self.host)
 
     def record(self, actor: Actor, op: ops.Op) -> None:
         raise NotImplementedError
+
+    def submitting_actor(self) -> Actor:
+        """``run_async``'s caller: the rank's program (not a job already on its stream),
+        its counted work timed up to here."""
+        host = self.actor()
+        if host.lane != ops.HOST:
+            raise RuntimeError("run_async is called from the rank's program, not from a job "
+                               "already on the comm stream")
+        self.flush_region(host)
+        return host
 
     def counting_skipped(self) -> bool:
         return False
@@ -202,14 +221,6 @@ class SimCommunicator(CountedCommunicator):
         self._local = threading.local()
         router.actors.append(self.host)
 
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
-    @property
-    def memory(self) -> MemoryRecorder:
-        return self._memory
-
     def record(self, actor: Actor, op: ops.Op) -> None:
         actor.ops.append(op)
 
@@ -267,11 +278,7 @@ class SimCommunicator(CountedCommunicator):
 
     # ---- the communication stream -------------------------------------------------------------
     def run_async(self, fn: Callable[..., Any], *args: Any) -> Work:
-        host = self.actor()
-        if host.lane != ops.HOST:
-            raise RuntimeError("run_async is called from the rank's program, not from a job "
-                               "already on the comm stream")
-        self.flush_region(host)
+        host = self.submitting_actor()
         stream = self.stream
         job = next(stream.count)
         host.ops.append(ops.Submit(job))

@@ -9,8 +9,8 @@ in class grading): each then reaches the others only through the pipes it was gi
 * moves it into new user, mount, network, IPC and PID namespaces: no abstract Unix socket,
   no System V shared memory, no network peer and no other process (not in a new ``/proc``,
   or an empty one where the sandbox's cannot be mounted again; not to a signal) is
-  reachable; no pseudo-terminal can be made. For the PID namespace it forks: the child goes on as the
-  first process of the namespace, the caller waits for it and ends with it;
+  reachable; no pseudo-terminal can be made. For the PID namespace it forks: the child goes
+  on as the first process of the namespace, the caller waits for it and ends with it;
 * mounts an empty ``tmpfs`` over each folder of ``private`` (the scratch folder, ``/tmp``,
   ``/dev/shm``), the package's and Python's own folders shown again on top where one lies
   inside such a folder, then makes every mount read-only (``/dev`` and the sandbox's own

@@ -89,8 +89,8 @@ def _executor_program(impl: Impl, stages: list[nn.Sequential], widths_in: list[i
     """``stages``: one per rank; ``data``: per rank, its microbatches and its targets (the
     first stage's and the last one's, None elsewhere); ``sizes``: each microbatch's rows."""
     def program(comm: Any) -> dict:
-        p, rank, (xs, ys) = schedule.n_stages, comm.rank, data
-        xs, ys = xs[rank], ys[rank]  # the first stage's microbatches, the last one's targets
+        rank = comm.rank
+        xs, ys = data[0][rank], data[1][rank]  # the first stage's microbatches, the last's targets
         stage = _Counted(copy.deepcopy(stages[rank]))
         for w in stage.inner.parameters():  # as after an earlier accumulation step
             w.grad = torch.full_like(w, EARLIER_GRAD)
