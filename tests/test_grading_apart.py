@@ -274,8 +274,8 @@ def test_results_that_ignore_the_messages_content_fail_the_case(monkeypatch) -> 
     import torch
 
     from mpgpu_edu.collectives import all_reduce_ring
-    from mpgpu_edu.grading.checks import CheckFailure, _support
-    from mpgpu_edu.grading.checks._clock import resolve
+    from mpgpu_edu.grading.checks import _support
+    from mpgpu_edu.grading.checks._clock import RecordError, resolve
 
     monkeypatch.setattr(_support, "APART", _NoFile())
     inputs = [torch.arange(8.0) * (r + 1) for r in range(4)]
@@ -293,7 +293,7 @@ def test_results_that_ignore_the_messages_content_fail_the_case(monkeypatch) -> 
 
     shown = _support.run_spmd(known, 4)
     assert shown.blind is True
-    with pytest.raises(CheckFailure, match="not computed from what the messages carry"):
+    with pytest.raises(RecordError, match="not computed from what the messages carry"):
         resolve(_support.launch_facts(shown))
     real = _support.run_spmd(honest, 4)
     assert real.blind is False
