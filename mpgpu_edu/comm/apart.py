@@ -198,7 +198,6 @@ class _Server:
         self.comm, self.conn, self.works, self.tamper = comm, conn, works, tamper
         self.handles = itertools.count()
         self.stream: _Server | None = None
-        self.output = ""
 
     def serve(self) -> Any:
         """Until the program is done (its result) or the job is (None)."""
@@ -211,9 +210,9 @@ class _Server:
                                   "signal)") from None
             kind = header["type"]
             if kind in ("done", "error", "job_end", "job_error"):
-                self.output = str(header.get("output", ""))[:OUTPUT_CHARS]
-                if self.output:
-                    print(self.output, end="" if self.output.endswith("\n") else "\n")
+                output = str(header.get("output", ""))[:OUTPUT_CHARS]
+                if output:
+                    print(output, end="" if output.endswith("\n") else "\n")
                 if kind in ("error", "job_error"):
                     raise rebuilt_error(header)
                 if kind == "job_end":
@@ -221,9 +220,6 @@ class _Server:
                 with self.comm.router.lock:  # the launcher's own work: not counted
                     return plain(torch.load(io.BytesIO(payload or b""), weights_only=True))
             self._handle(kind, header, payload)
-
-    def serve_job(self) -> None:
-        return self.serve()
 
     def _reply(self, header: dict[str, Any], tensor: torch.Tensor | None = None) -> None:
         with self.comm.router.lock:
@@ -291,7 +287,7 @@ class _Server:
         if kind == "submit":
             if self.stream is None:
                 raise BadRequest("jobs are submitted from the rank's program")
-            return self._keep(comm.run_async(self.stream.serve_job), None), None
+            return self._keep(comm.run_async(self.stream.serve), None), None
         raise BadRequest(f"no such request {kind!r}")
 
     def _keep(self, work: Work, tensor: torch.Tensor | None) -> dict[str, Any]:

@@ -179,14 +179,14 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
             whole_run.enter_context(references_blocked(request["exercise"]))
         baseline = package_bindings()  # before the learner's file runs a line
         try:
-            with _alarm(min(30.0, request["budget_s"])), (
-                    references_blocked(request["exercise"]) if request["judge"]
-                    else contextlib.nullcontext()), \
-                    collectives_blocked_at_import(request["exercise"]):
-                if apart:  # this child never runs the file: each rank process does
-                    not_dumpable()
-                    impl = _support.APART = InRanks(request)
-                else:
+            if apart:  # this child never runs the file: each rank process does (InRanks)
+                not_dumpable()
+                impl = _support.APART = InRanks(request)
+            else:
+                with _alarm(min(30.0, request["budget_s"])), (
+                        references_blocked(request["exercise"]) if request["judge"]
+                        else contextlib.nullcontext()), \
+                        collectives_blocked_at_import(request["exercise"]):
                     impl = _load(request["file"], request["function"])
         except BaseException as exc:  # noqa: BLE001 - anything the file does on import
             status = "timeout" if isinstance(exc, CaseTimeout) else "error"
@@ -357,7 +357,6 @@ class InRanks:
         self.loaded: Any = None
         self.__name__ = self.function.rsplit(".", 1)[-1]
         self.counted: dict[str, list[int]] | None = None  # counting_calls' dict, in the child
-        self.rank = -1
         self.calls: dict[str, int] = {}  # in a rank's process: its calls of each name
 
     @contextlib.contextmanager

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch._dynamo  # noqa: F401 - the simulator's FLOP counter imports it on first use,
 # which can take seconds: import it here, not inside a launch whose timeout is running
+from torch.utils._pytree import tree_leaves
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.comm import (DeadlockError, LaunchResult, LaunchTimeoutError,
@@ -141,7 +142,7 @@ def _blind(program: Callable[..., Any], cluster: Cluster, args: tuple, timeout: 
     from mpgpu_edu.comm.apart import run_apart
 
     if not any(isinstance(t, torch.Tensor) and t.numel() and not t.is_meta
-               for t in _tensors_in(results)):
+               for t in tree_leaves(results)):
         return False
     try:
         changed = run_apart(program, cluster, args, {}, timeout, hide=hide,
@@ -149,19 +150,6 @@ def _blind(program: Callable[..., Any], cluster: Cluster, args: tuple, timeout: 
     except Exception:  # noqa: BLE001 - a failure shows the data mattered
         return False
     return bool(changed.tampered) and _same([row[0] for row in changed.results], results)
-
-
-def _tensors_in(value: Any, depth: int = 0) -> Iterator[Any]:
-    if depth > 16:
-        return
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors_in(item, depth + 1)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors_in(item, depth + 1)
 
 
 def _same(a: Any, b: Any, depth: int = 0) -> bool:
