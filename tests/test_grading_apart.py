@@ -298,3 +298,24 @@ def test_results_that_ignore_the_messages_content_fail_the_case(monkeypatch) -> 
     real = _support.run_spmd(honest, 4)
     assert real.blind is False
     assert torch.equal(resolve(_support.launch_facts(real))["results"][0], sum(inputs))
+
+
+def test_a_rank_that_runs_only_the_checks_side_never_imports_the_file(tmp_path: Path) -> None:
+    """The learner's file is imported in a rank's process at that rank's first call of the
+    function: a rank running only the check's side (here rank 1) never runs its code."""
+    from mpgpu_edu.comm.apart import run_apart
+    from mpgpu_edu.grading.compute import InRanks
+
+    file = tmp_path / "ex02_parameter_server.py"
+    file.write_text("import builtins\nbuiltins.IMPORTED_HERE = True\n\n"
+                    "def worker_step(comm, params, grad, server):\n    return comm.rank\n")
+    impl = InRanks({"file": str(file), "function": "worker_step", "exercise": "2.1",
+                    "workdir": str(tmp_path)})
+
+    def program(comm: object) -> list:
+        import builtins
+        called = impl(comm, None, None, 1) if comm.rank == 0 else None
+        return [called, getattr(builtins, "IMPORTED_HERE", False)]
+
+    result = run_apart(program, 2, prepare=impl.prepare)
+    assert result.results == [[0, True], [None, False]]

@@ -14,7 +14,7 @@ import torch
 
 from mpgpu_edu.collectives import all_gather, all_reduce, all_reduce_ring, reduce_scatter
 from mpgpu_edu.grading._outcome import classify
-from mpgpu_edu.grading.checks import cases_for
+from mpgpu_edu.grading.checks import FEEDBACK, cases_for
 from mpgpu_edu.pipeline import Step
 from mpgpu_edu.pipeline.executor import message_tag
 
@@ -177,8 +177,7 @@ def test_the_padded_byte_count_is_explained_and_one_message_is_singular() -> Non
     from mpgpu_edu.grading.checks.lesson_01.all_reduce import _count
 
     results = verdicts("1.7", ring_sending_everything)
-    message = results["traffic: 2(N-1)/N of the tensor, to the right neighbour; built of your "
-                      "ring_reduce_scatter and ring_all_gather"][1]
+    message = results["traffic: 2(N-1)/N of the tensor, padded, to the right neighbour"][1]
     assert "padded to N chunks of ceil(numel/N) = ceil(1000/4) = 250 elements" in message
     assert (_count(1, "message"), _count(3, "message")) == ("1 message", "3 messages")
 
@@ -275,12 +274,15 @@ def test_ddp_wrapper_is_judged_on_its_buckets_and_its_timeline() -> None:
 
     forward = verdicts("3.5", wrong.ddp_forward_buckets)
     case = "buckets: reverse order, one all-reduce each; one broadcast, at construction"
-    assert failing(forward) == {case}, forward
-    assert "[18, 45, 8, 48]" in forward[case][1] and "[23, 40, 8, 48]" in forward[case][1]
+    calls = next(c.name for c in cases_for("3.5") if c.name.startswith("the calls"))
+    assert failing(forward) == {case, calls}, forward
+    assert "not those of the contract's collectives" in forward[case][1]
+    assert "[23, 40, 8, 48]" in forward[case][1]  # the contract's buckets, from the messages
+    assert "[18, 45, 8, 48]" in forward[calls][1]  # the learner's, as its process recorded
     per_parameter = verdicts("3.5", wrong.ddp_broadcasts_per_parameter)
     hidden = "hidden: 2-5 ranks, other layers, bucket caps that split unevenly"
-    assert failing(per_parameter) == {case, hidden}, per_parameter
-    assert "broadcast 6 tensor(s)" in per_parameter[case][1]
+    assert failing(per_parameter) == {case, calls, hidden}, per_parameter
+    assert "broadcast 6 tensor(s)" in per_parameter[calls][1]
     waiting = verdicts("3.5", wrong.ddp_waits_in_hook)
     assert failing(waiting) == {"timeline: all-reduces launched during backward, overlapping it"}
     assert "never run at the same time" in "".join(m for _, m in waiting.values())
@@ -499,10 +501,12 @@ def test_an_executor_that_ignores_the_schedule_holds_too_much() -> None:
                                   *args)
 
     results = verdicts("4.5", always_gpipe)
-    memory = "memory: what each stage keeps alive matches the schedule (1F1B <= P)"
-    assert memory in failing(results)
+    in_flight = next(c.name for c in cases_for("4.5") if c.name.startswith("in flight"))
+    memory = next(c.name for c in cases_for("4.5") if c.name.startswith("memory"))
+    assert {in_flight, memory} <= failing(results)
     assert results["GPipe: loss, gradients and parameters after a step equal one device's"][0] \
         == "passed"
+    assert "the schedule has [4, 3, 2]" in results[in_flight][1]
     assert "the schedule has 4 in flight there" in results[memory][1]
 
 
@@ -510,8 +514,9 @@ def test_an_executor_that_never_frees_fails_only_the_memory_cases() -> None:
     from tests.mutants.lesson_04 import executor_never_frees
 
     results = verdicts("4.5", executor_never_frees)
-    memory = "memory: what each stage keeps alive matches the schedule (1F1B <= P)"
-    assert {name for name in failing(results) if not name.startswith("hidden")} == {memory}
+    memory = next(c.name for c in cases_for("4.5") if c.name.startswith("memory"))
+    assert memory.endswith(FEEDBACK)  # what a stage keeps alive is seen only in its process
+    assert failing(results) == {memory}
     assert "still keeps microbatch 0's input or output alive, after B(0)" in results[memory][1]
 
 

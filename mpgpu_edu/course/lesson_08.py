@@ -14,7 +14,7 @@ EXERCISES = (
         "size = -(-flat.numel() // world_size)\npadded = torch.zeros(size * world_size, "
         "dtype=flat.dtype, device=flat.device)\npadded[: flat.numel()] = flat\nreturn "
         "padded[...].clone()")),
-    ex('8.2', 'wrap_fsdp', 'Capstone: your own sharded (ZeRO-3 / FSDP) wrapper', 20,
+    ex('8.2', 'wrap_fsdp', 'Capstone: your own sharded (ZeRO-3 / FSDP) wrapper', 18,
        ("A layer's full parameters exist only inside forward_layer and backward_layer: gather "
         "at the start of each and let the vector go at the end (ShardedLayerFn already keeps "
         "nothing but the layer's input). The gradient leaves as a reduce-scatter started on "

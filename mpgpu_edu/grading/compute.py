@@ -23,6 +23,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,6 +356,8 @@ class InRanks:
         self.source = Path(self.file).read_text(encoding="utf-8", errors="replace")
         compile(self.source, self.file, "exec")  # a syntax error is the import's error
         self.loaded: Any = None
+        self.ready = False  # in a rank's process, once it is cut off (``prepare``)
+        self.importing = threading.Lock()
         self.__name__ = self.function.rsplit(".", 1)[-1]
         self.counted: dict[str, list[int]] | None = None  # counting_calls' dict, in the child
         self.calls: dict[str, int] = {}  # in a rank's process: its calls of each name
@@ -400,13 +403,27 @@ class InRanks:
             where[name] = functools.wraps(fn)(counted)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.loaded is None:
+        if not self.ready:
             raise RuntimeError(f"exercise {self.exercise}'s function runs in the ranks' "
                                "processes only, where its check runs its ranks apart")
+        with self.importing:
+            if self.loaded is None:
+                self._import()
         return self.loaded(*args, **kwargs)
 
+    def _import(self) -> None:
+        """In a rank's process, at the first call of the learner's function: import the
+        file. A rank that only runs the check's side (a reference worker, server or stage)
+        never calls it, so no code of the submission ever runs in its process: what it
+        reports (its results, its compute regions) is the check's own."""
+        with collectives_blocked_at_import(self.exercise):
+            module = _module(self.file, self.source)
+        self.loaded = _attribute(module, self.function)
+        self._count(module)
+
     def prepare(self, rank: int) -> None:
-        """In rank ``rank``'s process: cut the process off, then import the file."""
+        """In rank ``rank``'s process: cut the process off; the file is imported at the
+        rank's first call of the function (``_import``)."""
         from mpgpu_edu.grading.checks import _support
 
         _support.SEED_SOURCE = None  # the pipe to the grader is not this process's
@@ -418,10 +435,7 @@ class InRanks:
         from mpgpu_edu.grading.checks._blocking import package_bindings
 
         self.baseline = package_bindings()  # the blocks of the case included
-        with collectives_blocked_at_import(self.exercise):
-            module = _module(self.file, self.source)
-        self.loaded = _attribute(module, self.function)
-        self._count(module)
+        self.ready = True
 
 
 def _load(file: str, function: str) -> Any:

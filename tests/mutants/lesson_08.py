@@ -306,13 +306,6 @@ def fsdp_synchronous(comm: Any, module: nn.Sequential, prefetch: bool = False) -
     return _wrap(comm, module, prefetch, stream=False)
 
 
-def fsdp_package_reference(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
-    """Hands in the package's own wrapper instead of writing one."""
-    from mpgpu_edu.dp.fsdp import wrap_fsdp
-
-    return wrap_fsdp(comm, module, prefetch)
-
-
 def fsdp_unpadded_shards(comm: Any, module: nn.Sequential, prefetch: bool = False) -> Any:
     """Shards as torch.tensor_split cuts them (no padding): unequal pieces, which the
     all-gather cannot put together."""
@@ -328,7 +321,7 @@ MUTANTS: dict[str, list[str]] = {
     "8.1": ["shard_unpadded", "shard_padded_in_front", "shard_as_view", "shard_view_of_padded",
             "shard_in_float32"],
     "8.2": ["fsdp_sums", "fsdp_ignores_prefetch", "fsdp_keeps_gathered", "fsdp_all_reduces",
-            "fsdp_package_reference", "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights",
+            "fsdp_unpadded_shards", "fsdp_autograd_keeps_weights",
             "fsdp_overwrites_grad", "fsdp_synchronous", "fsdp_holds_gathered",
             "fsdp_prefetches_forward_only", "fsdp_prefetches_after_reduce", "fsdp_never_clears",
             "fsdp_waits_on_reduce_scatter", "fsdp_prefetches_every_layer",

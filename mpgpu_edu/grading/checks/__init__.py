@@ -37,6 +37,11 @@ from typing import Any
 from mpgpu_edu.grading.registry import get
 
 DEFAULT_CASE_TIMEOUT_S = 20.0
+# A case whose facts only the submission's own process can see (which functions it called,
+# what a tensor held inside it, what it kept alive): its name ends so, and it is worth 0.
+# Where the ranks run apart in class grading, every fact that earns points is one the
+# grader sees itself (the messages, its own clock) or a rank's result.
+FEEDBACK = "(feedback, no points: seen only inside your process)"
 
 
 class CheckFailure(AssertionError):

@@ -300,3 +300,43 @@ def _op(item: Any, rank: int, n: int, handles: set[int]) -> Any:
     cls = {"wait": ops.Wait, "submit": ops.Submit, "job_start": ops.JobStart,
            "job_end": ops.JobEnd, "wait_job": ops.WaitJob}[kind]
     return cls(fields[0])
+
+
+# ---- what the contract's calls would send, timed by nobody ---------------------------------
+
+def contract_sends(n: int, program: Callable[[Any], None]) -> list[list[tuple[int, int]]]:
+    """*judge*: each rank's messages, as sorted ``(peer, bytes)``, when ``program(comm)`` runs
+    on the grader's own simulator (``n`` ranks of a uniform cluster): the package's
+    collectives called as an exercise's contract says, on meta tensors. A judge holds a
+    run's ``sends`` to it (``same_sends``): which collectives a rank called, on tensors of
+    which sizes, read from the messages the grader saw rather than counted inside the
+    rank's process."""
+    from mpgpu_edu.cluster import Cluster
+    from mpgpu_edu.comm.launch import run_sim
+
+    result = run_sim(program, Cluster.uniform(n, alpha_s=1e-5, beta_Bps=1e9), (), {})
+    return [sorted((peer, nbytes) for peer, _tag, nbytes in rank)
+            for rank in sends_of(result.op_lists, n)]
+
+
+def same_sends(sends: list[list[list[int]]], want: list[list[tuple[int, int]]]) -> int | None:
+    """The first rank whose messages (``peer, bytes``, in any order) differ from ``want``'s,
+    or None."""
+    for rank, (got, expected) in enumerate(zip(sends, want)):
+        if sorted((peer, nbytes) for peer, _tag, nbytes in got) != expected:
+            return rank
+    return None
+
+
+def describe_sends(sends: list[list[int]] | list[tuple[int, int]], limit: int = 8) -> str:
+    """``sizes in bytes per peer`` of a rank's messages, shortened."""
+    per: dict[int, list[int]] = {}
+    for item in sends:
+        peer, nbytes = item[0], item[-1]
+        per.setdefault(peer, []).append(nbytes)
+    parts = []
+    for peer, sizes in sorted(per.items()):
+        shown = sorted(sizes)
+        text = ", ".join(map(str, shown[:limit])) + (" ..." if len(shown) > limit else "")
+        parts.append(f"to {peer}: {len(sizes)} of [{text}] bytes")
+    return "; ".join(parts) or "nothing"

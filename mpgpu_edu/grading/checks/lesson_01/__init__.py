@@ -11,8 +11,9 @@ In class grading the all-reduces and halves built from scratch (``RANKS_APART``)
 rank in a process of its own that imports the learner's file itself and holds only its own
 input (``comm.apart``, ``compute.InRanks``): a rank cannot sum inputs it was never given and
 send ring-shaped messages for show, and the record of its messages is kept where no code of
-the submission runs. 1.7's calls of the learner's own 1.4 and 1.5 are counted in each
-rank's process and come back with its result (``counting_calls``).
+the submission runs. 1.7's calls of the learner's own 1.4 and 1.5 can only be counted in
+each rank's own process (``counting_calls``): that case tells the learner and earns no
+points.
 
 Modules: ``p2p`` (1.1), ``all_reduce`` (what the all-reduces 1.2, 1.3, 1.6 and 1.7 share),
 ``traffic`` (each all-reduce's bytes and messages per rank), ``scatter_gather`` (1.4, 1.5).
@@ -33,7 +34,8 @@ from mpgpu_edu.grading.checks.lesson_01.scatter_gather import (_half_hidden, _ha
                                                                _values_case)
 from mpgpu_edu.grading.checks.lesson_01.traffic import (_judge_naive_hidden, _judge_ring_hidden,
                                                         _judge_tree_hidden, _naive_traffic,
-                                                        _traffic_case, _tree_traffic)
+                                                        _composed_case, _traffic_case,
+                                                        _tree_traffic)
 from mpgpu_edu.lessons.communication import binary_tree_all_reduce
 
 
@@ -107,9 +109,9 @@ CASES: dict[str, list[Case]] = {
         _sums_case("sums in place, any size and shape, float64 too", 2, "1.7",
                    [(4, 1000), (3, 10), (5, 3), (2, 1), (1, 4), (4, (3, 5)),
                     (3, (11, "float64"))]),
-        _traffic_case("traffic: 2(N-1)/N of the tensor, to the right neighbour; built of "
-                      "your ring_reduce_scatter and ring_all_gather", 3, "1.7", padded=True,
-                      parts=("ring_reduce_scatter", "ring_all_gather")),
+        _traffic_case("traffic: 2(N-1)/N of the tensor, padded, to the right neighbour", 3,
+                      "1.7", padded=True),
+        _composed_case("1.7", ("ring_reduce_scatter", "ring_all_gather")),
         _meta_case("1.7"),
         _time_case("time: as fast as the ring", "1.7", all_reduce_ring, "ring",
                    [(4, 2**18 + 3)], "do all ranks send at the same time?"),

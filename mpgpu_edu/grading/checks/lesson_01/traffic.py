@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import FEEDBACK, Case
 from mpgpu_edu.grading.checks._support import bytes_of, counting_calls, expect
 from mpgpu_edu.grading.checks.lesson_01.all_reduce import (_all_reduce_facts, _count, _judge_sums,
                                                            _spec, judge_waited)
@@ -87,29 +87,38 @@ def _judge_ring_traffic(facts: Facts, n: int, numel: int, padded: bool = False) 
 RING_TRAFFIC = [(4, 1000), (3, 1000), (5, 12), (6, 1001), (4, (2, 500))]  # 2-D: flattened
 
 
-def _traffic_case(name: str, points: int, exercise: str, padded: bool = False,
-                  parts: tuple[str, ...] = ()) -> Case:
-    """``parts``: names of the learner's own functions (1.4, 1.5) the exercise must be
-    composed of; each rank must call each once per all-reduce."""
+def _traffic_case(name: str, points: int, exercise: str, padded: bool = False) -> Case:
     def compute(impl: Impl) -> list[Facts]:
-        runs = []
-        for n, numel in RING_TRAFFIC:
-            with counting_calls(impl, parts) as calls:
-                facts = _all_reduce_facts(impl, exercise, n, numel)
-            facts["calls"] = {name: [calls[name].count(r) for r in range(n)] for name in parts}
-            runs.append(facts)
-        return runs
+        return [_all_reduce_facts(impl, exercise, n, numel) for n, numel in RING_TRAFFIC]
 
     def judge(runs: list[Facts]) -> None:
         for facts, (n, size) in zip(runs, RING_TRAFFIC):
             _judge_sums(facts, n, size)
             _judge_ring_traffic(facts, n, math.prod(_spec(size)[0]), padded)
-            for part, per_rank in facts["calls"].items():
+    return Case(name, points, compute, judge)
+
+
+def _composed_case(exercise: str, parts: tuple[str, ...]) -> Case:
+    """Whether each rank calls each of the learner's own functions ``parts`` (1.4, 1.5) once
+    per all-reduce. Only the rank's own process sees its calls, so the case tells the
+    learner and earns no points: the messages of a composed ring and of one written out are
+    the same."""
+    def compute(impl: Impl) -> list[dict]:
+        runs = []
+        for n, numel in RING_TRAFFIC[:3]:
+            with counting_calls(impl, parts) as calls:
+                _all_reduce_facts(impl, exercise, n, numel)
+            runs.append({name: [calls[name].count(r) for r in range(n)] for name in parts})
+        return runs
+
+    def judge(runs: list[dict]) -> None:
+        for counted, (n, _size) in zip(runs, RING_TRAFFIC):
+            for part, per_rank in counted.items():
                 expect(per_rank == [1] * n,
                        f"N={n}: each rank should call your {part} once per all-reduce (the "
                        f"exercise composes the all-reduce of 1.4 and 1.5); the ranks called "
                        f"it {per_rank} times")
-    return Case(name, points, compute, judge)
+    return Case("built of your " + " and ".join(parts) + " " + FEEDBACK, 0, compute, judge)
 
 
 def _judge_ring_hidden(padded: bool) -> Callable[..., None]:

@@ -13,13 +13,16 @@ Modules: ``steps`` (one step, either side), ``training`` (a small model against 
 
 from __future__ import annotations
 
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import FEEDBACK, Case
 from mpgpu_edu.grading.checks._support import expect_waited
-from mpgpu_edu.grading.checks.lesson_02.arrivals import (_judge_no_early_update, _judge_uneven,
+from mpgpu_edu.grading.checks.lesson_02.arrivals import (_judge_no_early_send,
+                                                         _judge_no_early_update, _judge_uneven,
                                                          _uneven_workers)
 from mpgpu_edu.grading.checks.lesson_02.sharded import (_hidden_sharded, _judge_sharded,
+                                                        _judge_sharded_updates,
                                                         _judge_sharded_waits, _run_sharded)
 from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _run_step,
+                                                      _server_one_update,
                                                       _server_step_traffic, _steps,
                                                       _worker_traffic)
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training, _training
@@ -52,9 +55,12 @@ CASES: dict[str, list[Case]] = {
         Case("averages the workers' gradients and updates, float64 too", 2,
              *_steps("server", [(4, 3), (3, 2, "float64")])),
         Case("any server rank, N = 2, 3, 5", 1, *_steps("server", [(2, 0), (3, 1), (5, 4)])),
-        Case("traffic: (N-1) gradients in, then one update, (N-1) parameter copies out, all "
-             "waited", 1, lambda impl: _run_step(impl, "server", 5, 100, 4, watch=True),
+        Case("traffic: (N-1) gradients in, then (N-1) parameter copies out, all waited", 1,
+             lambda impl: _run_step(impl, "server", 5, 100, 4, watch=True),
              _server_step_traffic),
+        Case("one update, once every gradient is in " + FEEDBACK, 0,
+             lambda impl: _run_step(impl, "server", 5, 100, 4, watch=True),
+             _server_one_update),
         Case("hidden: random sizes and servers", 1, *_hidden_steps("server"), hidden=True),
     ],
     "2.3": [
@@ -64,7 +70,9 @@ CASES: dict[str, list[Case]] = {
              *_training("2.3", [(3, "linear", 4)])),
         Case("a fast worker's gradient is not held behind a slower one's", 1,
              _uneven_workers, _judge_uneven),
-        Case("no update before every gradient of the step is in", 2,
+        Case("no parameters go out before every gradient of the step is in", 2,
+             _uneven_workers, _judge_no_early_send),
+        Case("no update before every gradient of the step is in " + FEEDBACK, 0,
              _uneven_workers, _judge_no_early_update),
         Case("waits: every isend and irecv is waited on", 1,
              _uneven_workers, lambda facts: expect_waited(facts["works"][-1], "the server")),
@@ -83,6 +91,8 @@ CASES: dict[str, list[Case]] = {
              "N = 3, 10 parameters", 1,
              lambda impl: _run_sharded(impl, 3, 10),
              lambda f: _judge_sharded_waits(f, 3, 10)),
+        Case("one update per rank " + FEEDBACK, 0, lambda impl: _run_sharded(impl, 3, 10),
+             lambda f: _judge_sharded_updates(f, 3)),
         Case("hidden: other world sizes, models, sizes that do not divide", 3,
              *_hidden_sharded(), hidden=True),
     ],

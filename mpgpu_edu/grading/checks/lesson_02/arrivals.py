@@ -14,6 +14,7 @@ from mpgpu_edu.grading.checks._support import (counting_calls, expect, expect_cl
                                                from_scratch, launch_facts, rank_inputs,
                                                run_spmd)
 from mpgpu_edu.grading.checks.lesson_02.steps import (LR, _reference_worker, _server_traffic,
+                                                      judge_sends_after_receives,
                                                       judge_updates)
 
 Impl = Callable[..., Any]
@@ -69,10 +70,27 @@ def _judge_uneven(facts: dict) -> None:
     _server_traffic(facts, n, steps=UNEVEN_STEPS)
 
 
+def _judge_no_early_send(facts: dict) -> None:
+    """From what the grader sees and the check's own workers hold: each step's parameters go
+    out only once every gradient of the step is in (the grader's timeline), and every worker
+    computes each step's gradient at the same parameters (what the server sent; the workers
+    run the check's code, never the learner's)."""
+    n = len(DELAYS) + 1
+    judge_sends_after_receives(facts["trace"], n - 1, n - 1, UNEVEN_STEPS)
+    held = facts["held"]
+    for step in range(1, UNEVEN_STEPS):
+        for worker in range(1, n - 1):
+            expect(torch.equal(held[worker][step], held[0][step]),
+                   f"step {step}: workers 0 and {worker} computed their gradients at "
+                   "different parameters: the server sent them different ones (one update "
+                   "per step, once every gradient is in, then the same parameters to all)")
+
+
 def _judge_no_early_update(facts: dict) -> None:
-    """The server's parameters, each time one of its receives completed, against the
-    parameters the worker that sent it held when it computed that gradient (what the server
-    sent it the step before; the start's in step 0)."""
+    """Feedback only (seen inside the server's process): the server's parameters, each time
+    one of its receives completed, against the parameters the worker that sent it held when
+    it computed that gradient (what the server sent it the step before; the start's in step
+    0)."""
     n = len(DELAYS) + 1
     seen, held = facts["at_receive"], facts["held"]
     expect(len(seen) == UNEVEN_STEPS * (n - 1),

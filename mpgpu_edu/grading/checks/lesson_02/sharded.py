@@ -49,6 +49,11 @@ def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
                f"N={n}: rank {rank} changed the gradient it was handed (grad is the caller's): "
                "add the other ranks' shards into a tensor of your own, not into a view of "
                "grad")
+
+
+def _judge_sharded_updates(facts: dict, n: int) -> None:
+    """Feedback only: the calls of ``sgd_update`` are counted inside each rank's process."""
+    for rank in range(n):
         judge_updates(facts["updates"][rank], 1, f"N={n}: rank {rank}")
 
 

@@ -99,7 +99,7 @@ def _run_step(impl: Impl, side: str, n: int, numel: int, server: int, seed: int 
     exercise = {"worker": "2.1", "server": "2.2", "loop": "2.3"}[side]
     with from_scratch(impl, exercise), counting_calls(impl, ["sgd_update"]) as calls:
         facts = launch_facts(run_spmd(program, n, hide=[grads], collect=[changed, watched]),
-                             with_trace)
+                             with_trace or watch)
     facts["grad_changed"] = changed
     facts["updates"] = [calls["sgd_update"].count(r) for r in range(n)]
     if watch:
@@ -173,8 +173,31 @@ def _server_step_traffic(facts: dict) -> None:
     _judge_step(facts, n, numel, n - 1)
     _server_traffic(facts, n)
     expect_waited(facts["works"][n - 1], "the server")
+    judge_sends_after_receives(facts["trace"], n - 1, n - 1, 1)
+
+
+def _server_one_update(facts: dict) -> None:
+    """Feedback only: what the server's parameters held at each receive, and its calls of
+    ``sgd_update``, are seen inside its own process."""
+    n, numel = 5, 100
     _judge_one_update(facts, n, numel)
     judge_updates(facts["updates"][n - 1], 1, "the server")
+
+
+def judge_sends_after_receives(trace: dict, server: int, workers: int, steps: int) -> None:
+    """From the grader's timeline: each step's parameters leave the server only once every
+    gradient of that step has arrived."""
+    events = [e for e in trace["events"] if e["device"] == server and e["stream"] == "comm"]
+    recvs = sorted(e["end"] for e in events if e["kind"] == "recv")
+    sends = sorted(e["start"] for e in events if e["kind"] == "send")
+    for k, start in enumerate(sends):
+        step = k // workers
+        last = (step + 1) * workers - 1
+        expect(last < len(recvs) and start >= recvs[last],
+               f"step {step}: the server sent parameters to a worker before the "
+               f"{workers} gradients of the step were all in (send {k % workers + 1} of the "
+               "step started before the last gradient arrived): add the gradients up, "
+               "update once, then send")
 
 
 def judge_updates(calls: int, steps: int, who: str) -> None:

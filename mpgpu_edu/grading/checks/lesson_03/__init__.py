@@ -14,7 +14,7 @@ Modules: ``models`` (the models and data both halves build), ``averaging`` (3.1,
 
 from __future__ import annotations
 
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import FEEDBACK, Case
 from mpgpu_edu.grading.checks.lesson_03.averaging import (OVERLAP_WIDTHS, WIDTHS, _averaged,
                                                           _averaging_hidden, _hooks_after,
                                                           _judge_averaging_hidden,
@@ -27,7 +27,8 @@ from mpgpu_edu.grading.checks.lesson_03.buckets import (_bucket_case, _buckets_h
                                                         _judge_buckets_hidden)
 from mpgpu_edu.grading.checks.lesson_03.ddp import (_ddp_basic, _ddp_hidden, _ddp_timeline,
                                                     _ddp_uneven, _judge_ddp_basic,
-                                                    _judge_ddp_buckets, _judge_ddp_hidden,
+                                                    _judge_ddp_buckets, _judge_ddp_calls,
+                                                    _judge_ddp_hidden,
                                                     _judge_ddp_timeline, _judge_ddp_uneven)
 from mpgpu_edu.grading.checks.lesson_03.memory import (MEMORY_MODELS, _judge_fp32,
                                                        _judge_meta_and_bad, _memory_judge,
@@ -93,6 +94,8 @@ CASES: dict[str, list[Case]] = {
              _ddp_basic, _judge_ddp_basic),
         Case("buckets: reverse order, one all-reduce each; one broadcast, at construction", 4,
              _ddp_basic, _judge_ddp_buckets),
+        Case("the calls: one broadcast while constructing, then one all_reduce per bucket, "
+             "in the buckets' order " + FEEDBACK, 0, _ddp_basic, _judge_ddp_calls),
         Case("4 ranks, uneven shards of the batch", 2, _ddp_uneven, _judge_ddp_uneven),
         Case("timeline: all-reduces launched during backward, overlapping it", 4,
              _ddp_timeline, _judge_ddp_timeline, timeout_s=40.0),

@@ -1,8 +1,10 @@
 """Checks of exercise 3.5, the capstone: a DDP wrapper. Its ranks start from different
-replicas and must end where single-device training ends; every call of the package's
-``all_reduce`` and ``broadcast`` is recorded (which rank, how many elements, while
-constructing or during the steps) and held to the contract's buckets; the timeline must show
-all-reduces launched during backward."""
+replicas and must end where single-device training ends; the messages each rank sent (the
+grader's record) must be those of the contract's collectives, one broadcast and one
+all-reduce per bucket, which the grader runs itself to know them; the timeline must show
+all-reduces launched during backward. Every call of the package's ``all_reduce`` and
+``broadcast`` is also recorded in the rank's process (which rank, how many elements, while
+constructing or during the steps): that feedback case earns no points."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from torch import nn
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
+from mpgpu_edu.grading.checks._clock import contract_sends, describe_sends, same_sends
 from mpgpu_edu.grading.checks._support import (compute_examples, evidence, examples, expect,
                                                expect_close, judge_examples, launch_facts,
                                                rebound, run_spmd, showing, uniform)
@@ -158,8 +161,55 @@ def _fewer_later(data: dict, rank: int, widths: tuple[int, ...], cap: int, norm:
             "counted as launched? finish() resets what a step changed)")
 
 
+def _contract_traffic(n: int, widths: tuple[int, ...], cap: int, norm: bool, steps: int,
+                      algo: str) -> list[list[tuple[int, int]]]:
+    """Each rank's messages (``_clock.contract_sends``) when the contract's calls run: one
+    broadcast of every parameter element from rank 0, the check's barrier, then per step one
+    ``all_reduce(algo)`` per bucket, in the buckets' order."""
+    from mpgpu_edu.collectives import all_reduce, broadcast
+
+    total = sum(p.numel() for p in _model(widths, norm=norm).parameters())
+    buckets = _bucket_numels(widths, norm, cap)
+
+    def program(comm: Any) -> None:
+        broadcast(comm, torch.empty(total, device="meta"), 0)
+        comm.barrier()
+        for _step in range(steps):
+            for numel in buckets:
+                all_reduce(comm, torch.empty(numel, device="meta"), "mean", algo)
+    return contract_sends(n, program)
+
+
+def _judge_ddp_messages(data: dict, n: int, widths: tuple[int, ...], cap: int,
+                        norm: bool = False, steps: int = 3) -> None:
+    """The contract's collectives, read from the messages the grader saw: every rank sent
+    what one broadcast of all the parameters and, per step, one all-reduce per bucket (the
+    contract's buckets) send, and nothing else; any one of the package's all-reduce
+    algorithms, the same for every bucket."""
+    from mpgpu_edu.collectives.allreduce import ALGORITHMS
+
+    wants = {algo: _contract_traffic(n, widths, cap, norm, steps, algo) for algo in ALGORITHMS}
+    if any(same_sends(data["sends"], want) is None for want in wants.values()):
+        return
+    want = wants["ring"]
+    rank = same_sends(data["sends"], want)
+    assert rank is not None
+    buckets = _bucket_numels(widths, norm, cap)
+    total = sum(p.numel() for p in _model(widths, norm=norm).parameters())
+    raise CheckFailure(
+        f"rank {rank}'s messages are not those of the contract's collectives: it sent "
+        f"{describe_sends(data['sends'][rank])}; one broadcast of all {total} parameter "
+        f"elements from rank 0 at construction and, in each of {steps} steps, one all_reduce "
+        f"per bucket (cap {cap} bytes: buckets of {buckets} elements, in that order) send "
+        f"{describe_sends(want[rank])}. Are the buckets the contract's (reverse order, closed "
+        "once past the cap), each all-reduced once, and the broadcast one call on all the "
+        "parameters?")
+
+
 def _judge_ddp_structure(data: dict, n: int, widths: tuple[int, ...], cap: int,
                          norm: bool = False, steps: int = 3) -> None:
+    """Feedback only: the calls of ``all_reduce`` and ``broadcast`` as each rank's own process
+    recorded them (which phase, which sizes, in which order)."""
     want = _bucket_numels(widths, norm, cap)
     total = sum(p.numel() for p in _model(widths, norm=norm).parameters())
     for rank in range(n):
@@ -196,6 +246,10 @@ def _judge_ddp_basic(data: dict) -> None:
 
 def _judge_ddp_buckets(data: dict) -> None:
     _judge_ddp_values(data, 3, DDP_WIDTHS, DDP_CAP)
+    _judge_ddp_messages(data, 3, DDP_WIDTHS, DDP_CAP)
+
+
+def _judge_ddp_calls(data: dict) -> None:
     _judge_ddp_structure(data, 3, DDP_WIDTHS, DDP_CAP)
 
 
@@ -255,5 +309,5 @@ def _judge_ddp_hidden(records: list[dict]) -> None:
     def one(out: dict, world_size: int, hidden: int, cap: int) -> None:
         widths, norm, n_samples = _ddp_example(world_size, hidden, cap)
         _judge_ddp_values(out, world_size, widths, cap, norm, n_samples, steps=2)
-        _judge_ddp_structure(out, world_size, widths, cap, norm, steps=2)
+        _judge_ddp_messages(out, world_size, widths, cap, norm, steps=2)
     judge_examples(records, one)

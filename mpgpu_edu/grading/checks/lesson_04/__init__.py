@@ -18,12 +18,14 @@ Modules: ``partition`` (4.1), ``schedules`` (4.2, 4.3), ``forward`` (4.4), and f
 
 from __future__ import annotations
 
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import FEEDBACK, Case
 from mpgpu_edu.grading.checks.lesson_04.executor import (IN_FLIGHT, SECONDS, STEP_1F1B,
                                                          STEP_GPIPE, STEP_OTHER, _hidden_executor,
                                                          _runs)
 from mpgpu_edu.grading.checks.lesson_04.executor_judges import (_judge_hidden_executor,
-                                                                _judge_in_flight, _judge_runs,
+                                                                _judge_in_flight,
+                                                                _judge_in_flight_runs,
+                                                                _judge_runs,
                                                                 _judge_timed_executor,
                                                                 _judge_traffic_both)
 from mpgpu_edu.grading.checks.lesson_04.forward import (_compute_forward,
@@ -122,7 +124,10 @@ CASES: dict[str, list[Case]] = {
              _runs(STEP_OTHER), _judge_runs, timeout_s=60),
         Case("traffic: per microbatch one activation forward, one gradient back", 2,
              _runs(STEP_1F1B[:1]), _judge_traffic_both, timeout_s=60),
-        Case("memory: what each stage keeps alive matches the schedule (1F1B <= P)", 3,
+        Case("in flight: by the messages, no more microbatches than the schedule's "
+             "(1F1B <= P)", 3, _runs(IN_FLIGHT, seconds=SECONDS), _judge_in_flight_runs,
+             timeout_s=60),
+        Case("memory: what each stage keeps alive matches the schedule " + FEEDBACK, 0,
              _runs(IN_FLIGHT), _judge_in_flight, timeout_s=60),
         Case("timed: M forwards and M backwards per stage at stage_seconds", 1,
              _runs(STEP_GPIPE[:1] + STEP_1F1B[:1], seconds=SECONDS), _judge_timed_executor,

@@ -94,7 +94,37 @@ def _kept_alive(events: list, schedule: Schedule, rank: int, where: str) -> int:
     return peak
 
 
+def _in_flight(trace: dict, rank: int) -> int:
+    """From the grader's timeline: the most microbatches stage ``rank`` (not the last) had in
+    flight, counted at each activation it sends on: activations sent so far less gradients
+    come back (arrived) by then."""
+    events = [e for e in trace["events"] if e["device"] == rank and e["stream"] == "comm"
+              and e.get("peer") == rank + 1]
+    sent = sorted(e["start"] for e in events if e["kind"] == "send")
+    back = sorted(e["end"] for e in events if e["kind"] == "recv")
+    return max((k + 1 - sum(1 for t in back if t <= start) for k, start in enumerate(sent)),
+               default=0)
+
+
+def _judge_in_flight_messages(facts: dict, e: dict) -> None:
+    schedule = _named_schedule(e["schedule"], e["p"], e["m"])
+    want = peak_activations(schedule)
+    where = f"{e['schedule']}, {e['p']} stages, {e['m']} microbatches"
+    got = [_in_flight(facts["trace"], rank) for rank in range(e["p"] - 1)]
+    expect(all(g <= w for g, w in zip(got, want)),
+           f"{where}: by the messages, stages 0..{e['p'] - 2} had up to {got} microbatches in "
+           f"flight (activations sent on whose gradient had not come back); the schedule has "
+           f"{want[:-1]}: does the executor run the schedule's steps in its order, a backward "
+           "as soon as the schedule says?")
+
+
+def _judge_in_flight_runs(runs: list) -> None:
+    for facts, e in runs:
+        _judge_in_flight_messages(facts, e)
+
+
 def _judge_in_flight(runs: list) -> None:
+    """Feedback only: what each stage kept alive, watched inside its process."""
     for facts, e in runs:
         schedule = _named_schedule(e["schedule"], e["p"], e["m"])
         want = peak_activations(schedule)
@@ -151,10 +181,5 @@ def _judge_timed_executor(runs: list) -> None:
 def _judge_hidden_executor(records: list[dict]) -> None:
     def one(out: dict, **example: Any) -> None:
         _judge_step(out, **example)
-        schedule = _named_schedule(example["schedule"], example["p"], example["m"])
-        peaks = peak_activations(schedule)
-        got = [_kept_alive(r["events"], schedule, rank, "memory")
-               for rank, r in enumerate(out["results"])]
-        expect(got == peaks, f"microbatches kept alive at once per stage {got}, the "
-                             f"schedule's {peaks}")
+        _judge_in_flight_messages(out, example)
     judge_examples(records, one)

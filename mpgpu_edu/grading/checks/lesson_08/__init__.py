@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import FEEDBACK, Case
 from mpgpu_edu.grading.checks.lesson_08.judges import (_judge_accumulation, _judge_adam_prefetch,
+                                                       _judge_adam_prefetch_calls,
                                                        _judge_basic, _judge_basic_calls,
-                                                       _judge_freed, _judge_hidden,
-                                                       _judge_prefetch)
+                                                       _judge_basic_messages, _judge_freed,
+                                                       _judge_hidden, _judge_prefetch)
 from mpgpu_edu.grading.checks.lesson_08.shard import (_judge_own_memory, _judge_shards,
                                                       _judge_shards_hidden, _shards,
                                                       _shards_hidden)
@@ -30,8 +31,9 @@ from mpgpu_edu.grading.checks.lesson_08.wrapper import (_accumulation, _adam_pre
                                                         _hidden, _prefetch_runs)
 
 # Run with every rank in a process of its own in class grading (see lesson 01's checks):
-# each rank holds only its own slice of every batch; its calls of the collectives come back
-# with its result.
+# each rank holds only its own slice of every batch. Its calls of the collectives, what it
+# kept alive and which gathers it started ahead are seen only in its own process: those
+# cases earn no points; the collectives it ran are read from its messages.
 RANKS_APART = ("8.2",)
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
@@ -52,14 +54,18 @@ CASES: dict[str, list[Case]] = {
     "8.2": [
         Case("3 ranks: the shards, the mean gradients, then one device's training", 4,
              _basic, _judge_basic),
-        Case("collectives: two all-gathers and one reduce-scatter (mean) per layer", 3,
-             _basic, _judge_basic_calls),
-        Case("memory: forward leaves no layer's full parameters for backward", 2,
+        Case("collectives: two all-gathers and one reduce-scatter per layer", 3,
+             _basic, _judge_basic_messages),
+        Case("the calls: all_gather and reduce_scatter (mean), none started ahead " + FEEDBACK,
+             0, _basic, _judge_basic_calls),
+        Case("memory: forward leaves no layer's full parameters for backward " + FEEDBACK, 0,
              _basic, _judge_freed),
         Case("gradients accumulate: two backward passes before finish(), then one more", 2,
              _accumulation, _judge_accumulation),
         Case("4 ranks, Adam, uneven batch shards, prefetch on", 3, _adam_prefetch,
              _judge_adam_prefetch),
+        Case("prefetch on: exactly the next layer's gather started ahead " + FEEDBACK, 0,
+             _adam_prefetch, _judge_adam_prefetch_calls),
         Case("timeline: prefetch hides the gathers", 3, _prefetch_runs, _judge_prefetch,
              timeout_s=60.0),
         Case("hidden: 2-5 ranks, other widths, SGD and Adam", 3, _hidden, _judge_hidden,

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
+from mpgpu_edu.grading.checks._clock import contract_sends, describe_sends, same_sends
 from mpgpu_edu.grading.checks._support import (evidence, expect, expect_close, judge_examples,
                                                showing)
 from mpgpu_edu.grading.checks.lesson_08.setup import (ACCUMULATE, WIDTHS, _batch, _example,
@@ -87,7 +88,47 @@ def _judge_values(data: dict, n: int, widths: tuple[int, ...], n_samples: int = 
                          atol=1e-5)
 
 
+def _contract_traffic(n: int, widths: tuple[int, ...], steps: int
+                      ) -> list[list[tuple[int, int]]]:
+    """Each rank's messages when the contract's collectives run (``_clock.contract_sends``):
+    per step, an all-gather of each layer's shard in forward order, then in backward order
+    an all-gather and a reduce-scatter (mean) of the padded gradient per layer."""
+    from mpgpu_edu.collectives import all_gather, reduce_scatter
+
+    flats = [f.numel() for f in _layer_flats(_model(widths))]
+    shard = [-(-e // n) for e in flats]
+
+    def program(comm: object) -> None:
+        for _step in range(steps):
+            for size in shard:
+                all_gather(comm, torch.empty(size, device="meta"))
+            for size in shard[::-1]:
+                all_gather(comm, torch.empty(size, device="meta"))
+                reduce_scatter(comm, torch.empty(size * n, device="meta"), "mean")
+    return contract_sends(n, program)
+
+
+def _judge_messages(data: dict, n: int, widths: tuple[int, ...], steps: int = 3) -> None:
+    """The contract's collectives, read from the messages the grader saw: each rank sent
+    what they send, and nothing else."""
+    want = _contract_traffic(n, widths, steps)
+    rank = same_sends(data["sends"], want)
+    if rank is None:
+        return
+    flats = [f.numel() for f in _layer_flats(_model(widths))]
+    shard = [-(-e // n) for e in flats]
+    raise CheckFailure(
+        f"rank {rank}'s messages are not those of the contract's collectives: it sent "
+        f"{describe_sends(data['sends'][rank])}; in {steps} steps on {n} ranks, an "
+        f"all_gather of each layer's shard ({shard} elements) in forward order, then per "
+        "layer in backward order an all_gather and a reduce_scatter of the padded gradient "
+        f"({[s * n for s in shard[::-1]]} elements) send {describe_sends(want[rank])}. Is "
+        "every layer gathered once in forward and once in backward, and its gradient "
+        "reduce-scattered once, nothing else?")
+
+
 def _judge_calls(data: dict, n: int, widths: tuple[int, ...], steps: int = 3) -> None:
+    """Feedback only: the calls as each rank's own process recorded them."""
     flats = [f.numel() for f in _layer_flats(_model(widths))]
     shard = [-(-e // n) for e in flats]
     gathers = (shard + shard[::-1]) * steps
@@ -162,15 +203,25 @@ def _judge_ahead(data: dict, prefetch: bool) -> None:
 
 def _judge_basic(data: dict) -> None:
     _judge_values(data, 3, WIDTHS)
-    _judge_ahead(data, prefetch=False)
+
+
+def _judge_basic_messages(data: dict) -> None:
+    _judge_messages(data, 3, WIDTHS)
 
 
 def _judge_basic_calls(data: dict) -> None:
+    """Feedback only: the calls, and no gather started ahead without prefetch."""
     _judge_calls(data, 3, WIDTHS)
+    _judge_ahead(data, prefetch=False)
 
 
 def _judge_adam_prefetch(data: dict) -> None:
     _judge_values(data, 4, WIDTHS, n_samples=14, optimizer="adam", grads=False)
+    _judge_messages(data, 4, WIDTHS)
+
+
+def _judge_adam_prefetch_calls(data: dict) -> None:
+    """Feedback only: the calls, and exactly the next layer's gather started ahead."""
     _judge_calls(data, 4, WIDTHS)
     _judge_ahead(data, prefetch=True)
 
@@ -244,8 +295,7 @@ def _judge_hidden(records: list[dict]) -> None:
         try:
             _judge_values(out, world_size, widths, n_samples, 2, optimizer,
                           grads=optimizer == "sgd")
-            _judge_calls(out, world_size, widths, steps=2)
-            _judge_ahead(out, bool(prefetch))
+            _judge_messages(out, world_size, widths, steps=2)
         except CheckFailure as exc:
             raise AssertionError(str(exc)) from None
     judge_examples(records, one)

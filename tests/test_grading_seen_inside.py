@@ -1,0 +1,67 @@
+"""Facts that only a rank's own process can see earn no points (``checks.FEEDBACK``); the
+scored cases that stood for them judge what the grader sees itself: the messages of its own
+record, its own clock. Here a run's reported facts are made to say what the contract wants
+while its messages are a wrong answer's: the feedback case passes, the scored one fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpgpu_edu.grading.checks import FEEDBACK, CheckFailure, cases_for
+from mpgpu_edu.grading.checks._clock import resolve
+from mpgpu_edu.grading.checks._plain import plain
+from mpgpu_edu.grading.registry import EXERCISES
+from tests.mutants import lesson_03, lesson_04, lesson_08
+from tests.test_grading_checks import solution
+
+
+def _data(compute, fn):  # noqa: ANN001, ANN202 - a case's halves
+    return resolve(plain(compute(fn)))
+
+
+def test_every_case_worth_nothing_says_so_and_every_exercise_still_earns_points() -> None:
+    for exercise in EXERCISES:
+        cases = cases_for(exercise)
+        assert sum(case.points for case in cases) > 0, exercise
+        for case in cases:
+            assert (case.points == 0) == case.name.endswith(FEEDBACK) or (
+                exercise == "5.1" and "no points" in case.name), (exercise, case.name)
+
+
+def test_ddp_buckets_are_read_from_the_messages_not_from_the_reported_calls() -> None:
+    from mpgpu_edu.grading.checks.lesson_03.ddp import (_ddp_basic, _judge_ddp_buckets,
+                                                        _judge_ddp_calls)
+
+    right = _data(_ddp_basic, solution("ex03_data_parallel").wrap_ddp)
+    wrong = _data(_ddp_basic, lesson_03.ddp_no_buckets)  # one all-reduce per parameter
+    _judge_ddp_calls(right)
+    _judge_ddp_buckets(right)
+    lying = dict(wrong, all_reduce=right["all_reduce"], broadcast=right["broadcast"])
+    _judge_ddp_calls(lying)  # the reported calls say buckets...
+    with pytest.raises(CheckFailure, match="not those of the contract's collectives"):
+        _judge_ddp_buckets(lying)  # ...the messages say one per parameter
+
+
+def test_fsdp_collectives_are_read_from_the_messages() -> None:
+    from mpgpu_edu.grading.checks.lesson_08.judges import (_judge_basic_calls,
+                                                           _judge_basic_messages)
+    from mpgpu_edu.grading.checks.lesson_08.wrapper import _basic
+
+    right = _data(_basic, solution("ex08_bigger_models").wrap_fsdp)
+    wrong = _data(_basic, lesson_08.fsdp_all_reduces)
+    _judge_basic_messages(right)
+    lying = dict(wrong, calls=right["calls"], results=right["results"])
+    _judge_basic_calls(lying)
+    with pytest.raises(CheckFailure, match="not those of the contract's collectives"):
+        _judge_basic_messages(lying)
+
+
+def test_microbatches_in_flight_are_read_from_the_messages() -> None:
+    from mpgpu_edu.grading.checks.lesson_04.executor import IN_FLIGHT, SECONDS, _runs
+    from mpgpu_edu.grading.checks.lesson_04.executor_judges import _judge_in_flight_runs
+
+    one_f_one_b = [e for e in IN_FLIGHT if e["schedule"] == "1f1b"][:1]
+    _judge_in_flight_runs(_data(_runs(one_f_one_b, seconds=SECONDS), lesson_04._execute))
+    with pytest.raises(CheckFailure, match="microbatches in flight"):
+        _judge_in_flight_runs(_data(_runs(one_f_one_b, seconds=SECONDS),
+                                    lesson_04.executor_always_gpipe))
