@@ -226,3 +226,97 @@ def test_a_function_checked_in_the_kernel_cannot_call_the_reference_either() -> 
     assert result.points == 0, str(result)
     assert "yours to write" in str(result)
     assert cm.binary_tree_all_reduce.__name__ == "binary_tree_all_reduce"  # put back after
+
+
+# Every route to the package's own code that does not call it by name: its original code
+# object dug out of the interpreter (gc), its module's source compiled again, its compiled
+# module (__pycache__) loaded, its loader asked for either.
+_DIG = '''
+import gc, importlib.util, marshal, types
+
+def _dig(module, name):
+    """The package's own ``module.name``, by any route but its name."""
+    routes = []
+    def from_gc():
+        seen, todo = set(), list(gc.get_objects())
+        while todo:
+            obj = todo.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if (isinstance(obj, types.CodeType) and obj.co_name == name
+                    and obj.co_filename == module.__file__):
+                return types.FunctionType(obj, vars(module))
+            if isinstance(obj, (list, tuple, dict, types.FunctionType, types.CodeType)):
+                todo.extend(gc.get_referents(obj))
+    def from_source():
+        namespace = {"__name__": module.__name__}
+        exec(compile(open(module.__file__).read(), module.__file__, "exec"), namespace)
+        return namespace[name]
+    def from_cache():
+        data = open(importlib.util.cache_from_source(module.__file__), "rb").read()
+        namespace = {"__name__": module.__name__}
+        exec(marshal.loads(data[16:]), namespace)
+        return namespace[name]
+    def from_loader():
+        namespace = {"__name__": module.__name__}
+        exec(module.__loader__.get_code(module.__name__), namespace)
+        return namespace[name]
+    for route in (from_gc, from_source, from_cache, from_loader):
+        try:
+            found = route()
+            if found is not None:
+                routes.append(found)
+        except Exception:
+            pass
+    return routes
+'''
+
+
+def test_in_class_grading_the_packages_code_cannot_be_dug_out_or_compiled_again(
+        tmp_path: Path) -> None:
+    """4.3 answered with the package's own 1F1B order, reached through the interpreter's
+    objects or through the module's source, compiled copy or loader: in a learner's own check
+    the routes work (it need not resist its own learner), in class grading every one finds
+    nothing (the original code is forgotten, the files read as empty) and the file scores
+    nothing."""
+    from mpgpu_edu.grading.runner import run_exercise
+
+    learner = tmp_path / "ex04_pipeline.py"
+    learner.write_text(_DIG + '''
+from mpgpu_edu.pipeline import schedules as _s
+
+def one_f_one_b_orders(n_stages, n_microbatches):
+    for found in _dig(_s, "_one_f_one_b_order"):
+        try:
+            return [found(p, n_stages, n_microbatches) for p in range(n_stages)]
+        except Exception:
+            pass
+    raise NotImplementedError("no route")
+''')
+    own = check("4.3", impl=str(tmp_path), figures=False)
+    assert own.points == own.max_points, str(own)  # the routes work among the learner's own
+    graded = run_exercise("4.3", learner, judge_here=True)
+    assert graded.points == 0, str(graded)
+
+
+def test_in_class_grading_a_rank_cannot_dig_out_the_blocked_collectives(tmp_path: Path
+                                                                         ) -> None:
+    """1.3 answered with the package's own ring, dug out in the rank's process: nothing."""
+    from mpgpu_edu.grading.runner import run_exercise
+
+    solved = (ROOT / "solutions" / "ex01_communication.py").read_text()
+    start = solved.index("    ### BEGIN SOLUTION 1.3")
+    end = solved.index("    ### END SOLUTION", start) + len("    ### END SOLUTION")
+    body = '''    import mpgpu_edu.collectives.allreduce as _a
+    for found in _dig(_a, "all_reduce_ring"):
+        try:
+            return found(comm, tensor)
+        except Exception:
+            pass
+    raise NotImplementedError("no route")
+'''
+    learner = tmp_path / "ex01_communication.py"
+    learner.write_text(_DIG + solved[:start] + body + solved[end:])
+    graded = run_exercise("1.3", learner, judge_here=True)
+    assert graded.points == 0, str(graded)

@@ -33,7 +33,7 @@ import torch
 
 from mpgpu_edu.grading._outcome import CaseTimeout, classify, learner_frames
 from mpgpu_edu.grading.wire import encode
-from mpgpu_edu.runtime.isolate import cut_off, not_dumpable
+from mpgpu_edu.runtime.isolate import cut_off, hide_files, not_dumpable
 
 GRADING_CHILD_ENV = "MPGPU_EDU_GRADING_CHILD"
 FILE_BYTES = 64 * 2**20  # the largest file a check's child may write
@@ -178,6 +178,16 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
     with whole_run:
         if not request["judge"]:
             whole_run.enter_context(references_blocked(request["exercise"]))
+            # Where the ranks run apart, this child never runs the file, and each rank seals
+            # itself (``InRanks.prepare``): a user namespace made here would keep the ranks
+            # from making their own.
+            problems = [] if apart else _sealed()
+            if problems:
+                send({"type": "import_error", "status": "error",
+                      "message": "the grader could not put the package's own code out of "
+                                 "reach (" + "; ".join(problems[:3]) + "): ask the instructor "
+                                 "to grade where user namespaces are allowed"})
+                return
         baseline = package_bindings()  # before the learner's file runs a line
         try:
             if apart:  # this child never runs the file: each rank process does (InRanks)
@@ -226,6 +236,25 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
             if message.get("status") == "timeout":
                 break  # threads may still be running: continue in a fresh process
     send({"type": "done"})
+
+
+def _sealed() -> list[str]:
+    """Class grading, before any code of the submission runs in this process (or in a rank
+    forked from it): forget the original code of every function blocked now (the references
+    stay blocked until the process ends, so it is never put back), and hide the files it
+    could be compiled again from, with every compiled module of the package (``__pycache__``)
+    and the source lines Python keeps in memory (``linecache``). So the package's own
+    implementation cannot be dug out of the interpreter's objects (``gc``) nor run again
+    from its source. What could not be done, or []."""
+    import linecache
+
+    import mpgpu_edu
+    from mpgpu_edu.grading.checks._blocking import seal
+
+    files = seal()
+    caches = Path(mpgpu_edu.__file__).resolve().parent.rglob("__pycache__")
+    linecache.clearcache()
+    return hide_files(files, [str(folder) for folder in caches])
 
 
 def _judged(case: Any, message: dict, request: dict, figure_sent: bool) -> dict:
@@ -432,6 +461,10 @@ class InRanks:
             raise RuntimeError("the grader could not cut this rank's process off from the "
                                "others (" + "; ".join(problems) + "): ask the instructor "
                                "to grade where user namespaces are allowed")
+        problems = _sealed()  # the collectives blocked for this case among them (1.x, 2.x)
+        if problems:
+            raise RuntimeError("the grader could not put the package's own code out of this "
+                               "rank's reach (" + "; ".join(problems[:3]) + ")")
         from mpgpu_edu.grading.checks._blocking import package_bindings
 
         self.baseline = package_bindings()  # the blocks of the case included

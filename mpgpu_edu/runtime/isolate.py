@@ -26,6 +26,10 @@ in class grading): each then reaches the others only through the pipes it was gi
   ``cachestat``) and the user's keyrings. Channels through timing and through the machine's
   free memory stay open: slow and noisy, not closed.
 
+``hide_files(files, folders)`` makes files read as empty and folders empty, for the calling
+process and those it starts (a class-grading child or rank hides the source and compiled
+copies of the package code it blocks, whose original it has forgotten).
+
 ``only_fds(keep)`` points every other file descriptor at ``/dev/null`` (a forked process
 inherits its parent's pipes, a grading child's pipe to the grader among them; the numbers
 stay taken, so that no object of the parent's closes a file the process opens later).
@@ -95,6 +99,34 @@ def cut_off(private: Iterable[str | Path]) -> list[str]:
     _first_of_new_pids(libc, problems)
     problems += _hidden(libc, "/sys")
     problems += _no_shared_kernel_state(libc)
+    return problems
+
+
+def hide_files(files: Iterable[str | Path], folders: Iterable[str | Path]) -> list[str]:
+    """Make each of ``files`` read as empty and each of ``folders`` an empty read-only folder,
+    for this process and those it starts: in a mount namespace of its own (made here: with
+    ``CAP_SYS_ADMIN`` a new mount namespace, else a new user namespace too, which needs a
+    single-threaded caller). '' problems, or what went wrong."""
+    if sys.platform != "linux":
+        return ["not Linux: the files stay readable"]
+    libc = _libc()
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWNS) != 0:
+        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+            return [f"unshare: {os.strerror(ctypes.get_errno())}"]
+        with contextlib.suppress(OSError):  # the same ids inside, so files keep their owner
+            Path("/proc/self/setgroups").write_text("deny")
+            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return [f"mount --make-rprivate /: {os.strerror(ctypes.get_errno())}"]
+    problems = []
+    for file in sorted({str(f) for f in files}):
+        if os.path.isfile(file) and libc.mount(b"/dev/null", file.encode(), None, MS_BIND,
+                                               None) != 0:
+            problems.append(f"{file} hidden: {os.strerror(ctypes.get_errno())}")
+    for folder in sorted({str(f) for f in folders}):
+        problems += _hidden(libc, folder)
     return problems
 
 

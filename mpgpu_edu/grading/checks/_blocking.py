@@ -99,9 +99,8 @@ def code_blocked(targets: Iterable[tuple[Any, str]],
                 if id(fn) in done:
                     continue
                 done.add(id(fn))
-                original = fn.__code__
+                swapped.append((fn, fn.__code__))  # (no local name keeps the original: seal)
                 fn.__code__ = raising_code(fn, error, message)
-                swapped.append((fn, original))
         yield
     finally:
         for fn, original in reversed(swapped):
@@ -123,6 +122,21 @@ def release_thread(ident: int) -> None:
     for swapped in reversed(_ACTIVE.get(ident, [])):
         for fn, original in reversed(swapped):
             fn.__code__ = original
+
+
+def seal() -> set[str]:
+    """In a process that will never put the package's code back (a class-grading child,
+    whose references stay blocked until it ends; a rank's process): forget the original code
+    of every function blocked now, in every thread, so that no object of the process holds
+    it any more; the blocks, on the way out, then put back nothing. Returns the files that
+    code came from, for the caller to hide (``runtime.isolate.hide_files``): the code could
+    be compiled again from them."""
+    files: set[str] = set()
+    for blocks in _ACTIVE.values():
+        for swapped in blocks:
+            files.update(original.co_filename for _fn, original in swapped)
+            swapped.clear()
+    return files
 
 
 def package_bindings(prefix: str = "mpgpu_edu") -> dict[tuple[str, str], tuple[int, int]]:
