@@ -65,3 +65,21 @@ def test_microbatches_in_flight_are_read_from_the_messages() -> None:
     with pytest.raises(CheckFailure, match="microbatches in flight"):
         _judge_in_flight_runs(_data(_runs(one_f_one_b, seconds=SECONDS),
                                     lesson_04.executor_always_gpipe))
+
+
+def test_a_timeline_with_compute_other_than_the_models_fails() -> None:
+    """A rank counts its own compute regions: the grader holds their FLOPs to its own count
+    of the model's forward and backward (``model_flops``), so a timeline that drops or adds
+    compute (to show an overlap that did not happen) fails."""
+    from mpgpu_edu.grading.checks.lesson_03.ddp import _ddp_timeline, _judge_ddp_timeline
+
+    data = _data(_ddp_timeline, solution("ex03_data_parallel").wrap_ddp)
+    _judge_ddp_timeline(data)
+    events = data["trace"]["events"]
+    last = max((e for e in events if e["device"] == 1 and e["kind"] == "backward"),
+               key=lambda e: e["end"])
+    for changed in (0.5, 1.5):
+        forged = dict(data, trace=dict(data["trace"], events=[
+            dict(e, flops=e["flops"] * changed) if e is last else e for e in events]))
+        with pytest.raises(CheckFailure, match="not the model's own compute"):
+            _judge_ddp_timeline(forged)

@@ -492,3 +492,41 @@ def each(configs: list[dict[str, Any]], compute_one: Callable[..., Any],
     failure is reported with its example."""
     return (lambda impl: compute_examples(lambda **e: compute_one(impl, **e), configs),
             lambda records: judge_examples(records, judge_one))
+
+
+# ---- compute the grader counts itself -------------------------------------------------------
+
+def model_flops(model: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """*judge*: the FLOPs of one forward and of its backward of ``model`` on ``x`` with the
+    MSE loss against ``y``, counted in the grader's process on meta copies (``comm.flops``:
+    matmuls and the like; elementwise work counts no FLOPs). What a rank's compute regions
+    must add up to when it trains a check's model on that data: the regions are counted
+    inside the rank's process, so the judge holds their sum to this (``judge_flops``)."""
+    import copy
+
+    from torch import nn
+
+    from mpgpu_edu.comm.flops import FlopCount
+
+    meta = copy.deepcopy(model).to("meta")
+    with FlopCount() as forward:
+        loss = nn.functional.mse_loss(meta(x.to("meta")), y.to("meta"))
+    with FlopCount() as backward:
+        loss.backward()
+    return forward.total, backward.total
+
+
+def judge_flops(trace: dict, want: list[tuple[float, float]], where: str) -> None:
+    """Every device's compute regions on the grader's timeline add up to between
+    ``want[device]`` = (least, most) FLOPs (from ``model_flops``, counted by the grader): a
+    rank's process counts its own regions, and a timeline that shows less or more compute
+    than the model's is not the model's."""
+    for device, (least, most) in enumerate(want):
+        got = sum(e.get("flops", 0.0) for e in trace["events"] if e["device"] == device
+                  and e["stream"] != "comm")
+        slack = 1e-6 * max(most, 1.0)
+        between = (f"{least:.4g}" if least == most else f"between {least:.4g} and {most:.4g}")
+        expect(least - slack <= got <= most + slack,
+               f"{where}: device {device}'s compute regions add up to {got:.4g} FLOPs, but the "
+               f"model's forward and backward on its data is {between} FLOPs (counted by the "
+               "grader): the timeline is not the model's own compute")

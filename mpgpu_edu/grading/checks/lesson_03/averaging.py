@@ -20,7 +20,8 @@ from mpgpu_edu.grading.checks import CheckFailure, Evidence
 from mpgpu_edu.grading.checks._clock import cluster_builder
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, evidence, examples,
                                                expect, expect_close, judge_examples,
-                                               launch_facts, run_spmd, showing, uniform)
+                                               judge_flops, launch_facts, run_spmd, showing,
+                                               uniform)
 from mpgpu_edu.grading.checks.lesson_03.models import _batch, _local_grads, _model, _names
 
 Impl = Callable[..., Any]
@@ -179,6 +180,9 @@ def _judge_overlap_timeline(data: dict) -> Evidence:
                       "no overlap (all-reduce after backward)": plain.trace.to_dict()})
     yours, plain = shown.traces["yours"], shown.traces["no overlap (all-reduce after backward)"]
     with showing(shown):
+        judge_flops(data["trace"], [(total, total) for total in (
+            sum(e.flops for e in plain.events if e.device == d and e.stream != "comm")
+            for d in range(2))], "the overlapped step")
         backward_end = max(e.end for e in yours.on(0, "compute") if e.kind == "backward")
         first_comm = min((e.start for e in yours.on(0, "comm")), default=float("inf"))
         expect(first_comm < backward_end,

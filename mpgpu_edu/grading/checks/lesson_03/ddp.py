@@ -20,7 +20,8 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
 from mpgpu_edu.grading.checks._clock import contract_sends, describe_sends, same_sends
 from mpgpu_edu.grading.checks._support import (compute_examples, evidence, examples, expect,
-                                               expect_close, judge_examples, launch_facts,
+                                               expect_close, judge_examples, judge_flops,
+                                               launch_facts, model_flops,
                                                rebound, run_spmd, showing, uniform)
 from mpgpu_edu.grading.checks.lesson_03.averaging import (OVERLAP_SAMPLES, OVERLAP_WIDTHS,
                                                           _intervals_overlap, _overlap_cluster)
@@ -272,7 +273,11 @@ def _ddp_timeline(impl: Impl) -> dict:
 def _judge_ddp_timeline(data: dict) -> Evidence:
     shown = evidence({"yours": data["trace"]})
     trace = shown.traces["yours"]
+    _replicas, shards = _ddp_inputs(2, OVERLAP_WIDTHS, False, OVERLAP_SAMPLES, 1)
+    want = [(sum(f), sum(f)) for f in (model_flops(_model(OVERLAP_WIDTHS), *shards[rank][0])
+                                       for rank in range(2))]
     with showing(shown):
+        judge_flops(data["trace"], want, "the DDP step")
         for device in range(2):
             forward = min(e.start for e in trace.on(device, "compute") if e.kind == "forward")
             backward_end = max(e.end for e in trace.on(device, "compute")

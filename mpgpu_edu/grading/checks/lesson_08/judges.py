@@ -9,7 +9,7 @@ from torch import nn
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
 from mpgpu_edu.grading.checks._clock import contract_sends, describe_sends, same_sends
 from mpgpu_edu.grading.checks._support import (evidence, expect, expect_close, judge_examples,
-                                               showing)
+                                               judge_flops, model_flops, showing)
 from mpgpu_edu.grading.checks.lesson_08.setup import (ACCUMULATE, WIDTHS, _batch, _example,
                                                       _layer_flats, _model, _reference)
 from mpgpu_edu.grading.checks.lesson_08.shard import _reference_shard
@@ -248,11 +248,29 @@ def _step_only(run: dict) -> dict:
     return bm.step_only(Trace.from_dict(run["trace"])).to_dict()
 
 
+def _step_flops(n: int) -> list[tuple[float, float]]:
+    """Each rank's FLOPs in ``bigger_models.sharded_step``: one forward and backward of the
+    notebook's MLP on its shard of the batch, counted by the grader (``model_flops``), and
+    at most one forward more (a wrapper may run a layer's forward again in its backward,
+    with the parameters it gathered again)."""
+    from mpgpu_edu.lessons import bigger_models as bm
+    from mpgpu_edu.replica.data import make_batches, make_mlp, shard
+
+    model = make_mlp(bm.SHARDED_SIZES, seed=0)
+    batch = make_batches(1, bm.SHARDED_BATCH, bm.SHARDED_SIZES[0], bm.SHARDED_SIZES[-1],
+                         seed=1)[0]
+    flops = [model_flops(model, *shard(batch, rank, n)[0]) for rank in range(n)]
+    return [(forward + backward, 2 * forward + backward) for forward, backward in flops]
+
+
 def _judge_prefetch(data: dict) -> Evidence:
     data = dict(data, plain=_step_only(data["plain"]), prefetch=_step_only(data["prefetch"]))
     shown = evidence({"yours, prefetch=False": data["plain"],
                       "yours, prefetch=True": data["prefetch"]})
+    want = _step_flops(shown.traces["yours, prefetch=True"].n_devices)
     with showing(shown):
+        for run in ("plain", "prefetch"):
+            judge_flops(data[run], want, f"the step with prefetch={run == 'prefetch'}")
         expect(not data["inline"],
                f"rank(s) {data['inline']} called all_gather or reduce_scatter in the rank's "
                "own program, not on its comm stream: the program waits for each collective, "
