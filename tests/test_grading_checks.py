@@ -275,13 +275,14 @@ def test_ddp_wrapper_is_judged_on_its_buckets_and_its_timeline() -> None:
     forward = verdicts("3.5", wrong.ddp_forward_buckets)
     case = "buckets: reverse order, one all-reduce each; one broadcast, at construction"
     calls = next(c.name for c in cases_for("3.5") if c.name.startswith("the calls"))
-    assert failing(forward) == {case, calls}, forward
+    timeline = "timeline: all-reduces launched during backward, overlapping it"
+    assert failing(forward) == {case, calls, timeline}, forward  # its messages, both runs
     assert "not those of the contract's collectives" in forward[case][1]
     assert "[23, 40, 8, 48]" in forward[case][1]  # the contract's buckets, from the messages
     assert "[18, 45, 8, 48]" in forward[calls][1]  # the learner's, as its process recorded
     per_parameter = verdicts("3.5", wrong.ddp_broadcasts_per_parameter)
     hidden = "hidden: 2-5 ranks, other layers, bucket caps that split unevenly"
-    assert failing(per_parameter) == {case, calls, hidden}, per_parameter
+    assert failing(per_parameter) == {case, calls, hidden, timeline}, per_parameter
     assert "broadcast 6 tensor(s)" in per_parameter[calls][1]
     waiting = verdicts("3.5", wrong.ddp_waits_in_hook)
     assert failing(waiting) == {"timeline: all-reduces launched during backward, overlapping it"}
@@ -308,7 +309,8 @@ def test_zero1_must_shard_the_optimizer_state() -> None:
         sol.adam_update(params, grad, state, lr)
 
     results = verdicts("5.2", replicated_state)
-    assert "optimizer state per rank is 1/N" in failing(results)
+    state = "optimizer state per rank is 1/N " + FEEDBACK  # seen only inside the rank
+    assert state in failing(results)
     assert results["matches torch.optim.Adam on the mean gradient"][0] == "passed"
 
 
@@ -590,3 +592,27 @@ def test_a_search_over_every_split_runs_out_of_time() -> None:
     assert by_name["too many or too few stages raise ValueError"].status == "passed"
     deep = next(case for name, case in by_name.items() if name.startswith("96 layers"))
     assert deep.status == "timeout" and result.points == 3
+
+
+def test_a_collective_that_does_nothing_on_meta_tensors_fails_the_meta_case() -> None:
+    """The figures' meta run must send what a real run sends (the grader's record of its
+    messages), not just return without an error."""
+    solved = solution("ex01_communication")
+
+    def skips_meta(comm: Any, tensor: torch.Tensor) -> None:
+        if not tensor.is_meta:
+            solved.ring_all_reduce(comm, tensor)
+
+    results = verdicts("1.3", skips_meta)
+    meta = "runs on meta tensors, as the lesson's figures do"
+    assert failing(results) == {meta}, results
+    assert "on meta tensors" in results[meta][1] and "sent to ranks []" in results[meta][1]
+
+    def reduce_scatter_skipping_meta(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_meta:
+            return torch.tensor_split(tensor, comm.world_size)[comm.rank].clone()
+        return solved.ring_reduce_scatter(comm, tensor)
+
+    results = verdicts("1.4", reduce_scatter_skipping_meta)
+    assert {name for name in failing(results)} == {
+        next(c.name for c in cases_for("1.4") if c.name.startswith("traffic"))}, results

@@ -68,9 +68,10 @@ def test_microbatches_in_flight_are_read_from_the_messages() -> None:
 
 
 def test_a_timeline_with_compute_other_than_the_models_fails() -> None:
-    """A rank counts its own compute regions: the grader holds their FLOPs to its own count
-    of the model's forward and backward (``model_flops``), so a timeline that drops or adds
-    compute (to show an overlap that did not happen) fails."""
+    """A rank counts and times its own compute regions: the grader holds their FLOPs to its
+    own count of the model's forward and backward (``model_flops``) and each region's time to
+    at least its FLOPs' in fp32, so a timeline that drops or adds compute, or runs it at
+    another precision's speed (to show an overlap that did not happen), fails."""
     from mpgpu_edu.grading.checks.lesson_03.ddp import _ddp_timeline, _judge_ddp_timeline
 
     data = _data(_ddp_timeline, solution("ex03_data_parallel").wrap_ddp)
@@ -81,5 +82,51 @@ def test_a_timeline_with_compute_other_than_the_models_fails() -> None:
     for changed in (0.5, 1.5):
         forged = dict(data, trace=dict(data["trace"], events=[
             dict(e, flops=e["flops"] * changed) if e is last else e for e in events]))
-        with pytest.raises(CheckFailure, match="not the model's own compute"):
+        with pytest.raises(CheckFailure, match="not the model's own compute|model is fp32"):
             _judge_ddp_timeline(forged)
+
+
+def test_a_timeline_whose_compute_runs_faster_than_fp32_fails() -> None:
+    """Every FLOP still counted, but a region timed as bf16 (16 times faster on an A100):
+    the prefetch timeline of 8.2 could otherwise pass with no prefetch at all."""
+    from mpgpu_edu.grading.checks.lesson_03.ddp import _ddp_timeline, _judge_ddp_timeline
+
+    data = _data(_ddp_timeline, solution("ex03_data_parallel").wrap_ddp)
+    events = data["trace"]["events"]
+    first = min((e for e in events if e["device"] == 0 and e["kind"] == "backward"),
+                key=lambda e: e["start"])
+    forged = dict(data, trace=dict(data["trace"], events=[
+        dict(e, end=e["start"] + (e["end"] - e["start"]) / 16) if e is first else e
+        for e in events]))
+    with pytest.raises(CheckFailure, match="the model is fp32"):
+        _judge_ddp_timeline(forged)
+
+
+def test_a_token_message_during_backward_does_not_make_an_overlap() -> None:
+    """3.3's timeline: all-reduces after backward, plus one small message exchanged from a
+    hook while backward runs (so that communication seems to start during backward). The
+    messages must be one all-reduce per parameter, as the grader's baseline sends."""
+    import torch
+
+    from mpgpu_edu.collectives import all_reduce
+
+    def token_then_after(comm, model, loss):  # noqa: ANN001, ANN202 - the exercise's signature
+        sent: list[int] = []
+
+        def hook(_param):  # noqa: ANN001, ANN202
+            if not sent:
+                sent.append(1)
+                peer = 1 - comm.rank
+                work = comm.isend(torch.zeros(1), peer)
+                comm.recv(torch.zeros(1), peer)
+                work.wait()
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()]
+        loss.backward()
+        for handle in handles:
+            handle.remove()
+        for param in model.parameters():
+            all_reduce(comm, param.grad, op="mean")
+
+    timeline = next(c for c in cases_for("3.3") if c.name.startswith("timeline"))
+    with pytest.raises(CheckFailure, match="not one all-reduce per parameter"):
+        timeline.run(token_then_after)

@@ -16,7 +16,7 @@ EXERCISES = (
         "parts = all_gather(comm, ...)   # [rank 0's (B, k), ..., rank N-1's]\n"
         "torch.cat(parts, dim=?)   # which dim holds the features? dim 0 would stack batches"),
        WARM_UP),
-    ex('5.2', 'zero1_adam_step', 'ZeRO-1: sharded optimizer state', 6,
+    ex('5.2', 'zero1_adam_step', 'ZeRO-1: sharded optimizer state', 5,
        ("Every replica would keep the same Adam moments: let rank r keep only those of shard "
         "r. It then needs the *average* gradient of its shard only, and afterwards everyone "
         "needs everyone's updated shard.",

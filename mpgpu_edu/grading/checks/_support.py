@@ -516,11 +516,36 @@ def model_flops(model: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[float, fl
     return forward.total, backward.total
 
 
-def judge_flops(trace: dict, want: list[tuple[float, float]], where: str) -> None:
+def forward_flops(module: Any, x: torch.Tensor) -> float:
+    """*judge*: the FLOPs of ``module``'s forward on ``x``, counted in the grader's process on
+    meta copies (as ``model_flops``)."""
+    import copy
+
+    from mpgpu_edu.comm.flops import FlopCount
+
+    meta = copy.deepcopy(module).to("meta")
+    with FlopCount() as counter, torch.no_grad():
+        meta(x.to("meta"))
+    return counter.total
+
+
+def judge_flops(trace: dict, want: list[tuple[float, float]], where: str,
+                cluster: Any) -> None:
     """Every device's compute regions on the grader's timeline add up to between
-    ``want[device]`` = (least, most) FLOPs (from ``model_flops``, counted by the grader): a
-    rank's process counts its own regions, and a timeline that shows less or more compute
-    than the model's is not the model's."""
+    ``want[device]`` = (least, most) FLOPs (from ``model_flops``, counted by the grader), and
+    none is shorter than its FLOPs take in fp32 on ``cluster`` (the check's model is fp32):
+    a rank's process counts and times its own regions, and a timeline that shows less or
+    more compute than the model's, or the model's compute at another precision's speed, is
+    not the model's."""
+    for event in trace["events"]:
+        if event["stream"] == "comm" or not event.get("flops"):
+            continue
+        least_s = cluster.flop_seconds(event["flops"], "fp32")
+        expect(event["end"] - event["start"] >= least_s * (1 - 1e-6),
+               f"{where}: a compute region of device {event['device']} lasts "
+               f"{(event['end'] - event['start']) * 1e6:.2f} us for {event['flops']:.4g} "
+               f"FLOPs, which take at least {least_s * 1e6:.2f} us in fp32 on this cluster: "
+               "the model is fp32, and so is its compute")
     for device, (least, most) in enumerate(want):
         got = sum(e.get("flops", 0.0) for e in trace["events"] if e["device"] == device
                   and e["stream"] != "comm")

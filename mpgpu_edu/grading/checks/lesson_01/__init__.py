@@ -32,8 +32,13 @@ from mpgpu_edu.grading.checks.lesson_01.scatter_gather import (_half_hidden, _ha
                                                                _judge_new_tensors,
                                                                _judge_reduce_scatter,
                                                                _values_case)
-from mpgpu_edu.grading.checks.lesson_01.traffic import (_judge_naive_hidden, _judge_ring_hidden,
-                                                        _judge_tree_hidden, _naive_traffic,
+from mpgpu_edu.grading.checks.lesson_01.traffic import (_judge_naive_hidden,
+                                                        _judge_naive_traffic,
+                                                        _judge_padded_ring_traffic,
+                                                        _judge_ring_hidden,
+                                                        _judge_ring_traffic,
+                                                        _judge_tree_hidden,
+                                                        _judge_tree_traffic, _naive_traffic,
                                                         _composed_case, _traffic_case,
                                                         _tree_traffic)
 from mpgpu_edu.lessons.communication import binary_tree_all_reduce
@@ -59,12 +64,12 @@ CASES: dict[str, list[Case]] = {
         _sums_case("world sizes 1, 2, 3, 5; 2-D and float64 tensors", 1, "1.2",
                    [(1, 5), (2, 5), (3, 7), (5, 11), (3, (2, 3)), (3, (7, "float64"))]),
         _naive_traffic(),
-        _meta_case("1.2"),
+        _meta_case("1.2", _judge_naive_traffic),
         _hidden_case("1.2", _all_reduce_facts, _judge_naive_hidden),
     ],
     "1.3": [
         _sums_case("sums in place on 4 ranks", 1, "1.3", [(4, 1000)]),
-        _meta_case("1.3"),
+        _meta_case("1.3", _judge_ring_traffic),
         _sums_case("any size and shape: uneven chunks, fewer elements than ranks, 2-D, "
                    "float64", 2, "1.3", [(3, 10), (5, 3), (2, 1), (1, 4), (4, (2, 5)),
                                          (3, (10, "float64"))]),
@@ -96,7 +101,7 @@ CASES: dict[str, list[Case]] = {
                    [(1, 4), (2, 5), (3, 6), (4, 4), (5, 3), (6, 7), (7, 10), (3, (2, 3)),
                     (5, (6, "float64"))]),
         _tree_traffic(),
-        _meta_case("1.6"),
+        _meta_case("1.6", _judge_tree_traffic),
         _time_case("time: both subtrees at once, on a fully connected cluster", "1.6",
                    binary_tree_all_reduce, "reference binary tree", [(7, 4096), (6, 4096)],
                    "on this cluster a rank can take both children's messages (and send to "
@@ -112,7 +117,7 @@ CASES: dict[str, list[Case]] = {
         _traffic_case("traffic: 2(N-1)/N of the tensor, padded, to the right neighbour", 3,
                       "1.7", padded=True),
         _composed_case("1.7", ("ring_reduce_scatter", "ring_all_gather")),
-        _meta_case("1.7"),
+        _meta_case("1.7", _judge_padded_ring_traffic),
         _time_case("time: as fast as the ring", "1.7", all_reduce_ring, "ring",
                    [(4, 2**18 + 3)], "do all ranks send at the same time?"),
         _hidden_case("1.7", _all_reduce_facts, _judge_ring_hidden(padded=True), points=2),

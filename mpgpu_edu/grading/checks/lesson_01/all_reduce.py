@@ -13,7 +13,7 @@ import torch
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.cluster.topology import LinkInfo, Route, Topology
-from mpgpu_edu.grading.checks import Case, Evidence
+from mpgpu_edu.grading.checks import Case, CheckFailure, Evidence
 from mpgpu_edu.grading.checks._clock import cluster_builder
 from mpgpu_edu.grading.checks._plain import is_tensor
 from mpgpu_edu.grading.checks._support import (ALPHA, BETA, bytes_of, compute_examples,
@@ -198,16 +198,19 @@ def _time_case(name: str, exercise: str, reference: Impl, what: str,
 
 # ---- every all-reduce also runs on meta tensors, as the lesson's figures do -----------------
 
-def _meta_case(exercise: str, runs: tuple[tuple[int, int], ...] = ((4, 1000), (3, 10))) -> Case:
+def _meta_case(exercise: str, traffic: Callable[[Facts, int, int], None],
+               runs: tuple[tuple[int, int], ...] = ((4, 1000), (3, 10))) -> Case:
     """The lesson's figures run the learner's all-reduce on meta tensors (shapes without
     data, so that 1 GiB costs nothing): a buffer made with ``torch.zeros(n)`` instead of
-    ``tensor.new_zeros(n)`` lives on the CPU, and copying a meta tensor into it fails."""
+    ``tensor.new_zeros(n)`` lives on the CPU, and copying a meta tensor into it fails. The
+    meta run must also send what the exercise sends (``traffic``, on the grader's record of
+    its messages): a function that returns at once on a meta tensor draws no figure."""
     def compute(impl: Impl) -> list[Facts]:
         out: list[Facts] = []
         for n, numel in runs:
             try:
                 with from_scratch(impl, exercise):
-                    run_spmd(all_reduce_meta, uniform(n), impl, numel)
+                    result = run_spmd(all_reduce_meta, uniform(n), impl, numel)
             except NotImplementedError as exc:
                 if "meta" not in str(exc):
                     raise  # the stub itself
@@ -217,7 +220,7 @@ def _meta_case(exercise: str, runs: tuple[tuple[int, int], ...] = ((4, 1000), (3
                     raise
                 out.append({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
             else:
-                out.append({"error": ""})
+                out.append({"error": "", "run": launch_facts(result)})
         return out
 
     def judge(all_facts: list[Facts]) -> None:
@@ -227,4 +230,9 @@ def _meta_case(exercise: str, runs: tuple[tuple[int, int], ...] = ((4, 1000), (3
                    f"data: what the lesson's figures run) your function raised "
                    f"{facts['error']}. Make every buffer where the input lives: "
                    f"tensor.new_zeros(...), tensor.new_empty(...), or device=tensor.device")
+            try:
+                traffic(facts["run"], n, numel)
+            except CheckFailure as exc:
+                raise CheckFailure(f"on meta tensors (what the lesson's figures run), N={n}, "
+                                   f"{numel} elements: {exc}") from None
     return Case("runs on meta tensors, as the lesson's figures do", 1, compute, judge)

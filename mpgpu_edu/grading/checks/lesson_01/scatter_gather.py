@@ -137,7 +137,7 @@ def _half_traffic_case(name: str, points: int, exercise: str, judge_one: Callabl
 
     def compute(impl: Impl) -> Facts:
         facts = _collective_facts(impl, exercise, n, (numel,))
-        facts["meta"] = _meta_run(impl, exercise, 3, 10)
+        facts["meta"] = _meta_run(impl, exercise, 3, META_NUMEL)
         return facts
 
     def judge(facts: Facts) -> None:
@@ -145,17 +145,27 @@ def _half_traffic_case(name: str, points: int, exercise: str, judge_one: Callabl
         per = numel // n if exercise == "1.4" else numel
         _judge_half_traffic(facts, n, (n - 1) * bytes_of(per), what)
         judge_waited(facts, n)
-        expect(not facts["meta"], f"on 3 ranks with a meta tensor of 10 elements (shapes "
-                                  f"without data, what the lesson's figures and 1.7's check "
-                                  f"run) {facts['meta']}. Make every buffer where the input "
-                                  "lives: torch.empty_like, tensor.new_empty(...), or "
+        meta = facts["meta"]
+        expect(not meta["error"], f"on 3 ranks with a meta tensor of {META_NUMEL} elements "
+                                  f"(shapes without data, what the lesson's figures and 1.7's "
+                                  f"check run) {meta['error']}. Make every buffer where the "
+                                  "input lives: torch.empty_like, tensor.new_empty(...), or "
                                   "device=tensor.device")
+        per = META_NUMEL // 3 if exercise == "1.4" else META_NUMEL
+        try:  # the meta run sends what a real one does (a figure of nothing draws nothing)
+            _judge_half_traffic(meta["run"], 3, 2 * bytes_of(per), what)
+        except CheckFailure as exc:
+            raise CheckFailure(f"on meta tensors (what the lesson's figures run): {exc}"
+                               ) from None
     return Case(name + ", every message waited, meta tensors too", points, compute, judge)
 
 
-def _meta_run(impl: Impl, exercise: str, n: int, numel: int) -> str:
-    """compute: the learner's half on meta tensors: '' when it ran and returned meta
-    tensors, else what went wrong."""
+META_NUMEL = 12  # the meta run's tensor: N = 3 chunks of 4
+
+
+def _meta_run(impl: Impl, exercise: str, n: int, numel: int) -> Facts:
+    """compute: the learner's half on meta tensors: ``error`` '' when it ran and returned
+    meta tensors, else what went wrong; ``run`` the run's record (its messages)."""
     def program(comm: Any) -> str:
         got = impl(comm, torch.empty(numel, device="meta"))
         parts = got if isinstance(got, (list, tuple)) else [got]
@@ -164,12 +174,13 @@ def _meta_run(impl: Impl, exercise: str, n: int, numel: int) -> str:
 
     try:
         with from_scratch(impl, exercise):
-            results = run_spmd(program, uniform(n)).results
+            result = run_spmd(program, uniform(n))
     except Exception as exc:  # noqa: BLE001 - reported to the judge as text
         if "meta" not in str(exc) and "device" not in str(exc):
             raise
-        return f"your function raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
-    return next((r for r in results if r), "")
+        return {"error": f"your function raised {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0]}"}
+    return {"error": next((r for r in result.results if r), ""), "run": launch_facts(result)}
 
 
 def _half_hidden(exercise: str, judge_one: Callable[..., None]) -> Case:

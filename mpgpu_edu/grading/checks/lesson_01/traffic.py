@@ -84,6 +84,10 @@ def _judge_ring_traffic(facts: Facts, n: int, numel: int, padded: bool = False) 
                f"takes 2(N-1) = {2 * (n - 1)} steps of one message each")
 
 
+def _judge_padded_ring_traffic(facts: Facts, n: int, numel: int) -> None:
+    _judge_ring_traffic(facts, n, numel, padded=True)
+
+
 RING_TRAFFIC = [(4, 1000), (3, 1000), (5, 12), (6, 1001), (4, (2, 500))]  # 2-D: flattened
 
 

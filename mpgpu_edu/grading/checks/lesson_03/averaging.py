@@ -18,6 +18,7 @@ from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
 from mpgpu_edu.grading.checks._clock import cluster_builder
+from mpgpu_edu.grading.checks._clock import describe_sends, same_sends, sends_of
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, evidence, examples,
                                                expect, expect_close, judge_examples,
                                                judge_flops, launch_facts, run_spmd, showing,
@@ -176,13 +177,20 @@ def _judge_overlap_timeline(data: dict) -> Evidence:
     shards = _shards(*_batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS), 2)
     plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, shards, True),
                      _overlap_cluster(2))
+    baseline = [sorted((peer, nbytes) for peer, _tag, nbytes in rank)
+                for rank in sends_of(plain.op_lists, 2)]
     shown = evidence({"yours": data["trace"],
                       "no overlap (all-reduce after backward)": plain.trace.to_dict()})
     yours, plain = shown.traces["yours"], shown.traces["no overlap (all-reduce after backward)"]
     with showing(shown):
         judge_flops(data["trace"], [(total, total) for total in (
             sum(e.flops for e in plain.events if e.device == d and e.stream != "comm")
-            for d in range(2))], "the overlapped step")
+            for d in range(2))], "the overlapped step", _overlap_cluster(2))
+        rank = same_sends(data["sends"], baseline)
+        expect(rank is None, f"rank {rank}'s messages are not one all-reduce per parameter: it "
+                             f"sent {describe_sends(data['sends'][rank or 0])}; each "
+                             "parameter's all_reduce (op='mean'), as the baseline runs them "
+                             f"after backward, sends {describe_sends(baseline[rank or 0])}")
         backward_end = max(e.end for e in yours.on(0, "compute") if e.kind == "backward")
         first_comm = min((e.start for e in yours.on(0, "comm")), default=float("inf"))
         expect(first_comm < backward_end,

@@ -277,7 +277,8 @@ def _judge_ddp_timeline(data: dict) -> Evidence:
     want = [(sum(f), sum(f)) for f in (model_flops(_model(OVERLAP_WIDTHS), *shards[rank][0])
                                        for rank in range(2))]
     with showing(shown):
-        judge_flops(data["trace"], want, "the DDP step")
+        judge_flops(data["trace"], want, "the DDP step", _overlap_cluster(2))
+        _judge_ddp_messages(data, 2, OVERLAP_WIDTHS, DDP_TIMELINE_CAP, steps=1)
         for device in range(2):
             forward = min(e.start for e in trace.on(device, "compute") if e.kind == "forward")
             backward_end = max(e.end for e in trace.on(device, "compute")

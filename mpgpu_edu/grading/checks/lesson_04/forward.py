@@ -14,7 +14,7 @@ from torch import nn
 
 from mpgpu_edu.grading.checks import _support
 from mpgpu_edu.grading.checks._support import (bytes_of, expect, expect_close, expect_waited,
-                                               launch_facts, run_spmd, uniform)
+                                               forward_flops, launch_facts, run_spmd, uniform)
 from mpgpu_edu.pipeline import Schedule, gpipe, steps_of
 from mpgpu_edu.cluster.trace import Trace
 
@@ -129,10 +129,17 @@ def _judge_traffic(facts: dict) -> None:
 
 def _judge_timed(facts: dict) -> None:
     p, m, trace = facts["p"], facts["m"], Trace.from_dict(facts["trace"])
-    for rank in range(p):
+    microbatches = list(torch.tensor_split(_batch(m), m))
+    for rank, stage in enumerate(_stages(p)):
         forwards = [e for e in trace.on(rank, "compute") if e.kind == "forward"]
         expect(len(forwards) == m, f"rank {rank} has {len(forwards)} forward compute events "
                                    f"on the timeline, expected {m}")
+        want = sum(forward_flops(stage, mb) for mb in microbatches)  # counted by the grader
+        got = sum(e.flops for e in forwards)
+        expect(abs(got - want) <= 1e-6 * want,
+               f"rank {rank}'s forward compute events add up to {got:.4g} FLOPs; the stage's "
+               f"forward on its {m} microbatches is {want:.4g} FLOPs: run stage(x) inside "
+               "comm.compute(\"forward\", ...)")
         expect(all(r["graph"] for r in facts["results"][rank]),
                f"rank {rank}'s outputs are detached from the autograd graph: a backward step "
                "could not reach this stage's parameters")

@@ -11,8 +11,10 @@ from mpgpu_edu.grading.checks._clock import contract_sends, describe_sends, same
 from mpgpu_edu.grading.checks._support import (evidence, expect, expect_close, judge_examples,
                                                judge_flops, model_flops, showing)
 from mpgpu_edu.grading.checks.lesson_08.setup import (ACCUMULATE, WIDTHS, _batch, _example,
+                                                      _prefetch_cluster,
                                                       _layer_flats, _model, _reference)
 from mpgpu_edu.grading.checks.lesson_08.shard import _reference_shard
+
 
 
 def _judge_accumulation(data: dict, n: int = 3, widths: tuple[int, ...] = WIDTHS,
@@ -270,7 +272,8 @@ def _judge_prefetch(data: dict) -> Evidence:
     want = _step_flops(shown.traces["yours, prefetch=True"].n_devices)
     with showing(shown):
         for run in ("plain", "prefetch"):
-            judge_flops(data[run], want, f"the step with prefetch={run == 'prefetch'}")
+            judge_flops(data[run], want, f"the step with prefetch={run == 'prefetch'}",
+                        _prefetch_cluster())
         expect(not data["inline"],
                f"rank(s) {data['inline']} called all_gather or reduce_scatter in the rank's "
                "own program, not on its comm stream: the program waits for each collective, "
