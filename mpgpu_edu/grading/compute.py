@@ -103,7 +103,15 @@ class _SeedSource:
         return self.made[seed]
 
 
+# Whether this process is a grading child (``main``, via ``_isolate``): only a child forgets
+# the package's blocked code and hides its files (``_sealed``), never a process that runs
+# ``_run`` itself (a test) and goes on to use the package.
+IN_CHILD = False
+
+
 def _isolate(request: dict) -> None:
+    global IN_CHILD
+    IN_CHILD = True
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -181,7 +189,7 @@ def _run(send: Any, request: dict, output: CappedOutput) -> None:
             # Where the ranks run apart, this child never runs the file, and each rank seals
             # itself (``InRanks.prepare``): a user namespace made here would keep the ranks
             # from making their own.
-            problems = [] if apart else _sealed()
+            problems = [] if apart or not IN_CHILD else _sealed()
             if problems:
                 send({"type": "import_error", "status": "error",
                       "message": "the grader could not put the package's own code out of "
