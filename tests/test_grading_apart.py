@@ -319,3 +319,20 @@ def test_a_rank_that_runs_only_the_checks_side_never_imports_the_file(tmp_path: 
 
     result = run_apart(program, 2, prepare=impl.prepare)
     assert result.results == [[0, True], [None, False]]
+
+
+def test_a_ring_run_on_a_real_copy_of_a_meta_tensor_loses_the_meta_point(tmp_path: Path
+                                                                           ) -> None:
+    """The figures' meta run must run on the meta tensor: where the ranks run apart, the
+    launcher sees whether a message carried data, and a meta run's carry none."""
+    start = SOLVED.index("    ### BEGIN SOLUTION 1.3")
+    end = SOLVED.index("    ### END SOLUTION", start)
+    body = SOLVED[SOLVED.index("\n", start) + 1:end]
+    learner = tmp_path / "ex01_communication.py"
+    learner.write_text(_with_ring("    if tensor.is_meta:  # a real tensor in its place\n"
+                                  "        tensor = torch.zeros(tensor.shape, "
+                                  "dtype=tensor.dtype)\n" + body))
+    graded = run_exercise("1.3", learner, judge_here=True)
+    meta = next(c for c in graded.cases if c.name.startswith("runs on meta tensors"))
+    assert meta.points == 0 and "carried data" in meta.message, str(graded)
+    assert graded.points == graded.max_points - 1, str(graded)

@@ -130,3 +130,78 @@ def test_a_token_message_during_backward_does_not_make_an_overlap() -> None:
     timeline = next(c for c in cases_for("3.3") if c.name.startswith("timeline"))
     with pytest.raises(CheckFailure, match="not one all-reduce per parameter"):
         timeline.run(token_then_after)
+
+
+# ---- a rank shapes its own timeline: time that is no step's, a baseline of its own ---------
+
+def test_an_empty_backward_region_after_the_messages_is_not_backward() -> None:
+    """3.5: all-reduces after backward, then an empty ``comm.compute("backward", ...,
+    seconds=...)`` that stretches "backward" past the first message: the judge reads the
+    model's backward from the regions that count FLOPs."""
+    wrap_ddp = solution("ex03_data_parallel").wrap_ddp
+    from tests.mutants.lesson_03 import ddp_all_reduce_in_finish
+
+    def stretched(comm, module, cap):  # noqa: ANN001, ANN202 - the exercise's signature
+        replica = ddp_all_reduce_in_finish(comm, module, cap)
+        finish = replica.finish
+
+        def finish_then_pad() -> None:
+            finish()
+            with comm.compute("backward", "backward", seconds=300e-6):
+                pass
+        replica.finish = finish_then_pad
+        return replica
+
+    timeline = next(c for c in cases_for("3.5") if c.name.startswith("timeline"))
+    timeline.run(wrap_ddp)
+    with pytest.raises(CheckFailure, match="after backward ends"):
+        timeline.run(stretched)
+
+
+def test_a_slowed_baseline_does_not_make_a_prefetch() -> None:
+    """8.2: no prefetch at all, but the prefetch=False run slowed with an empty region: the
+    prefetch run is also held to the grader's own run of the package's wrapper."""
+    wrap_fsdp = solution("ex08_bigger_models").wrap_fsdp
+
+    class Slowed:
+        """The wrapper, with an empty region before each forward and each finish()."""
+
+        def __init__(self, comm, replica):  # noqa: ANN001, ANN204
+            self.comm, self.replica = comm, replica
+
+        def __call__(self, x):  # noqa: ANN001, ANN204
+            with self.comm.compute("compute", "pad", seconds=100e-6):
+                pass
+            return self.replica(x)
+
+        def finish(self):  # noqa: ANN204 - backward's phase ends with finish()
+            with self.comm.compute("compute", "pad", seconds=400e-6):
+                pass
+            self.replica.finish()
+
+        def __getattr__(self, name):  # noqa: ANN001, ANN204
+            return getattr(self.replica, name)
+
+    def slowed(comm, module, prefetch=False):  # noqa: ANN001, ANN202
+        replica = wrap_fsdp(comm, module, False)
+        return replica if prefetch else Slowed(comm, replica)
+
+    timeline = next(c for c in cases_for("8.2") if c.name.startswith("timeline"))
+    with pytest.raises(CheckFailure, match="the package's wrapper without prefetch"):
+        timeline.run(slowed)
+
+
+def test_time_that_is_no_steps_fails_the_in_flight_case() -> None:
+    """4.5: an empty region of its own kind (which could hold a send back on the timeline)
+    is refused where the stage seconds are given."""
+    execute = solution("ex04_pipeline").execute_schedule
+
+    def padded(comm, *args):  # noqa: ANN001, ANN202
+        with comm.compute("idle", "idle", seconds=1e-3):
+            pass
+        return execute(comm, *args)
+
+    in_flight = next(c for c in cases_for("4.5") if c.name.startswith("in flight"))
+    in_flight.run(execute)
+    with pytest.raises(CheckFailure, match="kind 'idle'"):
+        in_flight.run(padded)

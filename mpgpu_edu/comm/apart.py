@@ -174,13 +174,16 @@ class _Tamper:
     becomes ``x + |x| + 1`` (never ``x`` itself, in any dtype). Every message, not one: a
     message may carry only padding that no result shows."""
 
-    def __init__(self) -> None:
+    def __init__(self, change: bool = True) -> None:
+        self.change = change  # False: only note whether a message carried data
         self.done = False
 
     def __call__(self, tensor: torch.Tensor) -> None:
         if tensor.is_meta or tensor.numel() == 0 or tensor.is_complex():
             return
         self.done = True
+        if not self.change:
+            return
         flat = tensor.view(-1)
         with torch.no_grad():
             if tensor.dtype == torch.bool:
@@ -311,7 +314,8 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
     and dicts of them), cleared in every rank's process but their owner's. ``prepare(rank)``
     runs in the rank's process before the program. ``tamper``: every message that carries
     data has its first element changed on the way (``_Tamper``); the result's ``tampered``
-    says whether one was."""
+    says whether one was, its ``carried_data`` whether any message carried data (a run on
+    meta tensors carries none)."""
     from mpgpu_edu.comm.launch import run_sim
     from mpgpu_edu.comm.result import resolve_cluster
 
@@ -326,7 +330,7 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
             program[1].close()
             stream[1].close()
 
-        changer = _Tamper() if tamper else None
+        changer = _Tamper(change=tamper)
 
         def serve(comm: SimCommunicator) -> Any:
             works: dict = {}
@@ -335,7 +339,8 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
             return host.serve()
 
         result = run_sim(serve, cluster, (), {}, timeout)
-        result.tampered = bool(changer and changer.done)
+        result.tampered = bool(tamper and changer.done)
+        result.carried_data = changer.done  # whether any message carried data (not meta)
         return result
     finally:
         end_all(pids)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 MARK = "__launch__"
-RESERVED = ("stats", "makespan", "trace", "works", "sends")
+RESERVED = ("stats", "makespan", "trace", "works", "sends", "carried_data")
 MAX_OPS = 2_000_000  # per run: a record larger than this is not replayed
 
 
@@ -69,6 +69,7 @@ def record(result: Any, with_trace: bool = False) -> dict[str, Any]:
     return {"results": plain(result.results),
             MARK: {"recipe": plain(recipe), "world_size": len(result.results),
                    "blind": bool(getattr(result, "blind", False)),
+                   "carried_data": getattr(result, "carried_data", None),
                    "with_trace": bool(with_trace), "ops": ops}}
 
 
@@ -134,8 +135,12 @@ def replayed(payload: Any) -> dict[str, Any]:
             "number in every message that carried data: they are not computed from what "
             "the messages carry. Every rank gets the other ranks' data through comm.send/recv "
             "(isend/irecv) and computes its result from what it received")
+    carried = payload.get("carried_data")
     facts: dict[str, Any] = {"stats": stats_of(op_lists, n), "works": works_of(op_lists, n),
-                             "sends": sends_of(op_lists, n), "makespan": float(trace.makespan)}
+                             "sends": sends_of(op_lists, n), "makespan": float(trace.makespan),
+                             # where the ranks ran apart, the launcher saw whether any
+                             # message carried data; None where it could not
+                             "carried_data": carried if type(carried) is bool else None}
     if payload.get("with_trace"):
         facts["trace"] = trace.to_dict()
     return facts

@@ -163,7 +163,11 @@ def _hidden_case(exercise: str, facts_of: Callable[..., Facts], judge_one: Calla
     def judge(records: list[dict]) -> None:
         judge_examples(records, lambda facts, world_size, numel, values: judge_one(
             facts, world_size, numel, values))
-    return Case("hidden: random sizes and world sizes 1-7", points, compute, judge, hidden=True)
+    # Seven launches, each run twice where the ranks run apart (the second with changed
+    # messages), each rank a process of its own: about 6 s on an idle machine, three times
+    # that under load, so a minute before it counts as endless.
+    return Case("hidden: random sizes and world sizes 1-7", points, compute, judge, hidden=True,
+                timeout_s=60.0)
 
 
 def _time_case(name: str, exercise: str, reference: Impl, what: str,
@@ -230,6 +234,11 @@ def _meta_case(exercise: str, traffic: Callable[[Facts, int, int], None],
                    f"data: what the lesson's figures run) your function raised "
                    f"{facts['error']}. Make every buffer where the input lives: "
                    f"tensor.new_zeros(...), tensor.new_empty(...), or device=tensor.device")
+            expect(facts["run"]["carried_data"] is not True,
+                   f"on {n} ranks with a meta tensor of {numel} elements, your function's "
+                   "messages carried data: it ran on real tensors made in its place, not on "
+                   "the meta tensor it was given (what the lesson's figures need: 1 GiB "
+                   "without the memory)")
             try:
                 traffic(facts["run"], n, numel)
             except CheckFailure as exc:

@@ -151,6 +151,9 @@ def _half_traffic_case(name: str, points: int, exercise: str, judge_one: Callabl
                                   f"check run) {meta['error']}. Make every buffer where the "
                                   "input lives: torch.empty_like, tensor.new_empty(...), or "
                                   "device=tensor.device")
+        expect(meta["run"]["carried_data"] is not True,
+               "on meta tensors your function's messages carried data: it ran on real "
+               "tensors made in the meta tensor's place, not on the one it was given")
         per = META_NUMEL // 3 if exercise == "1.4" else META_NUMEL
         try:  # the meta run sends what a real one does (a figure of nothing draws nothing)
             _judge_half_traffic(meta["run"], 3, 2 * bytes_of(per), what)

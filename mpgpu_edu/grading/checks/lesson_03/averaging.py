@@ -157,9 +157,12 @@ def _after_backward(comm: Any, model: nn.Module, loss: torch.Tensor) -> None:
         all_reduce(comm, param.grad, op="mean")
 
 
-def _intervals_overlap(trace: Any, device: int, after: float = 0.0) -> float:
-    """Seconds during which ``device`` computed backward and communicated at once."""
-    compute = [(e.start, e.end) for e in trace.on(device, "compute") if e.kind == "backward"]
+def _intervals_overlap(trace: Any, device: int, after: float = 0.0,
+                       counted: bool = False) -> float:
+    """Seconds during which ``device`` computed backward and communicated at once
+    (``counted``: only backward regions that count FLOPs)."""
+    compute = [(e.start, e.end) for e in trace.on(device, "compute") if e.kind == "backward"
+               and (e.flops > 0 or not counted)]
     comm = [(e.start, e.end) for e in trace.on(device, "comm") if e.start >= after]
     return sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in compute for b0, b1 in comm)
 

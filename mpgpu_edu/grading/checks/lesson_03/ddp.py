@@ -281,15 +281,17 @@ def _judge_ddp_timeline(data: dict) -> Evidence:
         _judge_ddp_messages(data, 2, OVERLAP_WIDTHS, DDP_TIMELINE_CAP, steps=1)
         for device in range(2):
             forward = min(e.start for e in trace.on(device, "compute") if e.kind == "forward")
+            # The model's backward: its regions that count FLOPs (a region of the kind
+            # "backward" that counts none, an empty comm.compute(seconds=...), is not it).
             backward_end = max(e.end for e in trace.on(device, "compute")
-                               if e.kind == "backward")
+                               if e.kind == "backward" and e.flops > 0)
             comm = [e.start for e in trace.on(device, "comm") if e.start >= forward]
             expect(bool(comm), f"device {device} did not communicate during the step")
             expect(min(comm) < backward_end,
                    f"device {device}: the step's first message starts at "
                    f"{min(comm) * 1e6:.1f} us, after backward ends at "
                    f"{backward_end * 1e6:.1f} us: no all-reduce was launched during backward")
-            expect(_intervals_overlap(trace, device, after=forward) > 0,
+            expect(_intervals_overlap(trace, device, after=forward, counted=True) > 0,
                    f"device {device}: communication and backward never run at the same time: "
                    "each all-reduce holds backward up until it is done")
     return shown

@@ -160,6 +160,6 @@ def _hidden_executor(impl: Impl) -> list[dict]:
          "model": ("mlp", "hourglass")[i % 2]}
         for i, d in enumerate(drawn)]
 
-    def body(**example: Any) -> dict:
-        return _run_executor(impl, **example)  # the run's record: results and messages
+    def body(**example: Any) -> dict:  # the run's record: results and messages
+        return _run_executor(impl, **example, seconds=SECONDS)
     return compute_examples(body, cases)

@@ -110,6 +110,15 @@ def _judge_in_flight_messages(facts: dict, e: dict) -> None:
     schedule = _named_schedule(e["schedule"], e["p"], e["m"])
     want = peak_activations(schedule)
     where = f"{e['schedule']}, {e['p']} stages, {e['m']} microbatches"
+    for ev in facts["trace"]["events"]:  # these runs pass stage_seconds: nothing else is slow
+        if ev["kind"] in ("send", "recv") or ev["end"] - ev["start"] <= 1e-12:
+            continue
+        seconds = dict(zip(("forward", "backward"), SECONDS)).get(ev["kind"])
+        expect(seconds is not None and abs(ev["end"] - ev["start"] - seconds) < 1e-9,
+               f"{where}: stage {ev['device']} has a compute region of kind {ev['kind']!r} "
+               f"lasting {(ev['end'] - ev['start']) * 1e3:g} ms; with stage_seconds given, "
+               "only the schedule's forward and backward steps take time (a region of their "
+               "seconds each): time that is no step's would move the messages on the timeline")
     got = [_in_flight(facts["trace"], rank) for rank in range(e["p"] - 1)]
     expect(all(g <= w for g, w in zip(got, want)),
            f"{where}: by the messages, stages 0..{e['p'] - 2} had up to {got} microbatches in "

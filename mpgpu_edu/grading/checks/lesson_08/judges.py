@@ -307,7 +307,34 @@ def _judge_prefetch(data: dict) -> Evidence:
                    "layer's backward wait for its own reduce-scatter? Start it "
                    "(comm.run_async) and leave the waiting to finish(), so that it runs while "
                    "the next layer's backward computes")
+        # Against the grader's own run as well (the package's wrapper, no prefetch): the
+        # learner's prefetch=False run is the learner's, and could be slowed on purpose.
+        for rank, ((fwd, bwd), (fwd_ahead, bwd_ahead)) in enumerate(
+                zip(_reference_phases(), _phases(data["prefetch"]))):
+            expect(fwd_ahead < 0.8 * fwd and bwd_ahead < 0.8 * bwd,
+                   f"rank {rank}: with prefetch, forward takes {fwd_ahead * 1e6:.0f} us and "
+                   f"backward {bwd_ahead * 1e6:.0f} us; the package's wrapper without prefetch "
+                   f"takes {fwd * 1e6:.0f} and {bwd * 1e6:.0f} us on the same step (timed by "
+                   "the grader): prefetch should save a fifth of each")
     return shown
+
+
+def _reference_phases() -> list[tuple[float, float]]:
+    """Forward and backward per device of ``bigger_models.sharded_step`` with the package's
+    own wrapper and no prefetch, run and timed by the grader."""
+    import copy
+
+    from mpgpu_edu.comm import launch
+    from mpgpu_edu.dp.fsdp import wrap_fsdp
+    from mpgpu_edu.lessons import bigger_models as bm
+    from mpgpu_edu.replica.data import make_batches, make_mlp
+
+    model = make_mlp(bm.SHARDED_SIZES, seed=0)
+    batch = make_batches(1, bm.SHARDED_BATCH, bm.SHARDED_SIZES[0], bm.SHARDED_SIZES[-1],
+                         seed=1)[0]
+    run = launch(lambda comm: bm.sharded_step(comm, wrap_fsdp, copy.deepcopy(model), batch,
+                                              False), _prefetch_cluster())
+    return _phases(bm.step_only(run.trace).to_dict())
 
 
 def _judge_hidden(records: list[dict]) -> None:
