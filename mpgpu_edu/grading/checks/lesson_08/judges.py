@@ -3,6 +3,8 @@ same batches and the package's shards of its parameters."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -90,6 +92,7 @@ def _judge_values(data: dict, n: int, widths: tuple[int, ...], n_samples: int = 
                          atol=1e-5)
 
 
+@functools.lru_cache(maxsize=64)
 def _contract_traffic(n: int, widths: tuple[int, ...], steps: int
                       ) -> list[list[tuple[int, int]]]:
     """Each rank's messages when the contract's collectives run (``_clock.contract_sends``):
@@ -113,7 +116,7 @@ def _contract_traffic(n: int, widths: tuple[int, ...], steps: int
 def _judge_messages(data: dict, n: int, widths: tuple[int, ...], steps: int = 3) -> None:
     """The contract's collectives, read from the messages the grader saw: each rank sent
     what they send, and nothing else."""
-    want = _contract_traffic(n, widths, steps)
+    want = _contract_traffic(n, tuple(widths), steps)
     rank = same_sends(data["sends"], want)
     if rank is None:
         return
@@ -250,6 +253,7 @@ def _step_only(run: dict) -> dict:
     return bm.step_only(Trace.from_dict(run["trace"])).to_dict()
 
 
+@functools.lru_cache(maxsize=8)
 def _step_flops(n: int) -> list[tuple[float, float]]:
     """Each rank's FLOPs in ``bigger_models.sharded_step``: one forward and backward of the
     notebook's MLP on its shard of the batch, counted by the grader (``model_flops``), and
@@ -319,6 +323,7 @@ def _judge_prefetch(data: dict) -> Evidence:
     return shown
 
 
+@functools.lru_cache(maxsize=1)
 def _reference_phases() -> list[tuple[float, float]]:
     """Forward and backward per device of ``bigger_models.sharded_step`` with the package's
     own wrapper and no prefetch, run and timed by the grader."""
