@@ -320,8 +320,15 @@ def contract_sends(n: int, program: Callable[[Any], None]) -> list[list[tuple[in
     from mpgpu_edu.comm.launch import run_sim
 
     result = run_sim(program, Cluster.uniform(n, alpha_s=1e-5, beta_Bps=1e9), (), {})
+    return sorted_sends(result.op_lists, n)
+
+
+def sorted_sends(op_lists: dict[tuple[int, int], list[Any]], n: int
+                 ) -> list[list[tuple[int, int]]]:
+    """Each rank's messages sent, as sorted ``(peer, bytes)``: what ``same_sends`` compares
+    a run's ``sends`` with."""
     return [sorted((peer, nbytes) for peer, _tag, nbytes in rank)
-            for rank in sends_of(result.op_lists, n)]
+            for rank in sends_of(op_lists, n)]
 
 
 def same_sends(sends: list[list[list[int]]], want: list[list[tuple[int, int]]]) -> int | None:

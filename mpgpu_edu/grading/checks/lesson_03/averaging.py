@@ -17,8 +17,8 @@ from torch import nn
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
-from mpgpu_edu.grading.checks._clock import cluster_builder
-from mpgpu_edu.grading.checks._clock import describe_sends, same_sends, sends_of
+from mpgpu_edu.grading.checks._clock import (cluster_builder, describe_sends, same_sends,
+                                             sorted_sends)
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, evidence, examples,
                                                expect, expect_close, judge_examples,
                                                judge_flops, launch_facts, run_spmd, showing,
@@ -180,8 +180,7 @@ def _judge_overlap_timeline(data: dict) -> Evidence:
     shards = _shards(*_batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS), 2)
     plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, shards, True),
                      _overlap_cluster(2))
-    baseline = [sorted((peer, nbytes) for peer, _tag, nbytes in rank)
-                for rank in sends_of(plain.op_lists, 2)]
+    baseline = sorted_sends(plain.op_lists, 2)
     shown = evidence({"yours": data["trace"],
                       "no overlap (all-reduce after backward)": plain.trace.to_dict()})
     yours, plain = shown.traces["yours"], shown.traces["no overlap (all-reduce after backward)"]
