@@ -246,3 +246,49 @@ def test_tamper_changes_every_message_that_carries_data() -> None:
         return t.shape[0]
 
     assert run_apart(on_meta, _cluster(3), tamper=True).tampered is False
+
+
+def _started_after(comm):
+    """The same work, its job started once the gradient exists."""
+    grad = torch.zeros(4)
+    with comm.compute("backward", "layer", seconds=1e-3):
+        grad.copy_(torch.ones(4, 4) @ torch.full((4,), float(comm.rank + 1)))
+    job = comm.run_async(lambda: all_reduce_ring(comm, grad))
+    with comm.compute("backward", "layer", seconds=1e-3):
+        torch.ones(4, 4) @ torch.ones(4)
+    job.wait()
+    return grad
+
+
+def test_jobs_in_order_end_before_the_program_goes_on(no_process_left: None) -> None:
+    """With ``jobs_in_order`` a comm-stream job runs to its end before ``run_async`` returns,
+    in real time only: an honest job gives the same op lists and timeline as without it,
+    and a job that waits for what the program does afterwards never ends."""
+    import threading
+
+    def gated(comm):
+        gate, grad = threading.Event(), torch.zeros(4)
+
+        def job():
+            gate.wait()  # until the program has computed the gradient
+            all_reduce_ring(comm, grad)
+
+        work = comm.run_async(job)
+        with comm.compute("backward", "layer", seconds=1e-3):
+            grad.copy_(torch.ones(4, 4) @ torch.full((4,), float(comm.rank + 1)))
+        gate.set()
+        work.wait()
+        return grad
+
+    free = run_apart(gated, _cluster(2))
+    sends = [e for e in free.trace.events if e.kind == "send"]
+    work = [e for e in free.trace.events if e.kind == "backward"]
+    assert sends and work and min(e.start for e in sends) < min(e.end for e in work)
+    assert torch.equal(free.results[0], torch.full((4,), 12.0))  # 4 * (1 + 2): right values
+    with pytest.raises(LaunchTimeoutError, match="waiting for comm-stream job 0 to end"):
+        run_apart(gated, _cluster(2), timeout=2.0, jobs_in_order=True)
+    honest = run_apart(_started_after, _cluster(2))
+    ordered = run_apart(_started_after, _cluster(2), jobs_in_order=True)
+    assert _normal(ordered.op_lists) == _normal(honest.op_lists)
+    assert ordered.trace.to_dict() == honest.trace.to_dict()
+    assert all(torch.equal(a, b) for a, b in zip(ordered.results, honest.results))

@@ -256,6 +256,8 @@ def test_the_secret_keys_every_seed() -> None:
 class _NoFile:
     """What ``compute.InRanks`` is to ``run_spmd``, for a program that needs no file."""
 
+    jobs_in_order = False
+
     def prepare(self, rank: int) -> None:
         pass
 
@@ -336,3 +338,70 @@ def test_a_ring_run_on_a_real_copy_of_a_meta_tensor_loses_the_meta_point(tmp_pat
     meta = next(c for c in graded.cases if c.name.startswith("runs on meta tensors"))
     assert meta.points == 0 and "carried data" in meta.message, str(graded)
     assert graded.points == graded.max_points - 1, str(graded)
+
+
+class _InOrder(_NoFile):
+    jobs_in_order = True  # as for 3.3, 3.5 and 8.2 (their lessons' ``JOBS_IN_ORDER``)
+
+
+def _gated_backward(comm, model, loss):  # noqa: ANN001, ANN202 - 3.3's signature
+    """One comm-stream job, started at the first gradient, that waits (on a
+    ``threading.Event`` the simulator cannot see) until backward has ended, then averages
+    every gradient: the timeline shows its messages from the first gradient on, during
+    backward, though they were sent after it."""
+    import threading
+
+    from mpgpu_edu.collectives import all_reduce
+
+    gate, works = threading.Event(), []
+
+    def everything() -> None:
+        gate.wait()
+        for param in model.parameters():
+            all_reduce(comm, param.grad, "mean")
+
+    def hook(_param):  # noqa: ANN001, ANN202
+        if not works:
+            works.append(comm.run_async(everything))
+
+    handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()]
+    loss.backward()
+    for handle in handles:
+        handle.remove()
+    gate.set()
+    for work in works:
+        work.wait()
+
+
+def test_a_job_that_waits_for_the_end_of_backward_makes_no_overlap_apart(monkeypatch) -> None:
+    """Among threads the gated job scores 3.3's timeline; with the ranks apart each job runs
+    to its end before ``run_async`` returns (``JOBS_IN_ORDER``), so it waits forever, while
+    the solution's timeline passes as before."""
+    import contextlib
+
+    from mpgpu_edu.comm import LaunchTimeoutError, apart
+    from mpgpu_edu.grading.checks import _support, cases_for
+    from tests.test_grading_checks import solution
+
+    assert lesson_module(3).JOBS_IN_ORDER == ("3.3", "3.5")
+    assert lesson_module(8).JOBS_IN_ORDER == ("8.2",)
+    timeline = next(c for c in cases_for("3.3") if c.name.startswith("timeline"))
+    timeline.run(_gated_backward)  # among threads: the overlap it shows is taken as real
+    real = apart.run_apart
+
+    def short(fn, cluster, args=(), kwargs=None, timeout=60.0, **rest):  # noqa: ANN001, ANN202
+        return real(fn, cluster, args, kwargs, min(timeout, 3.0), **rest)
+
+    monkeypatch.setattr(apart, "run_apart", short)
+
+    @contextlib.contextmanager
+    def ranks_apart():  # noqa: ANN202 - the compute half as class grading runs it
+        saved, _support.APART = _support.APART, _InOrder()
+        try:
+            yield
+        finally:
+            _support.APART = saved
+
+    with pytest.raises(LaunchTimeoutError, match="waiting for comm-stream job 0 to end"):
+        timeline.run(_gated_backward, guard=ranks_apart)
+    timeline.run(solution("ex03_data_parallel").backward_with_overlap, guard=ranks_apart)

@@ -48,7 +48,7 @@ SEEN_ONLY_INSIDE = {
     "server_steps_per_arrival_on_a_copy", "loop_updates_each_arrival_by_its_share",
     "sharded_updates_per_arrival", "executor_never_frees", "executor_keeps_loop_variables",
     "executor_holds_every_send", "fsdp_autograd_keeps_weights", "fsdp_holds_gathered",
-    "fsdp_prefetches_every_layer",
+    "fsdp_prefetches_every_layer", "worker_receives_into_grad", "sharded_adds_into_grad",
 }
 
 

@@ -197,8 +197,9 @@ class _Server:
     of that lane: each request runs on the launch's own ``SimCommunicator``."""
 
     def __init__(self, comm: SimCommunicator, conn: Connection, works: dict,
-                 tamper: _Tamper | None = None) -> None:
+                 tamper: _Tamper | None = None, jobs_in_order: bool = False) -> None:
         self.comm, self.conn, self.works, self.tamper = comm, conn, works, tamper
+        self.jobs_in_order = jobs_in_order
         self.handles = itertools.count()
         self.stream: _Server | None = None
 
@@ -290,8 +291,21 @@ class _Server:
         if kind == "submit":
             if self.stream is None:
                 raise BadRequest("jobs are submitted from the rank's program")
-            return self._keep(comm.run_async(self.stream.serve), None), None
+            work = comm.run_async(self.stream.serve)
+            if self.jobs_in_order:
+                self._job_done(work)
+            return self._keep(work, None), None
         raise BadRequest(f"no such request {kind!r}")
+
+    def _job_done(self, work: Any) -> None:
+        """Before the program hears that its job started, wait (in real time, with nothing
+        recorded: the timeline is as without the wait) until the job has ended."""
+        comm, job = self.comm, work.job
+        comm.router.block(comm.actor(), lambda: job in comm.stream.results,
+                          f"waiting for comm-stream job {job} to end: here each job runs to "
+                          "its end before the program that started it goes on, so a job can "
+                          "use only what exists when it starts (not something the program "
+                          "makes afterwards, nor a threading.Event it sets)")
 
     def _keep(self, work: Work, tensor: torch.Tensor | None) -> dict[str, Any]:
         handle = f"{self.comm.actor().lane}.{next(self.handles)}"
@@ -307,7 +321,8 @@ class _Server:
 def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
               kwargs: dict | None = None, timeout: float = 60.0,
               hide: Sequence[Sequence[Any]] = (),
-              prepare: Callable[[int], None] | None = None, tamper: bool = False) -> Any:
+              prepare: Callable[[int], None] | None = None, tamper: bool = False,
+              jobs_in_order: bool = False) -> Any:
     """``launch(fn, cluster, *args, **kwargs)`` on the simulator, with every rank in a forked
     process of its own (see the module's docstring); returns the ``LaunchResult``, whose
     results are plain data. ``hide``: sequences with one entry per rank (tensors, or lists
@@ -315,7 +330,12 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
     runs in the rank's process before the program. ``tamper``: every message that carries
     data has its first element changed on the way (``_Tamper``); the result's ``tampered``
     says whether one was, its ``carried_data`` whether any message carried data (a run on
-    meta tensors carries none)."""
+    meta tensors carries none). ``jobs_in_order``: a job submitted to a rank's comm stream
+    runs to its end before the rank's program goes on (``run_async`` returns only then),
+    in real time only: the op lists, and so the timeline, are as without it. A job then
+    uses only what existed when it was submitted, as its place on the timeline says; one
+    that waits for something the program does later (a ``threading.Event`` the simulator
+    cannot see) never ends, and the launch times out."""
     from mpgpu_edu.comm.launch import run_sim
     from mpgpu_edu.comm.result import resolve_cluster
 
@@ -334,7 +354,7 @@ def run_apart(fn: Callable[..., Any], cluster: Any, args: tuple = (),
 
         def serve(comm: SimCommunicator) -> Any:
             works: dict = {}
-            host = _Server(comm, pipes[comm.rank][0][0], works, changer)
+            host = _Server(comm, pipes[comm.rank][0][0], works, changer, jobs_in_order)
             host.stream = _Server(comm, pipes[comm.rank][1][0], works, changer)
             return host.serve()
 
@@ -363,6 +383,10 @@ def _rank_main(rank: int, cluster: Any, fn: Callable[..., Any], args: tuple, kwa
             program[1].close()
             stream[1].close()
     only_fds([pipes[rank][0][1].fileno(), pipes[rank][1][1].fileno()])
+    # One thread for torch's kernels: a fork keeps only the forking thread, and OpenMP's pool,
+    # if the parent had started one, is not there to run a parallel op (the op would hang).
+    # Simulated times do not depend on it.
+    torch.set_num_threads(1)
     output = _Output()
     sys.stdout = sys.stderr = output
     for per_rank in hide:
@@ -598,15 +622,15 @@ class ApartCommunicator(CountedCommunicator):
     # ---- the communication stream -------------------------------------------------------------
     def run_async(self, fn: Callable[..., Any], *args: Any) -> Work:
         self.submitting_actor()
-        reply = self.request({"type": "submit"})
         job = next(self._job_ids)
-        with self._ready:
+        with self._ready:  # queued before the launcher hears of it: it may wait for its end
             self._jobs.append((job, fn, args))
             if self._stream_thread is None:
                 self._stream_thread = threading.Thread(target=self._stream_loop, daemon=True,
                                                        name=f"rank-{self.rank}-stream")
                 self._stream_thread.start()
             self._ready.notify()
+        reply = self.request({"type": "submit"})
         return _ApartJobWork(self, reply["handle"], job)
 
     def _stream_loop(self) -> None:

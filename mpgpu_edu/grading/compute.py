@@ -378,6 +378,15 @@ def ranks_apart(exercise_id: str) -> tuple[str, ...]:
     return tuple(getattr(lesson_module(get(exercise_id).lesson), "RANKS_APART", ()))
 
 
+def jobs_in_order(exercise_id: str) -> bool:
+    """Whether, with its ranks apart, each comm-stream job of ``exercise_id`` runs to its end
+    before ``run_async`` returns (the lesson's ``JOBS_IN_ORDER``; ``comm.apart``)."""
+    from mpgpu_edu.grading.checks import lesson_module
+    from mpgpu_edu.grading.registry import get
+
+    return exercise_id in getattr(lesson_module(get(exercise_id).lesson), "JOBS_IN_ORDER", ())
+
+
 class InRanks:
     """The learner's function, for an exercise whose ranks run apart in class grading
     (``RANKS_APART``): the child reads the file's text but never runs it; each rank process
@@ -390,6 +399,7 @@ class InRanks:
         self.file, self.function = request["file"], request["function"]
         self.baseline: dict = {}  # in a rank: the package as it was before the file ran
         self.exercise, self.workdir = request["exercise"], request["workdir"]
+        self.jobs_in_order = jobs_in_order(self.exercise)
         self.source = Path(self.file).read_text(encoding="utf-8", errors="replace")
         compile(self.source, self.file, "exec")  # a syntax error is the import's error
         self.loaded: Any = None

@@ -121,7 +121,8 @@ def _run_apart(fn: Callable[..., Any], cluster: Cluster, args: tuple, timeout: f
         rank = comm.rank
         return [out, apart.calls_here(), [slots[rank] for slots in collect]]
 
-    result = run_apart(program, cluster, args, {}, timeout, hide=hide, prepare=apart.prepare)
+    result = run_apart(program, cluster, args, {}, timeout, hide=hide, prepare=apart.prepare,
+                       jobs_in_order=apart.jobs_in_order)
     for rank, row in enumerate(result.results):
         apart.add_calls(rank, row[1])
         for slots, value in zip(collect, row[2]):
@@ -146,7 +147,8 @@ def _blind(program: Callable[..., Any], cluster: Cluster, args: tuple, timeout: 
         return False
     try:
         changed = run_apart(program, cluster, args, {}, timeout, hide=hide,
-                            prepare=APART.prepare, tamper=True)
+                            prepare=APART.prepare, tamper=True,
+                            jobs_in_order=APART.jobs_in_order)
     except Exception:  # noqa: BLE001 - a failure shows the data mattered
         return False
     return bool(changed.tampered) and _same([row[0] for row in changed.results], results)

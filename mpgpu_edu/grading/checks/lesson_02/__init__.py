@@ -19,12 +19,13 @@ from mpgpu_edu.grading.checks.lesson_02.arrivals import (_judge_no_early_send,
                                                          _judge_no_early_update, _judge_uneven,
                                                          _uneven_workers)
 from mpgpu_edu.grading.checks.lesson_02.sharded import (_hidden_sharded, _judge_sharded,
+                                                        _judge_sharded_grad_kept,
                                                         _judge_sharded_updates,
                                                         _judge_sharded_waits, _run_sharded)
 from mpgpu_edu.grading.checks.lesson_02.steps import (_hidden_steps, _run_step,
                                                       _server_one_update,
                                                       _server_step_traffic, _steps,
-                                                      _worker_traffic)
+                                                      _worker_grad_kept, _worker_traffic)
 from mpgpu_edu.grading.checks.lesson_02.training import _hidden_training, _training
 
 
@@ -47,8 +48,10 @@ CASES: dict[str, list[Case]] = {
         Case("sends the gradient, receives the new parameters, float64 too", 1,
              *_steps("worker", [(3, 2), (3, 1, "float64")])),
         Case("the server need not be the last rank", 1, *_steps("worker", [(4, 0), (2, 1)])),
-        Case("traffic: one message each way, with the server only, both waited; grad "
-             "unchanged", 1, lambda impl: _run_step(impl, "worker", 4, 100, 3), _worker_traffic),
+        Case("traffic: one message each way, with the server only, both waited", 1,
+             lambda impl: _run_step(impl, "worker", 4, 100, 3), _worker_traffic),
+        Case("the caller's grad unchanged " + FEEDBACK, 0,
+             lambda impl: _run_step(impl, "worker", 4, 100, 3), _worker_grad_kept),
         Case("hidden: random sizes and servers", 1, *_hidden_steps("worker"), hidden=True),
     ],
     "2.2": [
@@ -87,10 +90,12 @@ CASES: dict[str, list[Case]] = {
              lambda runs: (_judge_sharded(runs[0], 3, 10),
                            _judge_sharded(runs[1], 3, 10, dtype="float64")) and None),
         Case("trains an MLP like one device, N = 4", 2, *_training("2.4", [(4, "mlp", 3)])),
-        Case("the step again, every isend and irecv waited on, the caller's grad unchanged, "
-             "N = 3, 10 parameters", 1,
+        Case("the step again, every isend and irecv waited on, N = 3, 10 parameters", 1,
              lambda impl: _run_sharded(impl, 3, 10),
              lambda f: _judge_sharded_waits(f, 3, 10)),
+        Case("the caller's grad unchanged " + FEEDBACK, 0,
+             lambda impl: _run_sharded(impl, 3, 10),
+             lambda f: _judge_sharded_grad_kept(f, 3)),
         Case("one update per rank " + FEEDBACK, 0, lambda impl: _run_sharded(impl, 3, 10),
              lambda f: _judge_sharded_updates(f, 3)),
         Case("hidden: other world sizes, models, sizes that do not divide", 3,

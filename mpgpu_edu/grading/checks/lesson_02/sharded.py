@@ -45,6 +45,12 @@ def _judge_sharded_waits(facts: dict, n: int, numel: int) -> None:
     _judge_sharded(facts, n, numel)
     for rank, works in enumerate(facts["works"]):
         expect_waited(works, f"N={n}: rank {rank}")
+
+
+def _judge_sharded_grad_kept(facts: dict, n: int) -> None:
+    """Feedback only: whether a rank changed the caller's gradient is seen only in its own
+    process (what it sent was right either way)."""
+    for rank in range(n):
         expect(not facts["grad_changed"][rank],
                f"N={n}: rank {rank} changed the gradient it was handed (grad is the caller's): "
                "add the other ranks' shards into a tensor of your own, not into a view of "

@@ -38,6 +38,11 @@ from mpgpu_edu.grading.checks.lesson_03.memory import (MEMORY_MODELS, _judge_fp3
 # Run with every rank in a process of its own in class grading (see lesson 01's checks):
 # each rank holds only its slice of the batch (and, in 3.5, its own replica).
 RANKS_APART = ("3.1", "3.3", "3.5")
+# There, too, each comm-stream job runs to its end before run_async returns (in real time
+# only: ``comm.apart``'s ``jobs_in_order``), so a job can use only the gradients that exist
+# when it starts: one started early that waits for the end of backward never ends, where the
+# timeline would show it overlapping backward.
+JOBS_IN_ORDER = ("3.3", "3.5")
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "3.1": ["mpgpu_edu.hybrid.train:all_reduce_gradients", "mpgpu_edu.dp.ddp:all_reduce_buckets"],

@@ -35,6 +35,8 @@ from mpgpu_edu.grading.checks.lesson_08.wrapper import (_accumulation, _adam_pre
 # kept alive and which gathers it started ahead are seen only in its own process: those
 # cases earn no points; the collectives it ran are read from its messages.
 RANKS_APART = ("8.2",)
+JOBS_IN_ORDER = ("8.2",)  # each gather or reduce-scatter job ends before the program goes on
+# (see lesson 03's checks): the prefetch the timeline shows used only what existed then
 
 REFERENCES = {  # the package's own implementation, out of reach while the learner's runs
     "8.1": ["mpgpu_edu.dp.fsdp:flat_shard"],
@@ -56,7 +58,8 @@ CASES: dict[str, list[Case]] = {
              _basic, _judge_basic),
         Case("collectives: two all-gathers and one reduce-scatter per layer", 3,
              _basic, _judge_basic_messages),
-        Case("the calls: all_gather and reduce_scatter (mean), none started ahead " + FEEDBACK,
+        Case("the calls: all_gather and reduce_scatter (mean), none started ahead; the module "
+             "given left as it was " + FEEDBACK,
              0, _basic, _judge_basic_calls),
         Case("memory: forward leaves no layer's full parameters for backward " + FEEDBACK, 0,
              _basic, _judge_freed),
