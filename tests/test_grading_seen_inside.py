@@ -205,3 +205,66 @@ def test_time_that_is_no_steps_fails_the_in_flight_case() -> None:
     in_flight.run(execute)
     with pytest.raises(CheckFailure, match="kind 'idle'"):
         in_flight.run(padded)
+
+
+# ---- a rank reports its compute after the messages that needed it ---------------------------
+
+def _held_back_averaging(comm, model, loss):  # noqa: ANN001, ANN202 - 3.3's signature
+    """All of backward first with the rank's counting held back (``flush_region`` shadowed
+    on the communicator), every all-reduce submitted, then the FLOPs reported: the timeline
+    shows backward running beside all-reduces whose gradients it had already made."""
+    from mpgpu_edu.collectives import all_reduce
+
+    comm.flush_region = lambda actor: None  # noqa: ARG005 - shadows the method
+    works = []
+    try:
+        loss.backward()
+        for param in model.parameters():
+            works.append(comm.run_async(all_reduce, comm, param.grad, "mean"))
+    finally:
+        del comm.flush_region
+    for work in works:
+        work.wait()
+
+
+def test_compute_reported_after_the_all_reduces_that_needed_it_fails() -> None:
+    """3.3 and 3.5: a job cannot send a gradient before the compute that makes it was
+    reported (``judge_jobs_after_compute``, against the grader's own run whose jobs start as
+    soon as their data exists); the solutions pass."""
+    module = solution("ex03_data_parallel")
+    timeline = next(c for c in cases_for("3.3") if c.name.startswith("timeline"))
+    timeline.run(module.backward_with_overlap)
+    with pytest.raises(CheckFailure, match="reported after the messages that needed it"):
+        timeline.run(_held_back_averaging)
+
+    class HeldBack:
+        """The solution's wrapper; from the first gradient of backward to the last, the
+        rank's counting is held back, so every bucket's all-reduce but the first is
+        submitted before the backward that made it is reported."""
+
+        def __init__(self, comm, inner, params):  # noqa: ANN001, ANN204
+            self.comm, self.inner, self.seen, self.count = comm, inner, 0, len(params)
+            for param in params:
+                param.register_post_accumulate_grad_hook(self._hook)
+
+        def _hook(self, _param):  # noqa: ANN001, ANN202
+            self.seen += 1
+            if self.seen == 1:
+                self.comm.flush_region = lambda actor: None  # noqa: ARG005
+            if self.seen == self.count:
+                del self.comm.flush_region
+                self.seen = 0
+
+        def __call__(self, x):  # noqa: ANN001, ANN204
+            return self.inner(x)
+
+        def finish(self):  # noqa: ANN204
+            self.inner.finish()
+
+    def held_back_ddp(comm, module_, cap):  # noqa: ANN001, ANN202 - 3.5's signature
+        return HeldBack(comm, module.wrap_ddp(comm, module_, cap), list(module_.parameters()))
+
+    ddp_timeline = next(c for c in cases_for("3.5") if c.name.startswith("timeline"))
+    ddp_timeline.run(module.wrap_ddp)
+    with pytest.raises(CheckFailure, match="reported after the messages that needed it"):
+        ddp_timeline.run(held_back_ddp)

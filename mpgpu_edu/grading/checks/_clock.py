@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 MARK = "__launch__"
-RESERVED = ("stats", "makespan", "trace", "works", "sends", "carried_data")
+RESERVED = ("stats", "makespan", "trace", "works", "sends", "carried_data", "jobs")
 MAX_OPS = 2_000_000  # per run: a record larger than this is not replayed
 
 
@@ -137,7 +137,8 @@ def replayed(payload: Any) -> dict[str, Any]:
             "(isend/irecv) and computes its result from what it received")
     carried = payload.get("carried_data")
     facts: dict[str, Any] = {"stats": stats_of(op_lists, n), "works": works_of(op_lists, n),
-                             "sends": sends_of(op_lists, n), "makespan": float(trace.makespan),
+                             "sends": sends_of(op_lists, n), "jobs": jobs_of(op_lists, n),
+                             "makespan": float(trace.makespan),
                              # where the ranks ran apart, the launcher saw whether any
                              # message carried data; None where it could not
                              "carried_data": carried if type(carried) is bool else None}
@@ -177,6 +178,31 @@ def sends_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[list[li
             if isinstance(op, ops.Post) and op.op == "send":
                 sends[op.src].append([op.dst, op.tag, op.nbytes])
     return sends
+
+
+def jobs_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[list[list[float]]]:
+    """Each rank's comm-stream jobs in the order its program submitted them: ``[FLOPs the
+    program had reported before the submission, bytes the job sent]``."""
+    from mpgpu_edu.comm import ops
+
+    jobs: list[list[list[float]]] = [[] for _ in range(n)]
+    for rank in range(n):
+        sent: dict[int, int] = {}
+        job = None
+        for op in op_lists.get((rank, ops.STREAM), []):
+            if isinstance(op, ops.JobStart):
+                job = op.job
+            elif isinstance(op, ops.JobEnd):
+                job = None
+            elif isinstance(op, ops.Post) and op.op == "send" and job is not None:
+                sent[job] = sent.get(job, 0) + op.nbytes
+        flops = 0.0
+        for op in op_lists.get((rank, ops.HOST), []):
+            if isinstance(op, ops.Compute):
+                flops += op.flops
+            elif isinstance(op, ops.Submit):
+                jobs[rank].append([flops, sent.get(op.job, 0)])
+    return jobs
 
 
 def works_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[dict[str, int]]:

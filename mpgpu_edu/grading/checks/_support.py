@@ -531,6 +531,48 @@ def forward_flops(module: Any, x: torch.Tensor) -> float:
     return counter.total
 
 
+def judge_jobs_after_compute(jobs: list[list[list[float]]],
+                             reference: list[list[list[float]]], where: str) -> None:
+    """No comm-stream job sends data before the compute that data needs was reported.
+
+    ``jobs`` and ``reference`` are the grader's ``jobs`` facts (per rank, each job's FLOPs
+    reported by the program before its submission, and the bytes the job sent) of the
+    learner's run and of the grader's own run of the same step, whose jobs start as early as
+    their data exists (a gradient's all-reduce as soon as backward made it). Where a rank
+    reports its compute (its counter) is its own doing: one that held back its backward's
+    FLOPs and reported them after submitting the all-reduces would show them overlapping.
+    The data a job sends cannot exist before the compute that makes it, so the learner's
+    job that sends bytes B + 1 onward (B: what its earlier jobs sent) must come after at
+    least the FLOPs the reference had reported before its own job that sends byte B + 1 (the
+    reference sends the gradients in the order they appear, so no set of them that many
+    bytes large needs less). Bytes the learner's jobs send beyond the reference's (a
+    broadcast run as a job) are taken to come first."""
+    for rank, (mine, theirs) in enumerate(zip(jobs, reference)):
+        ends, total = [], 0  # the reference's cumulative bytes at each data job's end
+        for flops, nbytes in theirs:
+            if nbytes > 0:
+                total += nbytes
+                ends.append((total, flops))
+        before = -max(0, sum(b for _f, b in mine if b > 0) - total)
+        number = 0
+        for flops, nbytes in mine:
+            if nbytes <= 0:
+                continue
+            number += 1
+            if before + nbytes > 0:
+                need = next((f for end, f in ends if end > max(before, 0)), 0.0)
+                expect(flops >= need * (1 - 1e-6) - 1.0,
+                       f"{where}: rank {rank}'s comm-stream job number {number} that sends "
+                       f"data was started when its program had reported {flops:.4g} FLOPs "
+                       f"of compute, but what it sends does not exist before {need:.4g} "
+                       "FLOPs (forward and the backward that makes those gradients, as the "
+                       "grader's own run reports them before starting its all-reduce of "
+                       "them): the rank's compute was reported after the messages that "
+                       "needed it. Start each all-reduce from a hook, once its gradient is "
+                       "ready, and leave the package's counting as it is")
+            before += nbytes
+
+
 def judge_flops(trace: dict, want: list[tuple[float, float]], where: str,
                 cluster: Any) -> None:
     """Every device's compute regions on the grader's timeline add up to between

@@ -8,6 +8,7 @@ simulator's timeline: communication must run while backward is still computing.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -17,12 +18,12 @@ from torch import nn
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.collectives import all_reduce
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
-from mpgpu_edu.grading.checks._clock import (cluster_builder, describe_sends, same_sends,
-                                             sorted_sends)
+from mpgpu_edu.grading.checks._clock import (cluster_builder, describe_sends, jobs_of,
+                                             same_sends, sorted_sends)
 from mpgpu_edu.grading.checks._support import (bytes_of, compute_examples, evidence, examples,
                                                expect, expect_close, judge_examples,
-                                               judge_flops, launch_facts, run_spmd, showing,
-                                               uniform)
+                                               judge_flops, judge_jobs_after_compute,
+                                               launch_facts, run_spmd, showing, uniform)
 from mpgpu_edu.grading.checks.lesson_03.models import _batch, _local_grads, _model, _names
 
 Impl = Callable[..., Any]
@@ -157,6 +158,34 @@ def _after_backward(comm: Any, model: nn.Module, loss: torch.Tensor) -> None:
         all_reduce(comm, param.grad, op="mean")
 
 
+def _overlapped(comm: Any, model: nn.Module, loss: torch.Tensor) -> None:
+    """The grader's overlapped run: each gradient's all-reduce started on the comm stream
+    from its hook, as soon as backward made it (no job can start earlier)."""
+    works = []
+
+    def hook(param: torch.Tensor) -> None:
+        works.append(comm.run_async(all_reduce, comm, param.grad, "mean"))
+
+    handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()]
+    loss.backward()
+    for handle in handles:
+        handle.remove()
+    for work in works:
+        work.wait()
+
+
+@functools.lru_cache(maxsize=1)
+def _overlapped_jobs() -> list:
+    """The ``jobs`` fact (``_clock.jobs_of``) of the grader's overlapped run on the timeline
+    case's data."""
+    from mpgpu_edu.comm import launch
+
+    shards = _shards(*_batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS), 2)
+    run = launch(_averaging_program(_overlapped, OVERLAP_WIDTHS, shards, True),
+                 _overlap_cluster(2))
+    return jobs_of(run.op_lists, 2)
+
+
 def _intervals_overlap(trace: Any, device: int, after: float = 0.0,
                        counted: bool = False) -> float:
     """Seconds during which ``device`` computed backward and communicated at once
@@ -188,6 +217,7 @@ def _judge_overlap_timeline(data: dict) -> Evidence:
         judge_flops(data["trace"], [(total, total) for total in (
             sum(e.flops for e in plain.events if e.device == d and e.stream != "comm")
             for d in range(2))], "the overlapped step", _overlap_cluster(2))
+        judge_jobs_after_compute(data["jobs"], _overlapped_jobs(), "the overlapped step")
         rank = same_sends(data["sends"], baseline)
         expect(rank is None, f"rank {rank}'s messages are not one all-reduce per parameter: it "
                              f"sent {describe_sends(data['sends'][rank or 0])}; each "

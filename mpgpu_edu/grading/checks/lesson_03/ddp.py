@@ -19,10 +19,11 @@ from torch import nn
 
 from mpgpu_edu.cluster import Cluster
 from mpgpu_edu.grading.checks import CheckFailure, Evidence
-from mpgpu_edu.grading.checks._clock import contract_sends, describe_sends, same_sends
+from mpgpu_edu.grading.checks._clock import contract_sends, describe_sends, jobs_of, same_sends
 from mpgpu_edu.grading.checks._support import (compute_examples, evidence, examples, expect,
                                                expect_close, judge_examples, judge_flops,
-                                               launch_facts, model_flops,
+                                               judge_jobs_after_compute, launch_facts,
+                                               model_flops,
                                                rebound, run_spmd, showing, uniform)
 from mpgpu_edu.grading.checks.lesson_03.averaging import (OVERLAP_SAMPLES, OVERLAP_WIDTHS,
                                                           _intervals_overlap, _overlap_cluster)
@@ -272,6 +273,21 @@ def _ddp_timeline(impl: Impl) -> dict:
                     steps=1, cluster=_overlap_cluster(2), with_trace=True)
 
 
+@functools.lru_cache(maxsize=1)
+def _wrapper_jobs() -> list:
+    """The ``jobs`` fact (``_clock.jobs_of``) of the package's own DDP wrapper on the
+    timeline case's step, run by the grader: each bucket's all-reduce starts from the hook
+    of its last gradient, as soon as the bucket is complete."""
+    from mpgpu_edu.comm import launch
+    from mpgpu_edu.dp.wrapper import wrap_ddp
+
+    replicas, shards = _ddp_inputs(2, OVERLAP_WIDTHS, False, OVERLAP_SAMPLES, 1)
+    calls: dict[str, list] = {"all_reduce": [], "broadcast": [], "phase": ["construct"]}
+    run = launch(_ddp_program(wrap_ddp, replicas, shards, OVERLAP_SAMPLES, DDP_TIMELINE_CAP,
+                              calls), _overlap_cluster(2))
+    return jobs_of(run.op_lists, 2)
+
+
 def _judge_ddp_timeline(data: dict) -> Evidence:
     shown = evidence({"yours": data["trace"]})
     trace = shown.traces["yours"]
@@ -281,6 +297,7 @@ def _judge_ddp_timeline(data: dict) -> Evidence:
     with showing(shown):
         judge_flops(data["trace"], want, "the DDP step", _overlap_cluster(2))
         _judge_ddp_messages(data, 2, OVERLAP_WIDTHS, DDP_TIMELINE_CAP, steps=1)
+        judge_jobs_after_compute(data["jobs"], _wrapper_jobs(), "the DDP step")
         for device in range(2):
             forward = min(e.start for e in trace.on(device, "compute") if e.kind == "forward")
             # The model's backward: its regions that count FLOPs (a region of the kind
