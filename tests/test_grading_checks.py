@@ -460,7 +460,8 @@ def test_a_forward_step_must_let_the_gradient_flow_back() -> None:
         return y
 
     results = verdicts("4.4", cuts_the_graph)
-    name = "backward reaches the received activation (its gradient goes back)"
+    name = ("the output keeps its graph, and backward reaches the received activation (its "
+            "gradient goes back) " + FEEDBACK)
     assert failing(results) == {name}
     assert "never reaches the activation received from stage 0" in results[name][1]
 

@@ -40,7 +40,8 @@ def test_every_exercise_has_a_mutant() -> None:
 
 
 # Mistakes that only the rank's own process can see (which functions it called, what it
-# kept alive, what a tensor held inside it): where the ranks run apart in class grading,
+# kept alive, what a tensor held inside it, whether it changed or returned the tensors it
+# was handed, the autograd graph of what it returned): where the ranks run apart in class grading,
 # such facts earn no points (``checks.FEEDBACK``), so these wrong answers fail a feedback
 # case and lose nothing. The messages the grader sees are the same as a right answer's.
 SEEN_ONLY_INSIDE = {
@@ -49,6 +50,9 @@ SEEN_ONLY_INSIDE = {
     "sharded_updates_per_arrival", "executor_never_frees", "executor_keeps_loop_variables",
     "executor_holds_every_send", "fsdp_autograd_keeps_weights", "fsdp_holds_gathered",
     "fsdp_prefetches_every_layer", "worker_receives_into_grad", "sharded_adds_into_grad",
+    "forward_cuts_the_graph", "forward_returns_detached", "column_zeroes_callers_x",
+    "zero1_divides_callers_grad", "swap_alone_returns_input", "smooth_in_place",
+    "smooth_overwrites_block", "smooth_zero_steps_returns_block",
 }
 
 

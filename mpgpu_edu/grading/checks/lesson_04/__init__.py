@@ -103,15 +103,16 @@ CASES: dict[str, list[Case]] = {
              _hidden_orders_judge(one_f_one_b, "1f1b", "one_f_one_b_orders"), hidden=True),
     ],
     "4.4": [
-        Case("matches the whole model on one device", 1,
+        Case("matches the whole model on one device", 2,
              lambda impl: [_compute_forward(impl, 3, 4), _compute_forward(impl, 1, 2)],
              _judge_values_all),
         Case("traffic: one activation per microbatch, to the next stage, tagged message_tag, "
              "every message waited", 1,
              lambda impl: _compute_forward(impl, 3, 4), _judge_traffic),
-        Case("timed as forward compute; output keeps its graph", 1,
+        Case("timed as forward compute", 1,
              lambda impl: _compute_forward(impl, 2, 3), _judge_timed),
-        Case("backward reaches the received activation (its gradient goes back)", 1,
+        Case("the output keeps its graph, and backward reaches the received activation (its "
+             "gradient goes back) " + FEEDBACK, 0,
              lambda impl: _compute_forward(impl, 3, 2), _judge_backward_reaches_input),
     ],
     "4.5": [

@@ -140,13 +140,15 @@ def _judge_timed(facts: dict) -> None:
                f"rank {rank}'s forward compute events add up to {got:.4g} FLOPs; the stage's "
                f"forward on its {m} microbatches is {want:.4g} FLOPs: run stage(x) inside "
                "comm.compute(\"forward\", ...)")
-        expect(all(r["graph"] for r in facts["results"][rank]),
-               f"rank {rank}'s outputs are detached from the autograd graph: a backward step "
-               "could not reach this stage's parameters")
 
 
 def _judge_backward_reaches_input(facts: dict) -> None:
+    """Feedback only: the output's autograd graph is seen only inside the rank's process."""
     p, m = facts["p"], facts["m"]
+    for rank in range(p):
+        expect(all(r["graph"] for r in facts["results"][rank]),
+               f"rank {rank}'s outputs are detached from the autograd graph: a backward step "
+               "could not reach this stage's parameters")
     stages, microbatches = _stages(p), torch.tensor_split(_batch(m), m)
     for rank in range(1, p):
         for mb, record in enumerate(facts["results"][rank]):

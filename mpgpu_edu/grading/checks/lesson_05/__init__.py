@@ -64,8 +64,9 @@ CASES: dict[str, list[Case]] = {
     "5.1": [
         Case("the full output on every rank, with and without a bias", 1,
              *each(_COLUMN_SHAPES, _column_compute, _column_values)),
-        Case("float64 in, float64 out; the caller's x, weight_shard and bias_shard left "
-             "unchanged", 1, *each(_COLUMN_KEEPS, _column_compute, _column_keeps)),
+        Case("float64 in, float64 out", 1, *each(_COLUMN_KEEPS, _column_compute, _column_values)),
+        Case("the caller's x, weight_shard and bias_shard left unchanged " + FEEDBACK, 0,
+             *each(_COLUMN_KEEPS, _column_compute, _column_keeps)),
         # FLOPs are counted inside the submission's process, where the grader cannot verify
         # them: the case tells the learner, and earns no points.
         Case("each rank computes 1/N of the FLOPs (feedback, no points: counted inside your "
@@ -77,11 +78,11 @@ CASES: dict[str, list[Case]] = {
                             bias=(0, 1)), _column_compute, _column_values), hidden=True),
     ],
     "5.2": [
-        Case("matches torch.optim.Adam on the mean gradient", 1,
+        Case("matches torch.optim.Adam on the mean gradient", 2,
              *each(_ZERO1_VALUES, _zero1_compute, _zero1_params)),
         Case("Adam's moments are the mean gradient's, shard by shard", 1,
              *each(_ZERO1_VALUES, _zero1_compute, _zero1_moments)),
-        Case("the caller's grad is left unchanged", 1,
+        Case("the caller's grad is left unchanged " + FEEDBACK, 0,
              *each(_ZERO1_VALUES, _zero1_compute, _zero1_keeps_grad)),
         Case("optimizer state per rank is 1/N " + FEEDBACK, 0,
              *each([dict(n=4, shard=5, steps=2)], _zero1_compute, _zero1_state)),

@@ -12,14 +12,15 @@ Modules: ``choice`` (6.1), ``exchanges`` (6.2, 6.3), ``straggler`` (6.4).
 
 from __future__ import annotations
 
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import FEEDBACK, Case
 from mpgpu_edu.grading.checks._support import each
 from mpgpu_edu.grading.checks.lesson_06.choice import (GPT2_SMALL, LLAMA_7B, LLAMA_13B,
                                                        _choice_case, _choice_example,
                                                        _exact_fit, _random_choices)
 from mpgpu_edu.grading.checks.lesson_06.exchanges import (_CHAIN, _TRAFFIC_PARTNERS,
-                                                          _judge_no_chain, _judge_smooth_traffic,
-                                                          _judge_swap, _judge_swap_traffic,
+                                                          _judge_no_chain, _judge_smooth_kept,
+                                                          _judge_smooth_traffic, _judge_swap,
+                                                          _judge_swap_new, _judge_swap_traffic,
                                                           _random_pairings, _random_rings,
                                                           _run_smooth, _run_swap, _smooth_case,
                                                           _swap_case, _swap_dtypes_case)
@@ -71,6 +72,9 @@ CASES: dict[str, list[Case]] = {
         _swap_dtypes_case("any dtype and shape: float64 2-D, bfloat16 3-D, int64", 1),
         Case("traffic: one message to the partner", 1,
              lambda impl: _run_swap(impl, _TRAFFIC_PARTNERS, numel=10), _judge_swap_traffic),
+        Case("returns a new tensor, not the one it was given " + FEEDBACK, 0,
+             lambda impl: _run_swap(impl, [1, 0, 3, 2, 4]),
+             lambda facts: _judge_swap_new(facts, [1, 0, 3, 2, 4])),
         Case("hidden: random pairings", 1, *each(_random_pairings(), _run_swap, _judge_swap),
              hidden=True),
     ],
@@ -91,6 +95,10 @@ CASES: dict[str, list[Case]] = {
         Case("traffic: one element to each neighbour per step", 1,
              lambda impl: _run_smooth(impl, [3, 2, 4, 1, 2], 2, with_trace=True),
              lambda facts: _judge_smooth_traffic(facts, [3, 2, 4, 1, 2], 2)),
+        Case("returns a new block and leaves the caller's as it was " + FEEDBACK, 0,
+             lambda impl: [_run_smooth(impl, [2, 1, 4], 3), _run_smooth(impl, [3, 2], 0)],
+             lambda runs: (_judge_smooth_kept(runs[0], [2, 1, 4], 3),
+                           _judge_smooth_kept(runs[1], [3, 2], 0)) and None),
         Case("7 ranks: no rank waits for a chain of others", 1,
              lambda impl: _run_smooth(impl, **_CHAIN, with_trace=True), _judge_no_chain),
         _smooth_case("hidden: world sizes 2-7, uneven blocks, 1-3 steps", 1, _random_rings(),

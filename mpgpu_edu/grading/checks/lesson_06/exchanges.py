@@ -112,9 +112,15 @@ def _judge_swap(facts: dict[str, Any], partners: list[int], numel: int = 6,
                    f"{where} returned {_dtype(got)} for a {_dtype(want)} tensor: receive into "
                    "a buffer of the tensor's own dtype and shape (torch.empty_like(tensor))")
         _expect_exactly(got, want, f"{where}: what it got")
+
+
+def _judge_swap_new(facts: dict[str, Any], partners: list[int]) -> None:
+    """Feedback only: whether the returned tensor is the one given is seen only inside the
+    rank's process."""
+    for rank, record in enumerate(facts["results"]):
         alone = " (it has no partner)" if partners[rank] == rank else ""
-        expect(not record["is_input"], f"{where}{alone} returned the tensor it was given "
-                                       "(or a view of it), not a new tensor")
+        expect(not record["is_input"], f"partners {partners}: rank {rank}{alone} returned the "
+                                       "tensor it was given (or a view of it), not a new tensor")
 
 
 def _expect_exactly(got: Any, want: torch.Tensor, what: str) -> None:
@@ -255,6 +261,15 @@ def _judge_smooth(facts: dict[str, Any], lengths: list[int], steps: int, seed: i
                    f"{what} is right to float32's precision only: its halos (or the "
                    f"smoothing) went through float32; keep everything {dtype}, halo buffers "
                    "included (torch.empty_like(block[:1]))")
+
+
+def _judge_smooth_kept(facts: dict[str, Any], lengths: list[int], steps: int,
+                       seed: int = 0, dtype: str = "float32") -> None:
+    """Feedback only: whether the returned block is the one given, and whether that one
+    changed, are seen only inside the rank's process."""
+    blocks = _blocks(lengths, seed, dtype)
+    for rank, record in enumerate(facts["results"]):
+        what = f"{len(lengths)} ranks, {steps} steps: rank {rank}"
         expect(not record["is_input"], f"{what}: it returned the block it was given (or a "
                                        "view of it), not a new tensor"
                                        + (": with 0 steps too, return a copy (block.clone())"
