@@ -223,7 +223,9 @@ def _judge_overlap_timeline(data: dict) -> Evidence:
                              f"sent {describe_sends(data['sends'][rank or 0])}; each "
                              "parameter's all_reduce (op='mean'), as the baseline runs them "
                              f"after backward, sends {describe_sends(baseline[rank or 0])}")
-        backward_end = max(e.end for e in yours.on(0, "compute") if e.kind == "backward")
+        backward_end = max((e.end for e in yours.on(0, "compute") if e.kind == "backward"),
+                           default=None)
+        expect(backward_end is not None, "device 0 shows no backward compute on the timeline")
         first_comm = min((e.start for e in yours.on(0, "comm")), default=float("inf"))
         expect(first_comm < backward_end,
                f"communication starts at {first_comm * 1e6:.1f} us, after backward ends at "

@@ -299,11 +299,16 @@ def _judge_ddp_timeline(data: dict) -> Evidence:
         _judge_ddp_messages(data, 2, OVERLAP_WIDTHS, DDP_TIMELINE_CAP, steps=1)
         judge_jobs_after_compute(data["jobs"], _wrapper_jobs(), "the DDP step")
         for device in range(2):
-            forward = min(e.start for e in trace.on(device, "compute") if e.kind == "forward")
+            forward = min((e.start for e in trace.on(device, "compute")
+                           if e.kind == "forward"), default=None)
             # The model's backward: its regions that count FLOPs (a region of the kind
             # "backward" that counts none, an empty comm.compute(seconds=...), is not it).
-            backward_end = max(e.end for e in trace.on(device, "compute")
-                               if e.kind == "backward" and e.flops > 0)
+            backward_end = max((e.end for e in trace.on(device, "compute")
+                                if e.kind == "backward" and e.flops > 0), default=None)
+            expect(forward is not None and backward_end is not None,
+                   f"device {device} shows no {'forward' if forward is None else 'backward'} "
+                   "compute on the timeline: the model's forward and backward run inside the "
+                   "step's regions, counted where they run")
             comm = [e.start for e in trace.on(device, "comm") if e.start >= forward]
             expect(bool(comm), f"device {device} did not communicate during the step")
             expect(min(comm) < backward_end,
