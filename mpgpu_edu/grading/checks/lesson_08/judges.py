@@ -241,7 +241,9 @@ def _phases(trace: dict) -> list[tuple[float, float]]:
     t = Trace.from_dict(trace)
     out = []
     for device in range(t.n_devices):
-        loss = next(e for e in t.on(device, "compute") if e.label == "loss")
+        loss = next((e for e in t.on(device, "compute") if e.label == "loss"), None)
+        expect(loss is not None, f"device {device} shows no loss computed on the timeline: the "
+                                 "step's compute is counted where it runs")
         end = max(e.end for e in t.events if e.device == device)
         out.append((loss.start, end - loss.end))
     return out
