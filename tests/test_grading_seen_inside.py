@@ -268,3 +268,58 @@ def test_compute_reported_after_the_all_reduces_that_needed_it_fails() -> None:
     ddp_timeline.run(module.wrap_ddp)
     with pytest.raises(CheckFailure, match="reported after the messages that needed it"):
         ddp_timeline.run(held_back_ddp)
+
+
+# ---- a second hunt: cases that read the messages or the regions must see a right answer ------
+
+def test_extra_messages_back_are_not_gradients_come_back() -> None:
+    """4.5's in-flight count reads the messages: a 1-element message sent back after every
+    activation (a GPipe executor that acknowledges each one) counted as a gradient come back
+    and showed one microbatch in flight. A pipeline step's messages must be its own."""
+    from mpgpu_edu.grading.checks.lesson_04.executor import IN_FLIGHT, SECONDS, _run_executor
+    from mpgpu_edu.grading.checks.lesson_04.executor_judges import _judge_in_flight_messages
+
+    e = IN_FLIGHT[0]
+    facts = _data(lambda impl: _run_executor(impl, seconds=SECONDS, **e),
+                  solution("ex04_pipeline").execute_schedule)
+    _judge_in_flight_messages(facts, e)
+    facts["sends"][1].append([0, 100_000, 4])  # an acknowledgement back to stage 0
+    with pytest.raises(CheckFailure, match="and nothing else"):
+        _judge_in_flight_messages(facts, e)
+
+
+def _idle_executor(comm, schedule, stage, microbatches, targets, recv_shapes,  # noqa: ANN001, ANN202
+                   loss_fn=None, stage_seconds=None):
+    """Runs nothing: an empty region of the step's seconds per step, no message."""
+    from mpgpu_edu.pipeline import steps_of
+
+    for step in steps_of(schedule, comm.rank):
+        seconds = None if stage_seconds is None else stage_seconds[step.op == "B"]
+        with comm.compute("forward" if step.op == "F" else "backward", step.token,
+                          seconds=seconds):
+            pass
+    return None
+
+
+def _forward_on_zeros(comm, stage, step, n_stages, x, in_shape):  # noqa: ANN001, ANN202
+    """4.4 without a message: every later stage runs on zeros."""
+    import torch
+
+    inp = x if comm.rank == 0 else torch.zeros(in_shape, requires_grad=True)
+    with comm.compute("forward", step.token):
+        return stage(inp)
+
+
+def test_timed_and_traffic_cases_need_a_right_answer() -> None:
+    """An executor that runs nothing passed 4.5's in-flight and timed cases (no message, no
+    microbatch in flight; regions of the right length), a forward on zeros 4.4's timed case,
+    and a ZeRO-1 step that sends nothing 5.2's traffic case. Each now judges the values
+    first."""
+    names = {"4.5": ("in flight", "timed"), "4.4": ("timed",), "5.2": ("traffic",)}
+    fns = {"4.5": _idle_executor, "4.4": _forward_on_zeros,
+           "5.2": lambda comm, params, grad, state, *a, **k: None}
+    for exercise, starts in names.items():
+        for case in cases_for(exercise):
+            if case.name.startswith(starts):
+                with pytest.raises(CheckFailure):
+                    case.run(fns[exercise])

@@ -106,10 +106,34 @@ def _in_flight(trace: dict, rank: int) -> int:
                default=0)
 
 
+def _judge_pipeline_messages(facts: dict, e: dict) -> None:
+    """Every stage sent exactly its pipeline's messages: one activation per microbatch to the
+    next stage (tag 2 m) and one gradient per microbatch to the previous one (tag 2 m + 1),
+    nothing else, so that the messages the in-flight count reads are the pipeline's own (a
+    message sent back for another reason would count as a gradient come back)."""
+    p, m = e["p"], e["m"]
+    where = f"{e['schedule']}, {p} stages, {m} microbatches"
+    for rank in range(p):
+        tags: dict[int, list[int]] = {}
+        for peer, tag, _nbytes in facts["sends"][rank]:
+            tags.setdefault(peer, []).append(tag)
+        want = {}
+        if rank < p - 1:
+            want[rank + 1] = [2 * k for k in range(m)]
+        if rank > 0:
+            want[rank - 1] = [2 * k + 1 for k in range(m)]
+        got = {peer: sorted(t) for peer, t in tags.items()}
+        expect(got == want,
+               f"{where}: stage {rank} sent messages with tags {got} (per stage); a pipeline "
+               f"step sends {want}: per microbatch one activation to the next stage (tag 2 m) "
+               "and one gradient to the previous one (tag 2 m + 1), and nothing else")
+
+
 def _judge_in_flight_messages(facts: dict, e: dict) -> None:
     schedule = _named_schedule(e["schedule"], e["p"], e["m"])
     want = peak_activations(schedule)
     where = f"{e['schedule']}, {e['p']} stages, {e['m']} microbatches"
+    _judge_pipeline_messages(facts, e)
     for ev in facts["trace"]["events"]:  # these runs pass stage_seconds: nothing else is slow
         if ev["kind"] in ("send", "recv") or ev["end"] - ev["start"] <= 1e-12:
             continue
@@ -129,6 +153,7 @@ def _judge_in_flight_messages(facts: dict, e: dict) -> None:
 
 def _judge_in_flight_runs(runs: list) -> None:
     for facts, e in runs:
+        _judge_step(facts, **e)  # the step is the schedule's, to one device's numbers
         _judge_in_flight_messages(facts, e)
 
 
@@ -174,6 +199,8 @@ def _judge_traffic_both(runs: list) -> None:
 
 def _judge_timed_executor(runs: list) -> None:
     for facts, e in runs:
+        _judge_step(facts, **e)  # regions of the right length around a step that is right
+        _judge_pipeline_messages(facts, e)
         trace = Trace.from_dict(facts["trace"])
         for rank in range(e["p"]):
             for kind, seconds in zip(("forward", "backward"), SECONDS):

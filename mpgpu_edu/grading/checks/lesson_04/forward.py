@@ -128,6 +128,7 @@ def _judge_traffic(facts: dict) -> None:
 
 
 def _judge_timed(facts: dict) -> None:
+    _judge_values(facts)  # regions of the right FLOPs around a forward that is right
     p, m, trace = facts["p"], facts["m"], Trace.from_dict(facts["trace"])
     microbatches = list(torch.tensor_split(_batch(m), m))
     for rank, stage in enumerate(_stages(p)):

@@ -101,7 +101,8 @@ def _zero1_state(facts: dict, n: int, shard: int, **_: Any) -> None:
                                   f"{2 * shard} (1/{n} of the {2 * n * shard} plain Adam keeps)")
 
 
-def _zero1_traffic(facts: dict, n: int, shard: int, steps: int, **_: Any) -> None:
+def _zero1_traffic(facts: dict, n: int, shard: int, steps: int, **rest: Any) -> None:
+    _zero1_params(facts, n, shard, steps, rest.get("seed", 0))  # sending less is no answer
     want = steps * 2 * (n - 1) * bytes_of(shard)
     for rank, stats in enumerate(facts["stats"]):
         sent = stats["bytes_sent"]
