@@ -5,12 +5,12 @@ data) and a *judge* half (rebuilds the same inputs from the case's seed and comp
 Oracles: ``torch.nn.functional.linear`` and an unsplit MLP under autograd on the whole
 weights, ``torch.optim.Adam`` on the whole parameter vector with the *mean* gradient (its
 moments too: Adam's update hides a gradient's scale, its moments do not),
-``mpgpu_edu.hybrid.Mesh`` for the groups. Each also checks that the caller's inputs are
-left as they were (5.1's tensors, 5.2's gradient), and 5.4 that x's gradient is right where x
-reaches the loss outside the block too or goes through it twice. Structure: FLOPs per rank from the simulator's
-compute events, bytes per rank, optimizer state per rank, bytes sent in the forward and in
-the backward (an all-reduce of S bytes on N ranks sends 2 (N - 1) S in all, whatever its
-algorithm).
+``mpgpu_edu.hybrid.Mesh`` for the groups. 5.4 also checks that x's gradient is right where
+x reaches the loss outside the block too or goes through it twice. Structure: bytes per
+rank, bytes sent in the forward and in the backward (an all-reduce of S bytes on N ranks
+sends 2 (N - 1) S in all, whatever its algorithm). Seen only inside a rank's process, and
+so feedback worth no points: FLOPs per rank, optimizer state per rank, and whether the
+caller's inputs were left as they were (5.1's tensors, 5.2's gradient).
 
 Modules: ``column`` (5.1), ``zero1`` (5.2), ``mesh`` (5.3), ``megatron`` (5.4).
 """
