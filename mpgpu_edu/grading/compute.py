@@ -369,22 +369,25 @@ def resolve_reference(target: str) -> list[tuple[Any, str]]:
     return [((owner.__dict__[name] if classes else getattr(owner, name)), attribute)]
 
 
-def ranks_apart(exercise_id: str) -> tuple[str, ...]:
-    """The exercises of ``exercise_id``'s lesson whose ranks run apart in class grading
-    (the lesson's ``RANKS_APART``)."""
+def _lesson_list(exercise_id: str, name: str) -> tuple[str, ...]:
+    """The exercise ids that ``exercise_id``'s lesson lists under ``name`` (none if it has
+    no such list)."""
     from mpgpu_edu.grading.checks import lesson_module
     from mpgpu_edu.grading.registry import get
 
-    return tuple(getattr(lesson_module(get(exercise_id).lesson), "RANKS_APART", ()))
+    return tuple(getattr(lesson_module(get(exercise_id).lesson), name, ()))
+
+
+def ranks_apart(exercise_id: str) -> tuple[str, ...]:
+    """The exercises of ``exercise_id``'s lesson whose ranks run apart in class grading
+    (the lesson's ``RANKS_APART``)."""
+    return _lesson_list(exercise_id, "RANKS_APART")
 
 
 def jobs_in_order(exercise_id: str) -> bool:
     """Whether, with its ranks apart, each comm-stream job of ``exercise_id`` runs to its end
     before ``run_async`` returns (the lesson's ``JOBS_IN_ORDER``; ``comm.apart``)."""
-    from mpgpu_edu.grading.checks import lesson_module
-    from mpgpu_edu.grading.registry import get
-
-    return exercise_id in getattr(lesson_module(get(exercise_id).lesson), "JOBS_IN_ORDER", ())
+    return exercise_id in _lesson_list(exercise_id, "JOBS_IN_ORDER")
 
 
 class InRanks:

@@ -4,8 +4,6 @@ schedule's microbatches in flight."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
@@ -151,10 +149,16 @@ def _judge_in_flight_messages(facts: dict, e: dict) -> None:
            "as soon as the schedule says?")
 
 
+def _judge_in_flight_step(facts: dict, e: dict) -> None:
+    """A step right to one device's numbers, whose messages keep within the schedule's
+    microbatches in flight."""
+    _judge_step(facts, **e)
+    _judge_in_flight_messages(facts, e)
+
+
 def _judge_in_flight_runs(runs: list) -> None:
     for facts, e in runs:
-        _judge_step(facts, **e)  # the step is the schedule's, to one device's numbers
-        _judge_in_flight_messages(facts, e)
+        _judge_in_flight_step(facts, e)
 
 
 def _judge_in_flight(runs: list) -> None:
@@ -215,7 +219,4 @@ def _judge_timed_executor(runs: list) -> None:
 
 
 def _judge_hidden_executor(records: list[dict]) -> None:
-    def one(out: dict, **example: Any) -> None:
-        _judge_step(out, **example)
-        _judge_in_flight_messages(out, example)
-    judge_examples(records, one)
+    judge_examples(records, lambda out, **example: _judge_in_flight_step(out, example))
