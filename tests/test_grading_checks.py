@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from mpgpu_edu.collectives import all_gather, all_reduce, all_reduce_ring, reduce_scatter
@@ -227,17 +228,25 @@ def test_a_sum_instead_of_a_mean_is_named_as_n_times_too_large() -> None:
                                              "batch"][1]
 
 
+def _case(exercise_id: str, start: str) -> str:
+    return next(c.name for c in cases_for(exercise_id) if c.name.startswith(start))
+
+
 def test_averaging_after_backward_is_not_overlap() -> None:
     results = verdicts("3.3", after_backward)
-    assert failing(results) == {"timeline: communication overlaps backward"}
-    assert "after backward ends" in results["timeline: communication overlaps backward"][1]
+    averaged, timeline = _case("3.3", "gradients are averaged"), _case("3.3", "timeline")
+    assert failing(results) == {averaged, timeline}
+    assert "after backward ends" in results[timeline][1]
+    # the points go with what the grader saw: the all-reduces ran in the rank's program
+    assert "from its own program" in results[averaged][1], results[averaged][1]
 
 
 def test_blocking_all_reduce_in_a_hook_is_not_overlap() -> None:
     results = verdicts("3.3", blocking_hooks)
-    assert failing(results) == {"timeline: communication overlaps backward"}, results
-    assert "never run at the same time" in results["timeline: communication overlaps "
-                                                   "backward"][1]
+    averaged, timeline = _case("3.3", "gradients are averaged"), _case("3.3", "timeline")
+    assert failing(results) == {averaged, timeline}, results
+    assert "never run at the same time" in results[timeline][1]
+    assert "from its own program" in results[averaged][1], results[averaged][1]
 
 
 def test_hooks_must_be_removed() -> None:
@@ -248,7 +257,8 @@ def test_hooks_must_be_removed() -> None:
 def test_an_overlap_that_never_waits_is_asked_about_waiting() -> None:
     from tests.mutants import lesson_03 as wrong
 
-    status, message = verdicts("3.3", wrong.overlap_never_waits)["gradients are averaged"]
+    status, message = verdicts("3.3", wrong.overlap_never_waits)[
+        _case("3.3", "gradients are averaged")]
     assert status == "failed" and "wait() on each work" in message, message
 
 
@@ -276,7 +286,7 @@ def test_ddp_wrapper_is_judged_on_its_buckets_and_its_timeline() -> None:
     forward = verdicts("3.5", wrong.ddp_forward_buckets)
     case = "buckets: reverse order, one all-reduce each; one broadcast, at construction"
     calls = next(c.name for c in cases_for("3.5") if c.name.startswith("the calls"))
-    timeline = "timeline: all-reduces launched during backward, overlapping it"
+    timeline = _case("3.5", "timeline")
     assert failing(forward) == {case, calls, timeline}, forward  # its messages, both runs
     assert "not those of the contract's collectives" in forward[case][1]
     assert "[23, 40, 8, 48]" in forward[case][1]  # the contract's buckets, from the messages
@@ -286,8 +296,11 @@ def test_ddp_wrapper_is_judged_on_its_buckets_and_its_timeline() -> None:
     assert failing(per_parameter) == {case, calls, hidden, timeline}, per_parameter
     assert "broadcast 6 tensor(s)" in per_parameter[calls][1]
     waiting = verdicts("3.5", wrong.ddp_waits_in_hook)
-    assert failing(waiting) == {"timeline: all-reduces launched during backward, overlapping it"}
-    assert "never run at the same time" in "".join(m for _, m in waiting.values())
+    # the timeline (where the compute falls) earns nothing; the router saw the all-reduces
+    # come from the program, not from comm-stream jobs
+    assert failing(waiting) == {case, timeline}, waiting
+    assert "from its own program" in waiting[case][1]
+    assert "never run at the same time" in waiting[timeline][1]
 
 
 # ---- lessons 04-06: memory, FLOPs and state per rank -------------------------------------
@@ -618,3 +631,18 @@ def test_a_collective_that_does_nothing_on_meta_tensors_fails_the_meta_case() ->
     results = verdicts("1.4", reduce_scatter_skipping_meta)
     assert {name for name in failing(results)} == {
         next(c.name for c in cases_for("1.4") if c.name.startswith("traffic"))}, results
+
+
+def test_fsdp_prefetch_is_judged_on_the_order_of_its_jobs() -> None:
+    """Which gathers start ahead is read from the order of the comm-stream jobs the grader
+    saw (their bytes name the layer), not from the rank's own record of its calls."""
+    from tests.mutants import lesson_08 as wrong
+
+    cases = {c.name: c for c in cases_for("8.2")}
+    for start, mutant, words in (
+            ("4 ranks, Adam", wrong.fsdp_ignores_prefetch, "contract's (prefetch=True)"),
+            ("4 ranks, Adam", wrong.fsdp_prefetches_after_reduce, "first differ at job"),
+            ("collectives", wrong.fsdp_prefetches_always, "contract's (prefetch=False)")):
+        with pytest.raises(AssertionError, match="comm-stream jobs") as failed:
+            cases[_case("8.2", start)].run(mutant)
+        assert words in str(failed.value), failed.value

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mpgpu_edu.grading.checks import FEEDBACK, CheckFailure, cases_for
+from mpgpu_edu.grading.checks import FEEDBACK, FEEDBACK_COMPUTE, CheckFailure, cases_for
 from mpgpu_edu.grading.checks._clock import resolve
 from mpgpu_edu.grading.checks._plain import plain
 from mpgpu_edu.grading.registry import EXERCISES
@@ -24,7 +24,7 @@ def test_every_case_worth_nothing_says_so_and_every_exercise_still_earns_points(
         cases = cases_for(exercise)
         assert sum(case.points for case in cases) > 0, exercise
         for case in cases:
-            assert (case.points == 0) == case.name.endswith(FEEDBACK) or (
+            assert (case.points == 0) == case.name.endswith((FEEDBACK, FEEDBACK_COMPUTE)) or (
                 exercise == "5.1" and "no points" in case.name), (exercise, case.name)
 
 
@@ -191,9 +191,10 @@ def test_a_slowed_baseline_does_not_make_a_prefetch() -> None:
         timeline.run(slowed)
 
 
-def test_time_that_is_no_steps_fails_the_in_flight_case() -> None:
-    """4.5: an empty region of its own kind (which could hold a send back on the timeline)
-    is refused where the stage seconds are given."""
+def test_time_a_stage_reports_moves_nothing_in_the_in_flight_case() -> None:
+    """4.5: microbatches in flight are counted from the order of each stage's messages, so
+    compute a stage reports (here an idle region before every step, which once could hold a
+    send back on the timeline) changes nothing; GPipe run where 1F1B is due still fails."""
     execute = solution("ex04_pipeline").execute_schedule
 
     def padded(comm, *args):  # noqa: ANN001, ANN202
@@ -201,10 +202,17 @@ def test_time_that_is_no_steps_fails_the_in_flight_case() -> None:
             pass
         return execute(comm, *args)
 
+    def gpipe_always(comm, schedule, *args):  # noqa: ANN001, ANN202
+        from mpgpu_edu.pipeline import gpipe
+        with comm.compute("idle", "idle", seconds=1e-3):
+            pass
+        return execute(comm, gpipe(schedule.n_stages, schedule.n_microbatches), *args)
+
     in_flight = next(c for c in cases_for("4.5") if c.name.startswith("in flight"))
     in_flight.run(execute)
-    with pytest.raises(CheckFailure, match="kind 'idle'"):
-        in_flight.run(padded)
+    in_flight.run(padded)
+    with pytest.raises(CheckFailure, match="microbatches in flight"):
+        in_flight.run(gpipe_always)
 
 
 # ---- a rank reports its compute after the messages that needed it ---------------------------

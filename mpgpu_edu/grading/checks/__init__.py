@@ -42,6 +42,10 @@ DEFAULT_CASE_TIMEOUT_S = 20.0
 # Where the ranks run apart in class grading, every fact that earns points is one the
 # grader sees itself (the messages, its own clock) or a rank's result.
 FEEDBACK = "(feedback, no points: seen only inside your process)"
+# A timeline case whose verdict rests on where the compute falls: the rank's own process
+# reports its FLOPs to the clock, so it could report them anywhere. Worth 0 likewise; the
+# messages on the same timeline are judged by a case that earns points.
+FEEDBACK_COMPUTE = "(feedback, no points: your process reports its own compute)"
 
 
 class CheckFailure(AssertionError):

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 MARK = "__launch__"
-RESERVED = ("stats", "makespan", "trace", "works", "sends", "carried_data", "jobs")
+RESERVED = ("stats", "makespan", "trace", "works", "sends", "carried_data", "jobs",
+            "program_bytes", "order")
 MAX_OPS = 2_000_000  # per run: a record larger than this is not replayed
 
 
@@ -138,6 +139,8 @@ def replayed(payload: Any) -> dict[str, Any]:
     carried = payload.get("carried_data")
     facts: dict[str, Any] = {"stats": stats_of(op_lists, n), "works": works_of(op_lists, n),
                              "sends": sends_of(op_lists, n), "jobs": jobs_of(op_lists, n),
+                             "program_bytes": program_bytes_of(op_lists, n),
+                             "order": order_of(op_lists, n),
                              "makespan": float(trace.makespan),
                              # where the ranks ran apart, the launcher saw whether any
                              # message carried data; None where it could not
@@ -203,6 +206,44 @@ def jobs_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[list[lis
             elif isinstance(op, ops.Submit):
                 jobs[rank].append([flops, sent.get(op.job, 0)])
     return jobs
+
+
+def program_bytes_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[int]:
+    """Bytes each rank sent from its program, not from a comm-stream job: the router saw each
+    message come in on the rank's program lane or on its stream's, which serves only jobs the
+    program submitted."""
+    from mpgpu_edu.comm import ops
+
+    sent = [0] * n
+    for rank in range(n):
+        for op in op_lists.get((rank, ops.HOST), []):
+            if isinstance(op, ops.Post) and op.op == "send":
+                sent[rank] += op.nbytes
+    return sent
+
+
+def order_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[list[list[Any]]]:
+    """Each rank's program, as the router saw it, in the order it ran: ``["send", peer, tag]``
+    where it posted a send, ``["recv", peer, tag]`` where a receive was complete for it (a
+    blocking receive, or the wait on a posted one). No compute: that order needs none of
+    what the rank reports about itself."""
+    from mpgpu_edu.comm import ops
+
+    order: list[list[list[Any]]] = [[] for _ in range(n)]
+    for rank in range(n):
+        posted: dict[int, Any] = {}
+        for op in op_lists.get((rank, ops.HOST), []):
+            if isinstance(op, ops.Post):
+                if op.op == "send":
+                    order[rank].append(["send", op.dst, op.tag])
+                elif op.blocking:
+                    order[rank].append(["recv", op.src, op.tag])
+                else:
+                    posted[op.handle] = op
+            elif isinstance(op, ops.Wait) and op.handle in posted:
+                got = posted.pop(op.handle)
+                order[rank].append(["recv", got.src, got.tag])
+    return order
 
 
 def works_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[dict[str, int]]:

@@ -14,12 +14,12 @@ Modules: ``models`` (the models and data both halves build), ``averaging`` (3.1,
 
 from __future__ import annotations
 
-from mpgpu_edu.grading.checks import FEEDBACK, Case
+from mpgpu_edu.grading.checks import FEEDBACK, FEEDBACK_COMPUTE, Case
 from mpgpu_edu.grading.checks.lesson_03.averaging import (OVERLAP_WIDTHS, WIDTHS, _averaged,
                                                           _averaging_hidden, _hooks_after,
                                                           _judge_averaging_hidden,
                                                           _judge_hooks_removed, _judge_mean,
-                                                          _judge_overlapped_mean,
+                                                          _judge_overlap_averaged,
                                                           _judge_overlap_timeline,
                                                           _judge_single_device, _judge_traffic,
                                                           _overlap_cluster, _overlap_run)
@@ -76,11 +76,11 @@ CASES: dict[str, list[Case]] = {
         Case("hidden: random sizes", 2, _buckets_hidden, _judge_buckets_hidden, hidden=True),
     ],
     "3.3": [
-        Case("gradients are averaged", 1,
+        Case("gradients are averaged, by one all-reduce (mean) per parameter", 4,
              lambda impl: _averaged(impl, 3, OVERLAP_WIDTHS[:3], 12, overlap=True,
                                     cluster=_overlap_cluster(3)),
-             lambda data: _judge_overlapped_mean(data, 3, OVERLAP_WIDTHS[:3], 12)),
-        Case("timeline: communication overlaps backward", 3, _overlap_run,
+             lambda data: _judge_overlap_averaged(data, 3, OVERLAP_WIDTHS[:3], 12)),
+        Case("timeline: communication overlaps backward " + FEEDBACK_COMPUTE, 0, _overlap_run,
              _judge_overlap_timeline, timeout_s=40.0),
         Case("hooks are removed afterwards", 1, _hooks_after, _judge_hooks_removed),
     ],
@@ -95,16 +95,16 @@ CASES: dict[str, list[Case]] = {
         Case("meta device and bad precision", 1, _meta_and_bad, _judge_meta_and_bad),
     ],
     "3.5": [
-        Case("3 ranks from different starts: rank 0's start, then one device's training", 4,
+        Case("3 ranks from different starts: rank 0's start, then one device's training", 5,
              _ddp_basic, _judge_ddp_basic),
-        Case("buckets: reverse order, one all-reduce each; one broadcast, at construction", 4,
+        Case("buckets: reverse order, one all-reduce each; one broadcast, at construction", 5,
              _ddp_basic, _judge_ddp_buckets),
         Case("the calls: one broadcast while constructing, then one all_reduce per bucket, "
              "in the buckets' order " + FEEDBACK, 0, _ddp_basic, _judge_ddp_calls),
-        Case("4 ranks, uneven shards of the batch", 2, _ddp_uneven, _judge_ddp_uneven),
-        Case("timeline: all-reduces launched during backward, overlapping it", 4,
-             _ddp_timeline, _judge_ddp_timeline, timeout_s=40.0),
-        Case("hidden: 2-5 ranks, other layers, bucket caps that split unevenly", 6,
+        Case("4 ranks, uneven shards of the batch", 3, _ddp_uneven, _judge_ddp_uneven),
+        Case("timeline: all-reduces launched during backward, overlapping it "
+             + FEEDBACK_COMPUTE, 0, _ddp_timeline, _judge_ddp_timeline, timeout_s=40.0),
+        Case("hidden: 2-5 ranks, other layers, bucket caps that split unevenly", 7,
              _ddp_hidden, _judge_ddp_hidden, hidden=True, timeout_s=60.0),
     ],
 }

@@ -205,10 +205,40 @@ def _overlap_run(impl: Impl) -> dict:
     return launch_facts(yours, with_trace=True)
 
 
+def _plain_overlap_run(n: int = 2, widths: tuple[int, ...] = OVERLAP_WIDTHS,
+                       n_samples: int = OVERLAP_SAMPLES) -> Any:
+    """The grader's no-overlap baseline on the same data as the learner's overlapped run."""
+    shards = _shards(*_batch(n_samples, widths), n)
+    return run_spmd(_averaging_program(_after_backward, widths, shards, True),
+                    _overlap_cluster(n))
+
+
+def _expect_one_all_reduce_each(data: dict, baseline: list) -> None:
+    rank = same_sends(data["sends"], baseline)
+    expect(rank is None, f"rank {rank}'s messages are not one all-reduce per parameter: it "
+                         f"sent {describe_sends(data['sends'][rank or 0])}; each "
+                         "parameter's all_reduce (op='mean'), as the baseline runs them "
+                         f"after backward, sends {describe_sends(baseline[rank or 0])}")
+
+
+def _judge_overlap_averaged(data: dict, n: int, widths: tuple[int, ...],
+                            n_samples: int) -> None:
+    """Scored: right values, then the messages the grader's router saw: one all-reduce per
+    parameter, as the baseline sends them, every one from a comm-stream job. Where they fall
+    against backward is the timeline case's, which earns no points (the compute on it is
+    reported by the rank's own process)."""
+    _judge_overlapped_mean(data, n, widths, n_samples)
+    _expect_one_all_reduce_each(
+        data, sorted_sends(_plain_overlap_run(n, widths, n_samples).op_lists, n))
+    for rank, sent in enumerate(data["program_bytes"]):
+        expect(sent == 0, f"rank {rank} sent {sent} bytes from its own program: an all-reduce "
+                          "run there cannot overlap backward; start each one on the comm "
+                          "stream (comm.run_async) from its gradient's hook, and wait for it "
+                          "after loss.backward()")
+
+
 def _judge_overlap_timeline(data: dict) -> Evidence:
-    shards = _shards(*_batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS), 2)
-    plain = run_spmd(_averaging_program(_after_backward, OVERLAP_WIDTHS, shards, True),
-                     _overlap_cluster(2))
+    plain = _plain_overlap_run()
     baseline = sorted_sends(plain.op_lists, 2)
     shown = evidence({"yours": data["trace"],
                       "no overlap (all-reduce after backward)": plain.trace.to_dict()})
@@ -218,11 +248,7 @@ def _judge_overlap_timeline(data: dict) -> Evidence:
             sum(e.flops for e in plain.events if e.device == d and e.stream != "comm")
             for d in range(2))], "the overlapped step", _overlap_cluster(2))
         judge_jobs_after_compute(data["jobs"], _overlapped_jobs(), "the overlapped step")
-        rank = same_sends(data["sends"], baseline)
-        expect(rank is None, f"rank {rank}'s messages are not one all-reduce per parameter: it "
-                             f"sent {describe_sends(data['sends'][rank or 0])}; each "
-                             "parameter's all_reduce (op='mean'), as the baseline runs them "
-                             f"after backward, sends {describe_sends(baseline[rank or 0])}")
+        _expect_one_all_reduce_each(data, baseline)
         backward_end = max((e.end for e in yours.on(0, "compute") if e.kind == "backward"),
                            default=None)
         expect(backward_end is not None, "device 0 shows no backward compute on the timeline")

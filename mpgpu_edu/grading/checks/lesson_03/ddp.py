@@ -251,6 +251,21 @@ def _judge_ddp_basic(data: dict) -> None:
 def _judge_ddp_buckets(data: dict) -> None:
     _judge_ddp_values(data, 3, DDP_WIDTHS, DDP_CAP)
     _judge_ddp_messages(data, 3, DDP_WIDTHS, DDP_CAP)
+    _judge_ddp_on_stream(data, 3, DDP_WIDTHS, DDP_CAP)
+
+
+def _judge_ddp_on_stream(data: dict, n: int, widths: tuple[int, ...], cap: int) -> None:
+    """The all-reduces run as comm-stream jobs: a rank's program sent at most what the
+    broadcast at construction and the check's barrier send (the router saw which lane each
+    message came in on)."""
+    construct = _contract_traffic(n, tuple(widths), cap, False, 0, "ring")
+    for rank, sent in enumerate(data["program_bytes"]):
+        most = sum(nbytes for _peer, nbytes in construct[rank])
+        expect(sent <= most,
+               f"rank {rank} sent {sent} bytes from its own program, where the broadcast at "
+               f"construction sends {most}: a bucket's all-reduce ran there, holding backward "
+               "up until it was done; start each on the comm stream (comm.run_async) and "
+               "wait for them in finish()")
 
 
 def _judge_ddp_calls(data: dict) -> None:

@@ -18,7 +18,7 @@ Modules: ``partition`` (4.1), ``schedules`` (4.2, 4.3), ``forward`` (4.4), and f
 
 from __future__ import annotations
 
-from mpgpu_edu.grading.checks import FEEDBACK, Case
+from mpgpu_edu.grading.checks import FEEDBACK, FEEDBACK_COMPUTE, Case
 from mpgpu_edu.grading.checks.lesson_04.executor import (IN_FLIGHT, SECONDS, STEP_1F1B,
                                                          STEP_GPIPE, STEP_OTHER, _hidden_executor,
                                                          _runs)
@@ -103,20 +103,20 @@ CASES: dict[str, list[Case]] = {
              _hidden_orders_judge(one_f_one_b, "1f1b", "one_f_one_b_orders"), hidden=True),
     ],
     "4.4": [
-        Case("matches the whole model on one device", 2,
+        Case("matches the whole model on one device", 3,
              lambda impl: [_compute_forward(impl, 3, 4), _compute_forward(impl, 1, 2)],
              _judge_values_all),
         Case("traffic: one activation per microbatch, to the next stage, tagged message_tag, "
              "every message waited", 1,
              lambda impl: _compute_forward(impl, 3, 4), _judge_traffic),
-        Case("timed as forward compute", 1,
+        Case("timed as forward compute " + FEEDBACK_COMPUTE, 0,
              lambda impl: _compute_forward(impl, 2, 3), _judge_timed),
         Case("the output keeps its graph, and backward reaches the received activation (its "
              "gradient goes back) " + FEEDBACK, 0,
              lambda impl: _compute_forward(impl, 3, 2), _judge_backward_reaches_input),
     ],
     "4.5": [
-        Case("GPipe: loss, gradients and parameters after a step equal one device's", 4,
+        Case("GPipe: loss, gradients and parameters after a step equal one device's", 5,
              _runs(STEP_GPIPE), _judge_runs, timeout_s=60),
         Case("1F1B from the same executor: equal to one device", 3, _runs(STEP_1F1B),
              _judge_runs, timeout_s=60),
@@ -130,7 +130,8 @@ CASES: dict[str, list[Case]] = {
              timeout_s=60),
         Case("memory: what each stage keeps alive matches the schedule " + FEEDBACK, 0,
              _runs(IN_FLIGHT), _judge_in_flight, timeout_s=60),
-        Case("timed: M forwards and M backwards per stage at stage_seconds", 1,
+        Case("timed: M forwards and M backwards per stage at stage_seconds "
+             + FEEDBACK_COMPUTE, 0,
              _runs(STEP_GPIPE[:1] + STEP_1F1B[:1], seconds=SECONDS), _judge_timed_executor,
              timeout_s=60),
         Case("hidden: 2-5 stages, M not a multiple of P, uneven microbatches, other splits", 3,

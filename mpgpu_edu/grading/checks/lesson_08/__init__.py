@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from mpgpu_edu.grading.checks import FEEDBACK, Case
+from mpgpu_edu.grading.checks import FEEDBACK, FEEDBACK_COMPUTE, Case
 from mpgpu_edu.grading.checks.lesson_08.judges import (_judge_accumulation, _judge_adam_prefetch,
                                                        _judge_adam_prefetch_calls,
                                                        _judge_basic, _judge_basic_calls,
@@ -32,8 +32,9 @@ from mpgpu_edu.grading.checks.lesson_08.wrapper import (_accumulation, _adam_pre
 
 # Run with every rank in a process of its own in class grading (see lesson 01's checks):
 # each rank holds only its own slice of every batch. Its calls of the collectives, what it
-# kept alive and which gathers it started ahead are seen only in its own process: those
-# cases earn no points; the collectives it ran are read from its messages.
+# kept alive and which gathers it started ahead are seen only in its own process, and its
+# timeline's compute is its own report: those cases earn no points; the collectives it ran
+# are read from its messages, and which gathers went ahead from the order of its jobs.
 RANKS_APART = ("8.2",)
 JOBS_IN_ORDER = ("8.2",)  # each gather or reduce-scatter job ends before the program goes on
 # (see lesson 03's checks): the prefetch the timeline shows used only what existed then
@@ -54,23 +55,23 @@ CASES: dict[str, list[Case]] = {
              hidden=True),
     ],
     "8.2": [
-        Case("3 ranks: the shards, the mean gradients, then one device's training", 4,
+        Case("3 ranks: the shards, the mean gradients, then one device's training", 5,
              _basic, _judge_basic),
-        Case("collectives: two all-gathers and one reduce-scatter per layer", 3,
+        Case("collectives: two all-gathers and one reduce-scatter per layer", 4,
              _basic, _judge_basic_messages),
         Case("the calls: all_gather and reduce_scatter (mean), none started ahead; the module "
              "given left as it was " + FEEDBACK,
              0, _basic, _judge_basic_calls),
         Case("memory: forward leaves no layer's full parameters for backward " + FEEDBACK, 0,
              _basic, _judge_freed),
-        Case("gradients accumulate: two backward passes before finish(), then one more", 2,
+        Case("gradients accumulate: two backward passes before finish(), then one more", 3,
              _accumulation, _judge_accumulation),
         Case("4 ranks, Adam, uneven batch shards, prefetch on", 3, _adam_prefetch,
              _judge_adam_prefetch),
         Case("prefetch on: exactly the next layer's gather started ahead " + FEEDBACK, 0,
              _adam_prefetch, _judge_adam_prefetch_calls),
-        Case("timeline: prefetch hides the gathers", 3, _prefetch_runs, _judge_prefetch,
-             timeout_s=60.0),
+        Case("timeline: prefetch hides the gathers " + FEEDBACK_COMPUTE, 0, _prefetch_runs,
+             _judge_prefetch, timeout_s=60.0),
         Case("hidden: 2-5 ranks, other widths, SGD and Adam", 3, _hidden, _judge_hidden,
              hidden=True, timeout_s=60.0),
     ],

@@ -118,6 +118,11 @@ def _judge_messages(data: dict, n: int, widths: tuple[int, ...], steps: int = 3)
     want = _contract_traffic(n, tuple(widths), steps)
     rank = same_sends(data["sends"], want)
     if rank is None:
+        for rank, sent in enumerate(data["program_bytes"]):
+            expect(sent == 0, f"rank {rank} sent {sent} bytes from its own program: the "
+                              "contract runs every collective on the comm stream "
+                              "(comm.run_async), so that a gather can run while a layer "
+                              "computes")
         return
     flats = [f.numel() for f in _layer_flats(_model(widths))]
     shard = [-(-e // n) for e in flats]
@@ -211,6 +216,50 @@ def _judge_basic(data: dict) -> None:
 
 def _judge_basic_messages(data: dict) -> None:
     _judge_messages(data, 3, WIDTHS)
+    _judge_job_order(data, 3, WIDTHS, 12, 3, "sgd", prefetch=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _reference_job_bytes(n: int, widths: tuple[int, ...], n_samples: int, steps: int,
+                         optimizer: str, prefetch: bool) -> list[list[int]]:
+    """Bytes of each comm-stream job, in the order each rank submitted them, when the
+    package's own wrapper runs the case's program: run by the grader."""
+    from mpgpu_edu.comm import launch
+    from mpgpu_edu.dp.fsdp import wrap_fsdp
+    from mpgpu_edu.grading.checks._clock import jobs_of
+    from mpgpu_edu.grading.checks.lesson_08.wrapper import _program, _shards
+
+    shards_of = _shards([_batch(n_samples, widths, seed=10 + s) for s in range(steps)], n)
+    run = launch(_program(wrap_fsdp, widths, n_samples, steps, optimizer, prefetch, shards_of),
+                 n)
+    return [[int(nbytes) for _flops, nbytes in jobs] for jobs in jobs_of(run.op_lists, n)]
+
+
+def _judge_job_order(data: dict, n: int, widths: tuple[int, ...], n_samples: int, steps: int,
+                     optimizer: str, prefetch: bool) -> None:
+    """Which gathers were started ahead, read from what the grader saw: the comm stream runs
+    its jobs in the order the program started them, and each job's bytes tell whose layer
+    it moved (the layers differ in size). With prefetch, backward starts the previous
+    layer's gather before this layer's reduce-scatter; without, after it."""
+    want = _reference_job_bytes(n, tuple(widths), n_samples, steps, optimizer, prefetch)
+    for rank, jobs in enumerate(data["jobs"]):
+        got = [int(nbytes) for _flops, nbytes in jobs]
+        if got == want[rank]:
+            continue
+        first = next((i for i, (a, b) in enumerate(zip(got, want[rank])) if a != b),
+                     min(len(got), len(want[rank])))
+        raise CheckFailure(
+            f"rank {rank}'s comm-stream jobs, in the order it started them, sent "
+            f"{got[:first + 3]}{' ...' if len(got) > first + 3 else ''} bytes ({len(got)} "
+            f"jobs); the contract's (prefetch={prefetch}) send {want[rank][:first + 3]}"
+            f"{' ...' if len(want[rank]) > first + 3 else ''} ({len(want[rank])} jobs): they "
+            f"first differ at job {first}. "
+            + ("With prefetch, start the next layer's gather (next_layer) as soon as this "
+               "layer's parameters have arrived, in forward and in backward, and only the "
+               "next layer's" if prefetch else
+               "Without prefetch, start no gather ahead: each layer's gather when the layer "
+               "needs it")
+            + "; every collective on the comm stream (comm.run_async)")
 
 
 def _judge_basic_calls(data: dict) -> None:
@@ -225,6 +274,7 @@ def _judge_basic_calls(data: dict) -> None:
 def _judge_adam_prefetch(data: dict) -> None:
     _judge_values(data, 4, WIDTHS, n_samples=14, optimizer="adam", grads=False)
     _judge_messages(data, 4, WIDTHS)
+    _judge_job_order(data, 4, WIDTHS, 14, 3, "adam", prefetch=True)
 
 
 def _judge_adam_prefetch_calls(data: dict) -> None:
