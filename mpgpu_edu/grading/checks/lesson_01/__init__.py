@@ -22,7 +22,7 @@ Modules: ``p2p`` (1.1), ``all_reduce`` (what the all-reduces 1.2, 1.3, 1.6 and 1
 from __future__ import annotations
 
 from mpgpu_edu.collectives import all_reduce_ring
-from mpgpu_edu.grading.checks import Case
+from mpgpu_edu.grading.checks import FEEDBACK, Case
 from mpgpu_edu.grading.checks.lesson_01.all_reduce import (_all_reduce_facts, _hidden_case,
                                                            _meta_case, _sums_case, _time_case,
                                                            _waits_case, fully_connected)
@@ -31,6 +31,7 @@ from mpgpu_edu.grading.checks.lesson_01.scatter_gather import (_half_hidden, _ha
                                                                _judge_all_gather,
                                                                _judge_new_tensors,
                                                                _judge_reduce_scatter,
+                                                               _judge_reduce_scatter_kept,
                                                                _values_case)
 from mpgpu_edu.grading.checks.lesson_01.traffic import (_judge_naive_hidden,
                                                         _judge_naive_traffic,
@@ -86,12 +87,16 @@ CASES: dict[str, list[Case]] = {
         _half_traffic_case("traffic: (N-1)/N of the tensor, to the right neighbour", 3, "1.4",
                            _judge_reduce_scatter, "reduce-scatter"),
         _half_hidden("1.4", _judge_reduce_scatter),
+        _values_case("the caller's tensor left as it was, a new tensor returned " + FEEDBACK,
+                     "1.4", _judge_reduce_scatter_kept, [(4, (12,)), (1, (4,))], points=0),
     ],
     "1.5": [
         _values_case("every rank gets every tensor, in its dtype", "1.5", _judge_all_gather,
-                     [(4, (2, 3)), (3, (5,)), (1, (2,)), (5, (1,)), (3, (2, 2), "float64")]),
-        _values_case("new tensors: no entry is the caller's tensor", "1.5",
-                     _judge_new_tensors, [(4, (2, 3)), (1, (2,))], points=1),
+                     [(4, (2, 3)), (3, (5,)), (1, (2,)), (5, (1,)), (3, (2, 2), "float64")],
+                     points=3),
+        _values_case("new tensors: no entry is the caller's tensor, which is left as it was "
+                     + FEEDBACK, "1.5", _judge_new_tensors, [(4, (2, 3)), (1, (2,))],
+                     points=0),
         _half_traffic_case("traffic: N-1 tensors, to the right neighbour", 1, "1.5",
                            _judge_all_gather, "all-gather"),
         _half_hidden("1.5", _judge_all_gather),

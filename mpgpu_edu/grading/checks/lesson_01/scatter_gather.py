@@ -70,23 +70,34 @@ def _judge_reduce_scatter(facts: Facts, n: int, shape: tuple[int, ...], seed: in
                           dtype: str = "float32") -> None:
     inputs = _inputs(n, shape, seed, dtype)
     chunks = torch.tensor_split(torch.stack(inputs).sum(0).reshape(-1), n)
-    for rank, (tensor, got) in enumerate(facts["results"]):
-        expect(is_tensor(tensor) and torch.equal(tensor, inputs[rank]),
-               f"N={n}: rank {rank}'s input tensor was changed; reduce-scatter must leave it "
-               "as it was")
+    for rank, (_tensor, got) in enumerate(facts["results"]):
         _expect_like(got, chunks[rank], f"N={n}, {dtype} of shape {list(shape)}, rank {rank}'s "
                                         "chunk")
-        expect(not any(facts["shares"][rank]),
-               f"N={n}: rank {rank} returned its input tensor itself (or a view of it), not a "
-               "new tensor: changing one changes the other (clone it)")
+
+
+def _expect_input_kept(facts: Facts, n: int, inputs: list[torch.Tensor], what: str) -> None:
+    """Feedback only (seen inside each rank's process): every rank's input tensor as the
+    caller passed it, and no returned tensor sharing its memory."""
+    for rank, (tensor, _got) in enumerate(facts["results"]):
+        expect(is_tensor(tensor) and torch.equal(tensor, inputs[rank]),
+               f"N={n}: rank {rank}'s input tensor was changed; {what} must leave it as it was")
+        for entry, shared in enumerate(facts["shares"][rank]):
+            expect(not shared, f"N={n}: rank {rank}'s returned tensor"
+                               + (f" (entry {entry})" if len(facts["shares"][rank]) > 1 else "")
+                               + " is its input tensor itself (or a view of it), not a new "
+                               "tensor: changing one changes the other (clone it)")
+
+
+def _judge_reduce_scatter_kept(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0,
+                               dtype: str = "float32") -> None:
+    _judge_reduce_scatter(facts, n, shape, seed, dtype)
+    _expect_input_kept(facts, n, _inputs(n, shape, seed, dtype), "reduce-scatter")
 
 
 def _judge_all_gather(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0,
                       dtype: str = "float32") -> None:
     inputs = _inputs(n, shape, seed, dtype)
-    for rank, (tensor, got) in enumerate(facts["results"]):
-        expect(is_tensor(tensor) and torch.equal(tensor, inputs[rank]),
-               f"rank {rank}'s input tensor was changed")
+    for rank, (_tensor, got) in enumerate(facts["results"]):
         expect(isinstance(got, list) and len(got) == n,
                f"rank {rank} should return a list of {n} tensors, got {type_name(got)}"
                + (f" of length {len(got)}" if isinstance(got, list) else ""))
@@ -99,11 +110,7 @@ def _judge_all_gather(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 
 def _judge_new_tensors(facts: Facts, n: int, shape: tuple[int, ...], seed: int = 0,
                        dtype: str = "float32") -> None:
     _judge_all_gather(facts, n, shape, seed, dtype)
-    for rank, shares in enumerate(facts["shares"]):
-        for entry, shared in enumerate(shares):
-            expect(not shared, f"N={n}: rank {rank}'s entry {entry} is its input tensor itself "
-                               f"(or a view of it), not a new tensor: changing one changes "
-                               f"the other")
+    _expect_input_kept(facts, n, _inputs(n, shape, seed, dtype), "all-gather")
 
 
 def _values_case(name: str, exercise: str, judge_one: Callable[..., None],

@@ -111,9 +111,10 @@ def _zero1_traffic(facts: dict, n: int, shard: int, steps: int, **rest: Any) -> 
 
 
 def _zero1_all(facts: dict, **example: Any) -> None:
+    """The hidden case: values only (how much state a rank holds is seen only inside its
+    process: the feedback case's)."""
     _zero1_params(facts, **example)
     _zero1_moments(facts, **example)
-    _zero1_state(facts, **example)
 
 
 _ZERO1_VALUES = [dict(n=4, shard=3, steps=3), dict(n=1, shard=5, steps=2)]

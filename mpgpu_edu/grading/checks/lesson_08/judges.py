@@ -57,7 +57,6 @@ def _judge_values(data: dict, n: int, widths: tuple[int, ...], n_samples: int = 
     start, final, ref_grads = _reference(widths, n_samples, steps, optimizer)
     expect(len(data["results"]) == n, f"expected results from {n} ranks")
     for rank, held in enumerate(data["results"]):
-        expect(held["is_param"], f"rank {rank}: replica.parameters() must yield nn.Parameters")
         expect(len(held["start"]) == len(start),
                f"rank {rank}: replica.parameters() gave {len(held['start'])} shards; the "
                f"model has {len(start)} layers with parameters, one shard each")
@@ -263,10 +262,12 @@ def _judge_job_order(data: dict, n: int, widths: tuple[int, ...], n_samples: int
 
 
 def _judge_basic_calls(data: dict) -> None:
-    """Feedback only: the calls, no gather started ahead without prefetch, and the module
-    given left as it was (each seen only inside the rank's process)."""
+    """Feedback only: the calls, no gather started ahead without prefetch, the module given
+    left as it was, and nn.Parameters from parameters() (each seen only inside the rank's
+    process)."""
     for rank, held in enumerate(data["results"]):
         expect(held["untouched"], f"rank {rank}: wrap_fsdp changed the module it was given")
+        expect(held["is_param"], f"rank {rank}: replica.parameters() must yield nn.Parameters")
     _judge_calls(data, 3, WIDTHS)
     _judge_ahead(data, prefetch=False)
 
