@@ -1,8 +1,10 @@
 """Checks of exercises 3.1 (averaging gradients) and 3.3 (averaging them during backward).
 
 The oracle for averaging is single-device training: the mean of the ranks' gradients on
-equal slices of a batch is the gradient of the whole batch. Overlap is read off the
-simulator's timeline: communication must run while backward is still computing.
+equal slices of a batch is the gradient of the whole batch. 3.3's all-reduces must be
+comm-stream jobs (the router sees which lane each message comes in on); overlap itself is read
+off the simulator's timeline, where communication must run while backward is still computing,
+and earns no points, since the rank reports its own compute.
 """
 
 from __future__ import annotations
