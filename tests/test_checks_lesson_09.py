@@ -30,10 +30,26 @@ def test_the_wrong_answer_fails_a_case_that_names_it(exercise_id: str, name: str
 
 
 def test_recomputing_nothing_fails_on_memory_and_calls_not_on_values() -> None:
+    """What forward kept and how often each layer ran are seen only inside the learner's
+    process: the cases that say so are feedback, worth no points."""
+    from mpgpu_edu.grading.checks import FEEDBACK, cases_for
+
     failed = failures("9.2", mutants.recompute_nothing)
     assert not any("equal the model's" in c for c in failed), failed
     assert any("keeps only each segment's input" in c for c in failed)
     assert any("runs twice" in c for c in failed)
+    points = {case.name: case.points for case in cases_for("9.2")}
+    assert all(c.endswith(FEEDBACK) and points[c] == 0 for c in failed), failed
+
+
+def test_switching_on_the_callers_requires_grad_is_named_in_feedback() -> None:
+    """Right values; the caller's x changed is seen only inside the learner's process: one
+    feedback case fails, with the hint on what else makes autograd call the first segment."""
+    failed = failures("9.2", mutants.recompute_marks_the_input)
+    assert len(failed) == 1, failed
+    (case, message), = failed.items()
+    assert case.startswith("the caller's x left as it was"), case
+    assert "changed the caller's x" in message and "second hint" in message, message
 
 
 def test_the_learner_cannot_call_the_package_or_torch_for_9_2(tmp_path) -> None:

@@ -331,3 +331,80 @@ def test_timed_and_traffic_cases_need_a_right_answer() -> None:
             if case.name.startswith(starts):
                 with pytest.raises(CheckFailure):
                     case.run(fns[exercise])
+
+
+# ---- 3.2, 4.1, 8.1, 9.2: what a function did to its inputs, or shares with them ------------
+
+def _changes_its_input(exercise: str):  # noqa: ANN202 - the exercise's function
+    """The solution, but it changes what the caller handed it after computing its answer
+    (8.1: negates the vector after the last rank's shard, so every shard is still right)."""
+    if exercise == "3.2":
+        make_buckets = solution("ex03_data_parallel").make_buckets
+
+        def changed(sizes, bucket_bytes):  # noqa: ANN001, ANN202
+            out = make_buckets(list(sizes), bucket_bytes)
+            sizes.append(0)
+            return out
+        return changed
+    if exercise == "4.1":
+        balanced = solution("ex04_pipeline").balanced_boundaries
+
+        def changed(costs, n_stages):  # noqa: ANN001, ANN202
+            out = balanced(list(costs), n_stages)
+            costs.reverse()
+            costs.append(0)
+            return out
+        return changed
+    if exercise == "8.1":
+        shard_of = solution("ex08_bigger_models").shard_of
+
+        def changed(flat, rank, world_size):  # noqa: ANN001, ANN202
+            out = shard_of(flat, rank, world_size).clone()
+            if rank == world_size - 1:
+                flat.add_(1)
+            return out
+        return changed
+    from tests.mutants.lesson_09 import recompute_marks_the_input
+    return recompute_marks_the_input  # switches on the caller's x.requires_grad
+
+
+@pytest.mark.parametrize(("exercise", "feedback", "words"), [
+    ("3.2", "the caller's list left unchanged", "changed its input"),
+    ("4.1", "the caller's costs left unchanged", "changed its input"),
+    ("8.1", "each a tensor of its own, the vector left as it was", "changed its input"),
+    ("9.2", "the caller's x left as it was", "changed the caller's x"),
+])
+def test_a_right_answer_that_changes_its_input_loses_no_points(exercise: str, feedback: str,
+                                                               words: str) -> None:
+    """Where the caller's input went after the call is seen only inside the learner's
+    process: every scored case passes, and the feedback case (worth 0) says what changed."""
+    fn = _changes_its_input(exercise)
+    for case in cases_for(exercise):
+        if case.points:
+            case.run(fn)
+    case = next(c for c in cases_for(exercise) if c.name.startswith(feedback))
+    assert case.points == 0 and case.name.endswith(FEEDBACK)
+    with pytest.raises(CheckFailure, match=words):
+        case.run(fn)
+
+
+@pytest.mark.parametrize(("exercise", "name"), [
+    ("8.1", "shard_as_view"), ("8.1", "shard_view_of_padded"),
+    ("9.2", "recompute_nothing"), ("9.2", "recompute_keeps_outputs"),
+    ("9.2", "recompute_from_the_start"),
+])
+def test_memory_kept_and_forwards_run_earn_no_points(exercise: str, name: str) -> None:
+    """A shard that shares the vector's (or a padded copy's) memory, a recomputation that
+    keeps every activation or runs forwards again from the start: right values, so every
+    scored case passes; a feedback case fails."""
+    import importlib
+
+    fn = getattr(importlib.import_module(f"tests.mutants.lesson_0{exercise[0]}"), name)
+    failed = []
+    for case in cases_for(exercise):
+        try:
+            case.run(fn)
+        except CheckFailure:
+            failed.append(case)
+    assert failed and all(case.points == 0 and case.name.endswith(FEEDBACK)
+                          for case in failed), [case.name for case in failed]

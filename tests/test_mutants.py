@@ -57,6 +57,11 @@ SEEN_ONLY_INSIDE = {
     "smooth_overwrites_block", "smooth_zero_steps_returns_block",
     "ddp_all_reduce_in_finish", "fsdp_waits_on_reduce_scatter",
     "fsdp_prefetch_skips_first_layer",
+    # exercises whose whole run is the submission's process: what it did to its inputs, what
+    # its forward kept alive and how often it ran are seen only there
+    "shard_as_view", "shard_view_of_padded", "recompute_nothing", "recompute_one_segment",
+    "recompute_keeps_outputs", "recompute_from_the_start", "recompute_with_torch",
+    "recompute_marks_the_input",
 }
 
 

@@ -74,6 +74,9 @@ CASES: dict[str, list[Case]] = {
         Case("a parameter larger than a bucket gets its own", 1,
              *_bucket_case([([2, 40, 2, 2], 8), ([9], 8)])),
         Case("hidden: random sizes", 2, _buckets_hidden, _judge_buckets_hidden, hidden=True),
+        Case("the caller's list left unchanged " + FEEDBACK, 0,
+             *_bucket_case([([4, 4, 4, 8], 8), ([1, 2, 3, 4, 5, 6], 7), ([], 4),
+                            ([2, 40, 2, 2], 8)], input_kept=True)),
     ],
     "3.3": [
         Case("gradients are averaged, by one all-reduce (mean) per parameter", 4,

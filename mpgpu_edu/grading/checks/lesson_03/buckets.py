@@ -1,4 +1,6 @@
-"""Checks of exercise 3.2: buckets of parameters, against the package's ``make_buckets``."""
+"""Checks of exercise 3.2: buckets of parameters, against the package's ``make_buckets``.
+Whether the caller's list was left as it was is seen only inside the learner's process: a
+feedback case, worth no points."""
 
 from __future__ import annotations
 
@@ -32,10 +34,8 @@ def _bucket_outputs(impl: Impl, cases: list[tuple[list[int], int]]) -> list[dict
 
 
 def _judge_one_bucketing(out: dict, sizes: list[int], bucket_bytes: int) -> None:
+    """Scored: the buckets returned, against the package's ``make_buckets``."""
     got = out["got"] if isinstance(out, dict) and "got" in out else out
-    if isinstance(out, dict) and "after" in out:
-        expect(out["after"] == sizes, f"make_buckets changed its input: {sizes} became "
-                                      f"{out['after']}")
     want = _reference_buckets(sizes, bucket_bytes)
     if got != want:
         flat = ([i for bucket in got for i in bucket]
@@ -47,10 +47,23 @@ def _judge_one_bucketing(out: dict, sizes: list[int], bucket_bytes: int) -> None
                            f"{want}: {why}")
 
 
-def _bucket_case(cases: list[tuple[list[int], int]]) -> tuple[Impl, Impl]:
+def _judge_one_input_kept(out: dict, sizes: list[int], bucket_bytes: int) -> None:
+    """Feedback: the caller's list as it was after the call, seen only inside the
+    learner's process."""
+    expect(out["after"] == sizes, f"make_buckets({sizes}, {bucket_bytes}) changed its input: "
+                                  f"{sizes} became {out['after']}")
+
+
+def _bucket_case(cases: list[tuple[list[int], int]], input_kept: bool = False
+                 ) -> tuple[Impl, Impl]:
+    """*compute* and *judge* over listed (sizes, bucket_bytes): the buckets returned
+    (scored), or with ``input_kept`` whether the caller's list was left as it was
+    (feedback)."""
+    judge_one = _judge_one_input_kept if input_kept else _judge_one_bucketing
+
     def judge(outputs: list[dict]) -> None:
         for out in outputs:
-            _judge_one_bucketing(out, out["sizes"], out["bucket_bytes"])
+            judge_one(out, out["sizes"], out["bucket_bytes"])
     return (lambda impl: _bucket_outputs(impl, cases)), judge
 
 
@@ -67,8 +80,7 @@ BUCKET_EXAMPLES = _bucket_examples()
 
 def _buckets_hidden(impl: Impl) -> list[dict]:
     def body(sizes: list[int], bucket_bytes: int) -> dict:
-        given = list(sizes)
-        return {"got": impl(given, bucket_bytes), "after": given}
+        return {"got": impl(list(sizes), bucket_bytes)}
     return compute_examples(body, BUCKET_EXAMPLES)
 
 

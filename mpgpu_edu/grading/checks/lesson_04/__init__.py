@@ -79,6 +79,9 @@ CASES: dict[str, list[Case]] = {
              hidden=True),
         Case("96 layers into 8 stages within 10 s (trying every split would take hours)", 1,
              *_partition_case([(DEEP_COSTS, 8)]), timeout_s=10),
+        Case("the caller's costs left unchanged " + FEEDBACK, 0,
+             *_partition_case([([3, 1, 1, 1, 2], 2), ([9, 6, 10, 8], 3), ([7, 2], 1),
+                               ([1.25, 0.5, 0.75, 2.0, 0.25], 3)], input_kept=True)),
     ],
     "4.2": [
         Case("a valid schedule", 1, _orders_case([(2, 2), (4, 3)]),

@@ -1,5 +1,7 @@
 """Checks of exercise 4.1: balanced stage boundaries, against the largest stage of the
-package's ``partition_balanced`` (whole costs) or of every split tried (fractional costs)."""
+package's ``partition_balanced`` (whole costs) or of every split tried (fractional costs).
+Whether the caller's list of costs was left as it was is seen only inside the learner's
+process: a feedback case, worth no points."""
 
 from __future__ import annotations
 
@@ -45,7 +47,6 @@ def _partition_one(impl: Impl, costs: list[float], n_stages: int) -> dict:
 def _judge_partition(out: dict, costs: list[float], n_stages: int) -> None:
     shown = costs if len(costs) <= 12 else f"[{len(costs)} costs: {costs[:4]} ...]"
     got, call = out["got"], f"balanced_boundaries({shown}, {n_stages})"
-    expect(out["input_after"] == costs, f"{call} changed its input to {out['input_after']}")
     expect(isinstance(got, list) and len(got) == n_stages - 1,
            f"{call} returned {got!r}; expected a list of {n_stages - 1} boundaries")
     expect(all(type(b) is int for b in got) and all(0 < b < len(costs) for b in got)
@@ -62,9 +63,20 @@ def _judge_partition(out: dict, costs: list[float], n_stages: int) -> None:
               "number)"))
 
 
-def _partition_case(cases: list[tuple[list[float], int]]) -> tuple[Callable, Callable]:
+def _judge_input_kept(out: dict, costs: list[float], n_stages: int) -> None:
+    """Feedback: the caller's list of costs after the call, seen only inside the learner's
+    process."""
+    shown = costs if len(costs) <= 12 else f"[{len(costs)} costs: {costs[:4]} ...]"
+    expect(out["input_after"] == costs, f"balanced_boundaries({shown}, {n_stages}) changed "
+                                        f"its input to {out['input_after']}")
+
+
+def _partition_case(cases: list[tuple[list[float], int]], input_kept: bool = False
+                    ) -> tuple[Callable, Callable]:
+    """*compute* and *judge* over listed (costs, n_stages): the boundaries returned (scored),
+    or with ``input_kept`` whether the caller's costs were left as they were (feedback)."""
     return each([{"costs": costs, "n_stages": n} for costs, n in cases], _partition_one,
-                _judge_partition)
+                _judge_input_kept if input_kept else _judge_partition)
 
 
 def _compute_bad(impl: Impl) -> list[dict]:

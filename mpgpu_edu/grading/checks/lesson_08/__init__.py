@@ -46,13 +46,16 @@ REFERENCES = {  # the package's own implementation, out of reach while the learn
 CASES: dict[str, list[Case]] = {
     "8.1": [
         Case("the docstring's example", 1, _shards([(5, 2)]), _judge_shards),
-        Case("equal shards, zero padding at the end, each a tensor of its own, in the "
-             "vector's dtype", 1,
+        Case("equal shards, zero padding at the end, in the vector's dtype", 1,
+             _shards([(10, 3), (12, 4), (2, 5), (0, 3), (7, 2), (9, 4)],
+                     dtypes=[torch.float32] * 4 + [torch.int64, torch.bfloat16]),
+             _judge_shards),
+        Case("hidden: other sizes and world sizes", 1, _shards_hidden, _judge_shards_hidden,
+             hidden=True),
+        Case("each a tensor of its own, the vector left as it was " + FEEDBACK, 0,
              _shards([(10, 3), (12, 4), (2, 5), (0, 3), (7, 2), (9, 4)],
                      dtypes=[torch.float32] * 4 + [torch.int64, torch.bfloat16]),
              _judge_own_memory),
-        Case("hidden: other sizes and world sizes", 1, _shards_hidden, _judge_shards_hidden,
-             hidden=True),
     ],
     "8.2": [
         Case("3 ranks: the shards, the mean gradients, then one device's training", 5,
@@ -60,7 +63,7 @@ CASES: dict[str, list[Case]] = {
         Case("collectives: two all-gathers and one reduce-scatter per layer", 4,
              _basic, _judge_basic_messages),
         Case("the calls: all_gather and reduce_scatter (mean), none started ahead; the module "
-             "given left as it was " + FEEDBACK,
+             "given left as it was; nn.Parameters to optimize " + FEEDBACK,
              0, _basic, _judge_basic_calls),
         Case("memory: forward leaves no layer's full parameters for backward " + FEEDBACK, 0,
              _basic, _judge_freed),

@@ -1,5 +1,8 @@
 """Exercise 8.1, a rank's shard of a flat vector: both halves. The reference is
-``mpgpu_edu.dp.fsdp.flat_shard``."""
+``mpgpu_edu.dp.fsdp.flat_shard``. Scored: each shard's values, size and dtype. Seen only
+inside the learner's process, and so feedback worth no points: whether the vector was left
+as it was, and whether each shard owns its memory (no view of the vector or of a padded
+copy)."""
 
 from __future__ import annotations
 
@@ -50,7 +53,6 @@ def _judge_one_shards(out: dict, numel: int, n: int) -> None:
     kind = DTYPES.get(out["dtype"])
     expect(kind is not None, f"E={numel}, N={n}: not one of the check's dtypes")
     flat = torch.arange(1, numel + 1).to(kind)
-    expect(out["untouched"], f"E={numel}, N={n}: shard_of changed its input")
     for rank, got in enumerate(out["shards"]):
         want = _reference_shard(flat, rank, n)
         expect(isinstance(got, torch.Tensor) and got.dim() == 1,
@@ -70,11 +72,13 @@ def _judge_shards(records: list[dict]) -> None:
 
 
 def _judge_own_memory(records: list[dict]) -> None:
-    """Each shard owns its memory: no view of the vector, nor of a padded copy (whose whole
-    storage a view keeps alive)."""
+    """Feedback: the right shards first, then the vector left as it was, and each shard
+    owning its memory: no view of the vector, nor of a padded copy (whose whole storage a
+    view keeps alive)."""
     _judge_shards(records)
     for out in records:
         numel, n = out["numel"], out["n"]
+        expect(out["untouched"], f"E={numel}, N={n}: shard_of changed its input")
         for rank, (got, view, storage) in enumerate(zip(out["shards"], out["views"],
                                                         out["storage"])):
             own = got.numel() * got.element_size()
@@ -98,7 +102,7 @@ def _shards_hidden(impl: Impl) -> list[dict]:
 def _judge_shards_hidden(records: list[dict]) -> None:
     def one(out: dict, numel: int, n: int) -> None:
         try:
-            _judge_own_memory([out])
+            _judge_one_shards(out, numel, n)
         except CheckFailure as exc:
             raise AssertionError(str(exc)) from None
     judge_examples(records, one)

@@ -1,7 +1,12 @@
 """Exercise 9.2, activation recomputation: both halves. *compute* runs the learner's
 ``checkpointed`` on a fresh model and returns its output, gradients, what forward packed for
 backward, which layer outputs outlived forward and how often each layer ran; *judge* compares
-with plain autograd on the same model and data, and with its own split into segments."""
+with plain autograd on the same model and data, and with its own split into segments.
+
+Scored: the output and the gradients (``_judge_values``). Seen only inside the learner's
+process, and so feedback worth no points: what forward packed and kept alive
+(``_judge_kept``), how often each layer's forward ran (``_judge_calls``), and whether the
+caller's x was left as it was (``_judge_input_kept``)."""
 
 from __future__ import annotations
 
@@ -119,13 +124,6 @@ def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
                   batches: int = 1, seed: int = 0) -> None:
     want = _reference(depth, width, seed, batches)
     expect_close(data["out"], want["out"], "f(x)", rtol=1e-9, atol=1e-12)
-    expect(not data["changed_input"],
-           "f(x) changed the caller's x: its requires_grad was "
-           f"{input_grad} before the call and {not input_grad} after it (x.requires_grad_() "
-           "changes the caller's tensor, and makes autograd compute a gradient nobody asked "
-           "for): leave x as it is"
-           + ("" if input_grad else "; what else makes autograd call the first segment's "
-              "backward? (The second hint says.)"))
     expect(data["tracked"], "f(x) does not require a gradient" + (
         "" if input_grad else " when the data needs none: autograd never calls your "
         "segments' backward and no parameter gets a gradient. What makes autograd call a "
@@ -145,6 +143,18 @@ def _judge_values(data: dict, depth: int, width: int, input_grad: bool = True,
         what = f"parameter {i}'s gradient" + (f" after {batches} backward passes (they add "
                                               "up)" if batches > 1 else "")
         expect_close(got, grad, what, rtol=1e-9, atol=1e-12)
+
+
+def _judge_input_kept(data: dict, input_grad: bool = True) -> None:
+    """Feedback: the caller's x.requires_grad after the call, seen only inside the learner's
+    process."""
+    expect(not data["changed_input"],
+           "f(x) changed the caller's x: its requires_grad was "
+           f"{input_grad} before the call and {not input_grad} after it (x.requires_grad_() "
+           "changes the caller's tensor, and makes autograd compute a gradient nobody asked "
+           "for): leave x as it is"
+           + ("" if input_grad else "; what else makes autograd call the first segment's "
+              "backward? (The second hint says.)"))
 
 
 def _judge_kept(data: dict, depth: int, width: int, segments: int) -> None:
@@ -191,6 +201,19 @@ def _accumulate(impl: Impl) -> dict:
     return out
 
 
+def _input_kept_runs(impl: Impl) -> dict:
+    """*compute* of the feedback case on the caller's x: data that needs a gradient (8
+    layers in 2 segments), data that needs none (7 layers in 3), two batches (6 in 3)."""
+    return {"needs_grad": _basic(impl), "no_grad": _no_input_grad(impl),
+            "two_batches": _run(impl, 6, 4, 3, seed=2, batches=2)}
+
+
+def _judge_input_kept_runs(data: dict) -> None:
+    _judge_input_kept(data["needs_grad"])
+    _judge_input_kept(data["no_grad"], input_grad=False)
+    _judge_input_kept(data["two_batches"])
+
+
 def _judge_accumulate(data: dict) -> None:
     _judge_values(data, 6, 4, batches=2, seed=2)
     for segments, what in data["refused"].items():
@@ -213,11 +236,23 @@ def _recompute_hidden(impl: Impl) -> list[dict]:
 
 
 def _judge_recompute_hidden(records: list[dict]) -> None:
+    """Scored: the output and the gradients of every example."""
     def one(out: dict, depth: int, width: int, segments: int) -> None:
         try:
             _judge_values(out, depth, width, seed=depth * width)
+        except CheckFailure as exc:
+            raise AssertionError(str(exc)) from None
+    judge_examples(records, one)
+
+
+def _judge_recompute_hidden_inside(records: list[dict]) -> None:
+    """Feedback: on the hidden examples, what forward kept, how often each layer ran, and
+    the caller's x left as it was (each seen only inside the learner's process)."""
+    def one(out: dict, depth: int, width: int, segments: int) -> None:
+        try:
             _judge_kept(out, depth, width, segments)
             _judge_calls(out, depth)
+            _judge_input_kept(out)
         except CheckFailure as exc:
             raise AssertionError(str(exc)) from None
     judge_examples(records, one)
