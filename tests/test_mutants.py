@@ -47,7 +47,8 @@ def test_every_exercise_has_a_mutant() -> None:
 # So are the last three's, whose mistake is only where compute falls against their jobs:
 # the rank's process reports its own compute (``checks.FEEDBACK_COMPUTE``).
 SEEN_ONLY_INSIDE = {
-    "composed_of_the_ring", "reduce_scatter_in_place", "all_gather_own_entry_is_input", "server_steps_per_gradient_exactly",
+    "composed_of_the_ring", "reduce_scatter_in_place", "all_gather_own_entry_is_input",
+    "server_steps_per_gradient_exactly",
     "server_steps_per_arrival_on_a_copy", "loop_updates_each_arrival_by_its_share",
     "sharded_updates_per_arrival", "executor_never_frees", "executor_keeps_loop_variables",
     "executor_holds_every_send", "fsdp_autograd_keeps_weights", "fsdp_holds_gathered",
