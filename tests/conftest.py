@@ -10,11 +10,12 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 # ---- time budgets ---------------------------------------------------------------------------
 # `make test` must stay under 30 minutes on a fresh 2-core machine, notebooks included (two
-# nbval passes of about 3-5 minutes each), so `pytest tests` has about 20 minutes. Each heavy
+# nbval passes of about 2-3 minutes each, and the instrumented solutions' check), so `pytest
+# tests` has about 21 minutes. Each heavy
 # suite has its own share; the summary at the end of every run lists the heavy suites' time
 # against their budgets and names any file over its share. A budget is reported, not asserted:
 # a loaded machine is slower, and a unit test never fails on speed. Benchmarks measure speed.
-TOTAL_BUDGET_S = 20 * 60
+TOTAL_BUDGET_S = 21 * 60
 DEFAULT_BUDGET_S = 60
 SUITE_BUDGET_S = {
     "tests/test_browser_lessons.py": 330, "tests/test_browser.py": 120,
@@ -22,7 +23,8 @@ SUITE_BUDGET_S = {
     "tests/test_sidebyside.py": 90, "tests/test_grading_runner.py": 120,
     "tests/test_dist.py": 90, "tests/test_dist_faults.py": 90, "tests/test_dist_processes.py": 120,
     "tests/test_many_machines_torchrun.py": 90, "tests/test_calibrate.py": 90,
-    "tests/test_placements_stored.py": 90, "tests/test_grading_apart.py": 120,
+    "tests/test_placements_stored.py": 90, "tests/test_grading_apart.py": 150,
+    "tests/test_grading_compute_reports.py": 60,
 }
 _spent: dict[str, float] = {}
 
