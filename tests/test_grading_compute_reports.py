@@ -43,15 +43,15 @@ def _scored(exercise_id: str) -> list[Any]:
 SCORED = [(e, case.name) for e in _apart() for case in _scored(e)]
 
 
-def _forged(data: Any, how: str) -> Any:
+def forged(data: Any, how: str) -> Any:
     """``data`` with every run record's compute reports changed: ``drop`` (none at all),
     ``ten`` (every one ten times as long and as many FLOPs), ``late`` (each rank's program
     reports all of them after its last op)."""
     if isinstance(data, list):
-        return [_forged(item, how) for item in data]
+        return [forged(item, how) for item in data]
     if not isinstance(data, dict):
         return data
-    out = {key: _forged(value, how) for key, value in data.items() if key != MARK}
+    out = {key: forged(value, how) for key, value in data.items() if key != MARK}
     if MARK in data:
         record = copy.deepcopy(data[MARK])
         record["ops"] = [[rank, lane, _forged_ops(op_list, how)]
@@ -85,7 +85,7 @@ def test_a_scored_verdict_does_not_rest_on_reported_compute(exercise_id: str,
     case.judge(resolve(copy.deepcopy(data)))  # the right answer passes as it ran
     for how in ("drop", "ten", "late"):
         try:
-            case.judge(resolve(_forged(data, how)))
+            case.judge(resolve(forged(data, how)))
         except AssertionError as exc:
             pytest.fail(f"{exercise_id} {name!r} ({case.points} points) fails the right answer "
                         f"once its compute reports are changed ({how}): {exc}")

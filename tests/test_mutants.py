@@ -7,6 +7,7 @@ test goes through ``check`` end to end."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 
 import pytest
@@ -14,7 +15,11 @@ import pytest
 from mpgpu_edu.course import LESSONS
 from mpgpu_edu.grading import check
 from mpgpu_edu.grading.checks import cases_for
+from mpgpu_edu.grading.checks._clock import resolve
+from mpgpu_edu.grading.checks._plain import plain
+from mpgpu_edu.grading.compute import ranks_apart
 from mpgpu_edu.grading.registry import EXERCISES
+from tests.test_grading_compute_reports import forged
 
 pytestmark = pytest.mark.mutants
 
@@ -69,15 +74,33 @@ SEEN_ONLY_INSIDE = {
 def _first_failure(exercise_id: str, fn: object, scored: bool = True) -> str | None:
     """Run the exercise's cases that earn points in this process (both halves, as the grader
     does) until one rejects ``fn``; the failing case's name and message, or None if every
-    case passes. ``scored=False``: the feedback cases too."""
+    case passes. ``scored=False``: the feedback cases too.
+
+    Where the ranks run apart, a scored case that rejects ``fn`` must reject it still when
+    every compute report in the run's record is dropped, multiplied by ten or moved after the
+    rank's last message: a rank could report its compute so, and a lost point must not rest
+    on what the rank says of itself (``test_grading_compute_reports`` holds the right
+    answers to the same)."""
+    apart = exercise_id in ranks_apart(exercise_id)
     for case in cases_for(exercise_id):
         if scored and not case.points:  # feedback only: a wrong answer must lose points
             continue
+        data = None
         try:
-            case.run(fn)
+            data = plain(case.compute(fn))
+            case.judge(resolve(copy.deepcopy(data)))
         except NotImplementedError:
             raise
         except BaseException as exc:  # noqa: BLE001 - a failure, or an error the grader reports
+            if apart and case.points and data is not None:
+                for how in ("drop", "ten", "late"):
+                    try:
+                        case.judge(resolve(forged(data, how)))
+                    except BaseException:  # noqa: BLE001, S112 - rejected still: as it should
+                        continue
+                    pytest.fail(f"{exercise_id} {case.name!r} rejects the wrong answer only "
+                                f"by what its ranks report of their compute: with the "
+                                f"reports changed ({how}) it passes")
             return f"{case.name}: {type(exc).__name__}: {exc}"
     return None
 
