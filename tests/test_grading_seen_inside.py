@@ -12,7 +12,7 @@ from mpgpu_edu.grading.checks._clock import resolve
 from mpgpu_edu.grading.checks._plain import plain
 from mpgpu_edu.grading.registry import EXERCISES
 from tests.mutants import lesson_03, lesson_04, lesson_08
-from tests.test_grading_checks import solution
+from tests.test_grading_checks import ROOT, solution
 
 
 def _data(compute, fn):  # noqa: ANN001, ANN202 - a case's halves
@@ -213,6 +213,33 @@ def test_time_a_stage_reports_moves_nothing_in_the_in_flight_case() -> None:
     in_flight.run(padded)
     with pytest.raises(CheckFailure, match="microbatches in flight"):
         in_flight.run(gpipe_always)
+
+
+def test_activations_sent_from_comm_stream_jobs_still_count_in_flight(tmp_path) -> None:
+    """4.5: a GPipe executor whose activations travel in comm-stream jobs (a hunt's cheat:
+    the in-flight count read the program's own messages only, and scored 18 of 18 where the
+    same executor without jobs scores 12). A job's sends count where it was submitted, its
+    receives where the program waited for it."""
+    import importlib.util
+
+    source = (ROOT / "solutions" / "ex04_pipeline.py").read_text()
+    for old, new in (
+            ("    for step in steps_of(schedule, comm.rank):",
+             "    steps = list(steps_of(schedule, comm.rank))\n"
+             "    for step in sorted(steps, key=lambda s: (s.op == 'B', s.microbatch)):"),
+            ("comm.recv(x, source, tag)", "comm.run_async(comm.recv, x, source, tag).wait()"),
+            ("sent[m] = comm.isend(y.detach(), target, tag)",
+             "sent[m] = comm.run_async(comm.send, y.detach(), target, tag)")):
+        assert old in source, old
+        source = source.replace(old, new)
+    path = tmp_path / "gpipe_in_jobs.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("gpipe_in_jobs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    in_flight = next(c for c in cases_for("4.5") if c.name.startswith("in flight"))
+    with pytest.raises(CheckFailure, match="microbatches in flight"):
+        in_flight.run(module.execute_schedule)
 
 
 # ---- a rank reports its compute after the messages that needed it ---------------------------

@@ -225,12 +225,15 @@ def program_bytes_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list
 def order_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[list[list[Any]]]:
     """Each rank's program, as the router saw it, in the order it ran: ``["send", peer, tag]``
     where it posted a send, ``["recv", peer, tag]`` where a receive was complete for it (a
-    blocking receive, or the wait on a posted one). No compute: that order needs none of
-    what the rank reports about itself."""
+    blocking receive, or the wait on a posted one). A comm-stream job's messages count where
+    the program stood: its sends at the job's submission (they cannot leave sooner), its
+    receives once the program waited for the job (it cannot use them sooner). No compute:
+    that order needs none of what the rank reports about itself."""
     from mpgpu_edu.comm import ops
 
     order: list[list[list[Any]]] = [[] for _ in range(n)]
     for rank in range(n):
+        jobs = _job_messages(op_lists.get((rank, ops.STREAM), []))
         posted: dict[int, Any] = {}
         for op in op_lists.get((rank, ops.HOST), []):
             if isinstance(op, ops.Post):
@@ -243,7 +246,38 @@ def order_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[list[li
             elif isinstance(op, ops.Wait) and op.handle in posted:
                 got = posted.pop(op.handle)
                 order[rank].append(["recv", got.src, got.tag])
+            elif isinstance(op, ops.Submit):
+                order[rank] += jobs.get(op.job, ([], []))[0]
+            elif isinstance(op, ops.WaitJob):
+                order[rank] += jobs.pop(op.job, ([], []))[1]
     return order
+
+
+def _job_messages(stream: list[Any]) -> dict[int, tuple[list[list[Any]], list[list[Any]]]]:
+    """Per comm-stream job: (its sends, its receives that completed inside it)."""
+    from mpgpu_edu.comm import ops
+
+    jobs: dict[int, tuple[list[list[Any]], list[list[Any]]]] = {}
+    job, posted = None, {}
+    for op in stream:
+        if isinstance(op, ops.JobStart):
+            job, posted = op.job, {}
+            jobs[job] = ([], [])
+        elif isinstance(op, ops.JobEnd):
+            job = None
+        elif job is None:
+            continue
+        elif isinstance(op, ops.Post):
+            if op.op == "send":
+                jobs[job][0].append(["send", op.dst, op.tag])
+            elif op.blocking:
+                jobs[job][1].append(["recv", op.src, op.tag])
+            else:
+                posted[op.handle] = op
+        elif isinstance(op, ops.Wait) and op.handle in posted:
+            got = posted.pop(op.handle)
+            jobs[job][1].append(["recv", got.src, got.tag])
+    return jobs
 
 
 def works_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[dict[str, int]]:

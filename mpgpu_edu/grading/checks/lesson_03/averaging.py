@@ -176,16 +176,16 @@ def _overlapped(comm: Any, model: nn.Module, loss: torch.Tensor) -> None:
         work.wait()
 
 
-@functools.lru_cache(maxsize=1)
-def _overlapped_jobs() -> list:
-    """The ``jobs`` fact (``_clock.jobs_of``) of the grader's overlapped run on the timeline
-    case's data."""
+@functools.lru_cache(maxsize=4)
+def _overlapped_jobs(n: int = 2, widths: tuple[int, ...] = OVERLAP_WIDTHS,
+                     n_samples: int = OVERLAP_SAMPLES) -> list:
+    """The ``jobs`` fact (``_clock.jobs_of``) of the grader's overlapped run on the same data
+    as the learner's (by default the timeline case's)."""
     from mpgpu_edu.comm import launch
 
-    shards = _shards(*_batch(OVERLAP_SAMPLES, OVERLAP_WIDTHS), 2)
-    run = launch(_averaging_program(_overlapped, OVERLAP_WIDTHS, shards, True),
-                 _overlap_cluster(2))
-    return jobs_of(run.op_lists, 2)
+    shards = _shards(*_batch(n_samples, widths), n)
+    run = launch(_averaging_program(_overlapped, widths, shards, True), _overlap_cluster(n))
+    return jobs_of(run.op_lists, n)
 
 
 def _intervals_overlap(trace: Any, device: int, after: float = 0.0,
@@ -237,6 +237,15 @@ def _judge_overlap_averaged(data: dict, n: int, widths: tuple[int, ...],
                           "run there cannot overlap backward; start each one on the comm "
                           "stream (comm.run_async) from its gradient's hook, and wait for it "
                           "after loss.backward()")
+    want = [[int(nbytes) for _flops, nbytes in jobs]
+            for jobs in _overlapped_jobs(n, tuple(widths), n_samples)]
+    for rank, jobs in enumerate(data["jobs"]):
+        got = [int(nbytes) for _flops, nbytes in jobs]
+        expect(got == want[rank],
+               f"rank {rank} started its all-reduce jobs in an order that sent {got} bytes; "
+               f"started from each gradient's hook, in the order backward makes them (the last "
+               f"layer first), they send {want[rank]}: start each all-reduce from its "
+               "parameter's hook (register_post_accumulate_grad_hook)")
 
 
 def _judge_overlap_timeline(data: dict) -> Evidence:
