@@ -11,11 +11,11 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # ---- time budgets ---------------------------------------------------------------------------
 # `make test` must stay under 30 minutes on a fresh 2-core machine, notebooks included (two
 # nbval passes of about 2-3 minutes each, and the instrumented solutions' check), so `pytest
-# tests` has about 21 minutes. Each heavy
+# tests` has about 22 minutes (two clean runs of the same tests took 20.3 and 21.3). Each heavy
 # suite has its own share; the summary at the end of every run lists the heavy suites' time
 # against their budgets and names any file over its share. A budget is reported, not asserted:
 # a loaded machine is slower, and a unit test never fails on speed. Benchmarks measure speed.
-TOTAL_BUDGET_S = 21 * 60
+TOTAL_BUDGET_S = 22 * 60
 DEFAULT_BUDGET_S = 60
 SUITE_BUDGET_S = {
     "tests/test_browser_lessons.py": 330, "tests/test_browser.py": 120,
