@@ -147,6 +147,21 @@ def test_a_barrier_is_named_a_barrier_not_a_chain() -> None:
                                         smooth_with_barrier)
 
 
+def test_a_smoothing_run_in_a_comm_stream_job_loses_the_no_chain_point() -> None:
+    """The timeline places a job's messages from its submission on, whatever the job waited
+    for, so a job could draw a chain away; 6.3 is built from send/recv/isend/irecv alone, and
+    the grader sees every job a rank starts."""
+    right = _solution("smooth_ring")
+
+    def in_a_job(comm: Any, block: Any, steps: int) -> Any:
+        out: list = []
+        comm.run_async(lambda: out.append(right(comm, block, steps))).wait()
+        return out[0]
+
+    message = _failure("6.3", "7 ranks: no rank waits for a chain of others", in_a_job)
+    assert "comm-stream job" in message and "isend/irecv" in message
+
+
 def test_halos_swapped_are_named_as_such() -> None:
     """Without tags, 2 ranks' halos arrive in the order the neighbour sent them: swapped. The
     message says so, and why tags tell them apart; halos padded on the wrong sides are told

@@ -308,6 +308,12 @@ _CHAIN = {"lengths": [2] * 7, "steps": 2}
 def _judge_no_chain(facts: dict[str, Any]) -> None:
     _judge_smooth(facts, **_CHAIN)
     _judge_no_barrier(facts, "a step")
+    # The timeline places a comm-stream job's messages from its submission on, whatever the
+    # job really waited for; 6.3 is built from send/recv/isend/irecv alone, so no job is due.
+    for rank, jobs in enumerate(facts["jobs"]):
+        expect(not jobs, f"rank {rank} started {len(jobs)} comm-stream job(s) "
+                         "(comm.run_async): smooth_ring is built from comm.send/recv/isend/"
+                         "irecv only; post the halos with isend/irecv and wait on them")
     message = 1e-5 + bytes_of(1) / 1e9  # one message on the grader's cluster
     per_step = facts["makespan"] / _CHAIN["steps"]
     expect(per_step <= 4 * message,
