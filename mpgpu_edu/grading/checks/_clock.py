@@ -236,21 +236,32 @@ def order_of(op_lists: dict[tuple[int, int], list[Any]], n: int) -> list[list[li
         jobs = _job_messages(op_lists.get((rank, ops.STREAM), []))
         posted: dict[int, Any] = {}
         for op in op_lists.get((rank, ops.HOST), []):
-            if isinstance(op, ops.Post):
-                if op.op == "send":
-                    order[rank].append(["send", op.dst, op.tag])
-                elif op.blocking:
-                    order[rank].append(["recv", op.src, op.tag])
-                else:
-                    posted[op.handle] = op
-            elif isinstance(op, ops.Wait) and op.handle in posted:
-                got = posted.pop(op.handle)
-                order[rank].append(["recv", got.src, got.tag])
+            message = _message(op, posted)
+            if message is not None:
+                order[rank].append(message)
             elif isinstance(op, ops.Submit):
                 order[rank] += jobs.get(op.job, ([], []))[0]
             elif isinstance(op, ops.WaitJob):
                 order[rank] += jobs.pop(op.job, ([], []))[1]
     return order
+
+
+def _message(op: Any, posted: dict[int, Any]) -> list[Any] | None:
+    """``op`` as an entry of ``order_of``: a send posted, or a receive complete (blocking, or
+    the wait on one posted earlier, which ``posted`` keeps by handle until then); None for
+    anything else."""
+    from mpgpu_edu.comm import ops
+
+    if isinstance(op, ops.Post):
+        if op.op == "send":
+            return ["send", op.dst, op.tag]
+        if op.blocking:
+            return ["recv", op.src, op.tag]
+        posted[op.handle] = op
+    elif isinstance(op, ops.Wait) and op.handle in posted:
+        got = posted.pop(op.handle)
+        return ["recv", got.src, got.tag]
+    return None
 
 
 def _job_messages(stream: list[Any]) -> dict[int, tuple[list[list[Any]], list[list[Any]]]]:
@@ -265,18 +276,10 @@ def _job_messages(stream: list[Any]) -> dict[int, tuple[list[list[Any]], list[li
             jobs[job] = ([], [])
         elif isinstance(op, ops.JobEnd):
             job = None
-        elif job is None:
-            continue
-        elif isinstance(op, ops.Post):
-            if op.op == "send":
-                jobs[job][0].append(["send", op.dst, op.tag])
-            elif op.blocking:
-                jobs[job][1].append(["recv", op.src, op.tag])
-            else:
-                posted[op.handle] = op
-        elif isinstance(op, ops.Wait) and op.handle in posted:
-            got = posted.pop(op.handle)
-            jobs[job][1].append(["recv", got.src, got.tag])
+        elif job is not None:
+            message = _message(op, posted)
+            if message is not None:
+                jobs[job][message[0] == "recv"].append(message)
     return jobs
 
 

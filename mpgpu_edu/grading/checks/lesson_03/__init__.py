@@ -23,7 +23,8 @@ from mpgpu_edu.grading.checks.lesson_03.averaging import (OVERLAP_WIDTHS, WIDTHS
                                                           _judge_overlap_timeline,
                                                           _judge_single_device, _judge_traffic,
                                                           _overlap_cluster, _overlap_run)
-from mpgpu_edu.grading.checks.lesson_03.buckets import (_bucket_case, _buckets_hidden,
+from mpgpu_edu.grading.checks.lesson_03.buckets import (_bucket_case, _bucket_input_case,
+                                                        _buckets_hidden,
                                                         _judge_buckets_hidden)
 from mpgpu_edu.grading.checks.lesson_03.ddp import (_ddp_basic, _ddp_hidden, _ddp_timeline,
                                                     _ddp_uneven, _judge_ddp_basic,
@@ -75,8 +76,8 @@ CASES: dict[str, list[Case]] = {
              *_bucket_case([([2, 40, 2, 2], 8), ([9], 8)])),
         Case("hidden: random sizes", 2, _buckets_hidden, _judge_buckets_hidden, hidden=True),
         Case("the caller's list left unchanged " + FEEDBACK, 0,
-             *_bucket_case([([4, 4, 4, 8], 8), ([1, 2, 3, 4, 5, 6], 7), ([], 4),
-                            ([2, 40, 2, 2], 8)], input_kept=True)),
+             *_bucket_input_case([([4, 4, 4, 8], 8), ([1, 2, 3, 4, 5, 6], 7), ([], 4),
+                                  ([2, 40, 2, 2], 8)])),
     ],
     "3.3": [
         Case("gradients are averaged, by one all-reduce (mean) per parameter", 4,

@@ -54,17 +54,20 @@ def _judge_one_input_kept(out: dict, sizes: list[int], bucket_bytes: int) -> Non
                                   f"{sizes} became {out['after']}")
 
 
-def _bucket_case(cases: list[tuple[list[int], int]], input_kept: bool = False
+def _bucket_case(cases: list[tuple[list[int], int]],
+                 judge_one: Callable[[dict, list[int], int], None] = _judge_one_bucketing
                  ) -> tuple[Impl, Impl]:
-    """*compute* and *judge* over listed (sizes, bucket_bytes): the buckets returned
-    (scored), or with ``input_kept`` whether the caller's list was left as it was
-    (feedback)."""
-    judge_one = _judge_one_input_kept if input_kept else _judge_one_bucketing
-
+    """*compute* and *judge* over listed (sizes, bucket_bytes): by default the buckets
+    returned (scored)."""
     def judge(outputs: list[dict]) -> None:
         for out in outputs:
             judge_one(out, out["sizes"], out["bucket_bytes"])
     return (lambda impl: _bucket_outputs(impl, cases)), judge
+
+
+def _bucket_input_case(cases: list[tuple[list[int], int]]) -> tuple[Impl, Impl]:
+    """The feedback case's halves: whether the caller's list was left as it was."""
+    return _bucket_case(cases, _judge_one_input_kept)
 
 
 def _bucket_examples(count: int = 60, seed: int = 5) -> list[dict]:

@@ -35,7 +35,8 @@ from mpgpu_edu.grading.checks.lesson_04.forward import (_compute_forward,
 from mpgpu_edu.grading.checks.lesson_04.partition import (DEEP_COSTS, _compute_bad,
                                                           _compute_partition_hidden,
                                                           _judge_bad, _judge_partition_hidden,
-                                                          _partition_case)
+                                                          _partition_case,
+                                                          _partition_input_case)
 from mpgpu_edu.grading.checks.lesson_04.schedules import (MAKESPAN_SIZES, _gpipe_ticks_memory,
                                                           _hidden_orders, _hidden_orders_judge,
                                                           _makespan_judge, _one_f_one_b_memory,
@@ -80,8 +81,8 @@ CASES: dict[str, list[Case]] = {
         Case("96 layers into 8 stages within 10 s (trying every split would take hours)", 1,
              *_partition_case([(DEEP_COSTS, 8)]), timeout_s=10),
         Case("the caller's costs left unchanged " + FEEDBACK, 0,
-             *_partition_case([([3, 1, 1, 1, 2], 2), ([9, 6, 10, 8], 3), ([7, 2], 1),
-                               ([1.25, 0.5, 0.75, 2.0, 0.25], 3)], input_kept=True)),
+             *_partition_input_case([([3, 1, 1, 1, 2], 2), ([9, 6, 10, 8], 3), ([7, 2], 1),
+                                     ([1.25, 0.5, 0.75, 2.0, 0.25], 3)])),
     ],
     "4.2": [
         Case("a valid schedule", 1, _orders_case([(2, 2), (4, 3)]),

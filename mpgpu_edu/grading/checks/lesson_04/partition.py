@@ -71,12 +71,16 @@ def _judge_input_kept(out: dict, costs: list[float], n_stages: int) -> None:
                                         f"its input to {out['input_after']}")
 
 
-def _partition_case(cases: list[tuple[list[float], int]], input_kept: bool = False
-                    ) -> tuple[Callable, Callable]:
-    """*compute* and *judge* over listed (costs, n_stages): the boundaries returned (scored),
-    or with ``input_kept`` whether the caller's costs were left as they were (feedback)."""
+def _partition_case(cases: list[tuple[list[float], int]]) -> tuple[Callable, Callable]:
+    """*compute* and *judge* over listed (costs, n_stages): the boundaries returned."""
     return each([{"costs": costs, "n_stages": n} for costs, n in cases], _partition_one,
-                _judge_input_kept if input_kept else _judge_partition)
+                _judge_partition)
+
+
+def _partition_input_case(cases: list[tuple[list[float], int]]) -> tuple[Callable, Callable]:
+    """The feedback case's halves: whether the caller's costs were left as they were."""
+    return each([{"costs": costs, "n_stages": n} for costs, n in cases], _partition_one,
+                _judge_input_kept)
 
 
 def _compute_bad(impl: Impl) -> list[dict]:
