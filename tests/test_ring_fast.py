@@ -156,6 +156,57 @@ def test_exact_sum_on_gloo_with_only_point_to_point(n: int) -> None:
         assert run.results == [[]] * n, (segment_bytes, run.results)
 
 
+def connections_used(comm) -> dict:  # noqa: ANN001
+    """Which process group each of the fast ring's torch messages went on, by direction,
+    on the program's lane and on the comm stream's (a ``run_async`` job)."""
+    from mpgpu_edu.comm import dist as comm_dist
+
+    lanes, seen = comm.lanes, []
+    names = {id(lanes.main): "main", id(lanes.stream): "stream",
+             id(lanes.main_down): "main_down", id(lanes.stream_down): "stream_down"}
+    saved = comm_dist.dist.isend, comm_dist.dist.irecv
+
+    def spy(kind, fn):  # noqa: ANN001, ANN202
+        def posted(tensor, peer, group=None, tag=0):  # noqa: ANN001, ANN202
+            seen.append((kind, peer > comm.rank if kind == "send" else peer < comm.rank,
+                         names.get(id(group), "?"), tensor.dtype))
+            return fn(tensor, peer, group=group, tag=tag)
+        return posted
+
+    comm_dist.dist.isend, comm_dist.dist.irecv = spy("send", saved[0]), spy("recv", saved[1])
+    try:
+        ring = RingAllReduce(segment_bytes=64)
+        tensor = torch.arange(1001, dtype=torch.float64) + comm.rank
+        ring(comm, tensor)
+        program = list(seen)
+        seen.clear()
+        comm.run_async(ring, comm, tensor).wait()
+        return {"program": program, "stream": list(seen), "sum": tensor[:3].tolist()}
+    finally:
+        comm_dist.dist.isend, comm_dist.dist.irecv = saved
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("n", [2, 3])
+def test_on_gloo_each_direction_has_its_own_connection(n: int) -> None:
+    """gloo's connection to a peer takes one lock for both directions: the fast ring sends
+    to a higher rank on the lane's group and to a lower rank on its second one, and
+    receives accordingly, so that on two ranks its two directions run at once."""
+    run = launch(connections_used, n, backend="gloo", timeout=120)
+    want = [float(n * k + n * (n - 1) // 2) * n for k in range(3)]  # two all-reduces
+    for rank, result in enumerate(run.results):
+        assert result["sum"] == want
+        for lane, up, down in (("program", "main", "main_down"),
+                               ("stream", "stream", "stream_down")):
+            used = {(kind, upward, group) for kind, upward, group, dtype in result[lane]
+                    if dtype == torch.float64}  # the data, not the size check's envelope
+            assert used, (rank, lane)
+            for kind, upward, group in used:
+                assert group == (up if upward else down), (rank, lane, kind, upward, group)
+            if n == 2:  # a ring of two: both connections, one per direction
+                assert {group for _, _, group in used} == {up, down}
+
+
 # ---- DDP's overlapped step runs on it ---------------------------------------------------------
 def counting_rings(comm, step_fn) -> dict:  # noqa: ANN001
     """Train with the reference ring disabled and every RingAllReduce call counted."""

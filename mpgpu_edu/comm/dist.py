@@ -434,11 +434,15 @@ class _Burst:
     def __enter__(self) -> tuple[Callable[[torch.Tensor], Work],
                                  Callable[[torch.Tensor], Work]]:
         comm, tag, send_to, recv_from = self.comm, self.tag, self.send_to, self.recv_from
-        group, posted = comm._group(), self.posted
+        posted, rank, lanes, lane = self.posted, comm.rank, comm.lanes, comm.lane
+        # A message to a lower rank takes the lane's second connection (``Lanes``): on two
+        # ranks the ring's two directions then run at once. Both ends apply the same rule.
+        group = lanes.down(lane) if send_to < rank else comm._group()
+        source = lanes.down(lane) if recv_from > rank else comm._group()
         head = getattr(comm._local, "sized", None)  # an enclosing sized_by checks for us
-        if head is None and comm.checked:
+        if head is None and comm.checked:  # the envelope ahead of the data, on its connection
             head = self.head = comm._local.sized = _Head.post(comm, self.tensor, send_to,
-                                                              recv_from, tag)
+                                                              recv_from, tag, (group, source))
         now = comm.now
         self.board = comm.waiting(*comm.burst_text(send_to, recv_from, tag))
         self.board.__enter__()
@@ -450,7 +454,7 @@ class _Burst:
             return work
 
         def irecv(t: torch.Tensor) -> Work:
-            got = dist.irecv(t, recv_from, group=group, tag=sized_tag(tag, nbytes_of(t)))
+            got = dist.irecv(t, recv_from, group=source, tag=sized_tag(tag, nbytes_of(t)))
             work = QuickWork(comm, got, "recv", t, recv_from, tag, now(), head)
             posted.append(work)
             return work
@@ -499,13 +503,14 @@ class _Head:
 
     @classmethod
     def post(cls, comm: DistCommunicator, tensor: torch.Tensor, send_to: int, recv_from: int,
-             tag: int) -> _Head:
+             tag: int, groups: tuple[Any, Any] | None = None) -> _Head:
         """``tensor``'s envelope sent to ``send_to``, and ``recv_from``'s receive posted
-        first, so that the left neighbour's lands at once."""
-        group = comm._group()
+        first, so that the left neighbour's lands at once; on ``groups`` (to, from), by
+        default both the lane's own."""
+        to, source = groups if groups is not None else (comm._group(), comm._group())
         head = cls(comm, tensor, comm.envelope_of(tensor), recv_from, send_to, tag)
-        head.work = dist.irecv(head.theirs, recv_from, group=group, tag=tag)
-        head.sent = dist.isend(head.mine, send_to, group=group, tag=tag)
+        head.work = dist.irecv(head.theirs, recv_from, group=source, tag=tag)
+        head.sent = dist.isend(head.mine, send_to, group=to, tag=tag)
         return head
 
     def finish(self) -> None:

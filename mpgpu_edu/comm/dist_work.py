@@ -30,21 +30,41 @@ POLL_S = 1e-4  # wait_any polls its works this often
 class Lanes:
     """The process groups of one process: ``main`` for the rank's program (``None``: the
     default group) and ``stream`` for its communication stream; and the rank's device.
-    Made once per process, by every rank at the same point (``init_lanes``)."""
+    Made once per process, by every rank at the same point (``init_lanes``).
+
+    On gloo each lane also has a second group, ``main_down`` and ``stream_down``: a second
+    TCP connection between every two ranks, which ``neighbours`` uses for its messages to a
+    lower rank (``down``). gloo's connection to a peer holds one lock for both directions, and
+    a rank writing a segment into it cannot read the segment its peer is sending until the
+    write is done: on two ranks, whose ring's two links join the same two processes, the
+    two directions took turns instead of running at once. ``None`` (nccl, or a process
+    made without them): one connection, both directions."""
 
     main: Any
     stream: Any
     device: torch.device
+    main_down: Any = None
+    stream_down: Any = None
+
+    def down(self, lane: int) -> Any:
+        """The group for messages to a lower rank on ``lane`` (``MAIN`` or ``STREAM``)."""
+        if lane == STREAM:
+            return self.stream if self.stream_down is None else self.stream_down
+        return self.main if self.main_down is None else self.main_down
 
 
 def init_lanes(backend: str) -> Lanes:
-    """After ``dist.init_process_group``: pick the device and make the stream's group."""
+    """After ``dist.init_process_group``: pick the device and make the stream's group (and,
+    on gloo, each lane's second connection: ``Lanes``)."""
     device = torch.device("cpu")
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
-    return Lanes(None, dist.new_group(backend=backend), device)
+        return Lanes(None, dist.new_group(backend=backend), device)
+    stream = dist.new_group(backend=backend)
+    return Lanes(None, stream, device, dist.new_group(backend=backend),
+                 dist.new_group(backend=backend))
 
 
 class OpBoard:

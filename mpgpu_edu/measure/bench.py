@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from mpgpu_edu.collectives import all_reduce_naive, all_reduce_ring, cost
 from mpgpu_edu.collectives.ring_fast import RingAllReduce
+from mpgpu_edu.comm.dist_work import MAIN
 from mpgpu_edu.measure.progress import Progress
 
 FP32_BYTES = 4
@@ -76,13 +77,17 @@ def all_reduce_ring_reused(comm: Any, tensor: torch.Tensor, buffer: torch.Tensor
 def ring_fast_bare(ring: RingAllReduce) -> Op:
     """``ring``'s algorithm, plan and scratch, its messages posted straight with
     ``dist.isend``/``dist.irecv`` on ``comm``'s process group: no size check, no record, no
-    board. Not for use: it shows what the course's communicator costs on top (sum only)."""
+    board, on the same connections (a message to a lower rank on the lane's second one, as
+    ``comm.neighbours`` sends it). Not for use: it shows what the course's communicator costs
+    on top (sum only)."""
     def op(comm: Any, tensor: torch.Tensor) -> None:
-        flat, n, group, tag = tensor.view(-1), comm.world_size, comm.lanes.main, ring.tag
+        flat, n, lanes, tag = tensor.view(-1), comm.world_size, comm.lanes, ring.tag
         right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
+        to = lanes.down(MAIN) if right < comm.rank else lanes.main
+        source = lanes.down(MAIN) if left > comm.rank else lanes.main
         ring._reduce(flat, "sum", n, ring.reserve(comm, flat),
-                     lambda t: dist.isend(t, right, group=group, tag=tag),
-                     lambda t: dist.irecv(t, left, group=group, tag=tag))
+                     lambda t: dist.isend(t, right, group=to, tag=tag),
+                     lambda t: dist.irecv(t, left, group=source, tag=tag))
     return op
 
 
