@@ -141,12 +141,19 @@ class RingAllReduce:
         check_op(op, tensor)
         if comm.world_size == 1:
             return  # the sum (and the mean) of one tensor is itself
+        if tensor.is_contiguous():  # flat_view's own first case, without its generator
+            data = tensor.detach() if tensor.requires_grad else tensor
+            self._all_reduce(comm, data if data.dim() == 1 else data.view(-1), op)
+            return
         with flat_view(tensor) as flat:
-            plan = self.reserve(comm, flat)
-            n = comm.world_size  # both neighbours cut the same plan from the same size:
-            with comm.neighbours(flat, (comm.rank + 1) % n, (comm.rank - 1) % n,
-                                 self.tag) as (isend, irecv):  # checked once, not per message
-                self._reduce(flat, op, n, plan, isend, irecv)
+            self._all_reduce(comm, flat, op)
+
+    def _all_reduce(self, comm: Communicator, flat: torch.Tensor, op: str) -> None:
+        plan = self.reserve(comm, flat)
+        n = comm.world_size  # both neighbours cut the same plan from the same size:
+        with comm.neighbours(flat, (comm.rank + 1) % n, (comm.rank - 1) % n,
+                             self.tag) as (isend, irecv):  # checked once, not per message
+            self._reduce(flat, op, n, plan, isend, irecv)
 
     @staticmethod
     def _reduce(flat: torch.Tensor, op: str, n: int, plan: RingPlan,

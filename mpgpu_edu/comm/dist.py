@@ -53,6 +53,7 @@ class DistCommunicator(Communicator):
                  on_stream_error: Callable[[BaseException], None] | None = None,
                  check_messages: bool | None = None) -> None:
         self.lanes, self.board = lanes, board or OpBoard()
+        self._cuda = lanes.device.type == "cuda"
         if check_messages is None:
             check_messages = checking_from_env()
         self.backend = dist.get_backend()
@@ -68,6 +69,7 @@ class DistCommunicator(Communicator):
         self._local = threading.local()
         self._texts: dict[tuple, tuple[str, str]] = {}  # a message's words and board line
         self._envelopes: dict[tuple, torch.Tensor] = {}  # the envelope of a dtype and shape
+        self._bursts: dict[tuple, tuple] = {}  # a neighbours block's groups and words
         self._stream: Stream | None = None
         self._on_stream_error = on_stream_error
         ledger = MemoryLedger(self.rank, device_capacity(lanes.device), str(lanes.device))
@@ -108,7 +110,7 @@ class DistCommunicator(Communicator):
 
     def sync(self) -> None:
         """Wait for the GPU's queued work, so that the wall clock measures it (CUDA only)."""
-        if self.device.type == "cuda":
+        if self._cuda:
             torch.cuda.synchronize(self.device)
 
     @property
@@ -181,16 +183,25 @@ class DistCommunicator(Communicator):
             return
         sent, got = _label("send", send_to, tag), _label("recv", recv_from, tag)
         stats, raw = self.stats, self._raw
+        out = into = sends = recvs = 0
         with self.lock:
             for work in works:
                 t = work.tensor
                 nbytes = t.numel() * t.element_size()
                 if work.op == "send":
-                    stats.record_send(send_to, nbytes)
+                    out, sends = out + nbytes, sends + 1
                     raw.append(("send", work.start, work.end, sent, nbytes, 0.0, send_to))
                 else:
-                    stats.record_recv(recv_from, nbytes)
+                    into, recvs = into + nbytes, recvs + 1
                     raw.append(("recv", work.start, work.end, got, nbytes, 0.0, recv_from))
+            if sends:  # CommStats.record_send and record_recv, once for the block
+                stats.bytes_sent += out
+                stats.messages_sent += sends
+                stats.sent_to[send_to] += out
+            if recvs:
+                stats.bytes_received += into
+                stats.messages_received += recvs
+                stats.received_from[recv_from] += into
 
     def _checks_each(self) -> bool:
         """Whether this thread's messages carry an envelope now (not inside ``sized_by``)."""
@@ -222,9 +233,27 @@ class DistCommunicator(Communicator):
         waits saw: none of ``isend``'s checks, words and bookkeeping per message, and nothing
         but the wait itself between a message's arrival and the caller's next step. A
         message left unwaited is waited on the way out."""
-        self._check("send", tensor, send_to, tag)
-        self._check("recv", tensor, recv_from, tag)
-        return _Burst(self, tensor, send_to, recv_from, tag)
+        lane = self.lane
+        kind = self._bursts.get((send_to, recv_from, tag, lane))
+        if kind is None or not (isinstance(tensor, torch.Tensor) and not tensor.is_meta
+                                and tensor.device == self.device and tensor.is_contiguous()):
+            self._check("send", tensor, send_to, tag)  # raises what is wrong, if anything
+            self._check("recv", tensor, recv_from, tag)
+        if kind is None:  # peers and tag are good: what stays the same for them, made once
+            kind = _remember(self._bursts, (send_to, recv_from, tag, lane),
+                             self._burst_kind(send_to, recv_from, tag, lane))
+        return _Burst(self, tensor, kind)
+
+    def _burst_kind(self, send_to: int, recv_from: int, tag: int, lane: int) -> tuple:
+        """(send_to, recv_from, tag, group to send on, group to receive on, words, board
+        line) of a ``neighbours`` block. A message to a lower rank takes the lane's second
+        connection (``Lanes``): on two ranks the ring's two directions then run at once.
+        Both ends apply the same rule."""
+        own = self.lanes.stream if lane == STREAM else self.lanes.main
+        down = self.lanes.down(lane)
+        return (send_to, recv_from, tag, down if send_to < self.rank else own,
+                down if recv_from > self.rank else own,
+                *self.burst_text(send_to, recv_from, tag))
 
     # ---- point to point -------------------------------------------------------------------
     def _check(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
@@ -421,30 +450,26 @@ class _Burst:
     no ``sized_by`` block is open) and yields ``(isend, irecv)``; leaving waits what is left,
     checks the envelope, and records every message."""
 
-    __slots__ = ("comm", "tensor", "send_to", "recv_from", "tag", "posted", "head", "board")
+    __slots__ = ("comm", "tensor", "send_to", "recv_from", "tag", "kind", "posted", "head",
+                 "board")
 
-    def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, send_to: int,
-                 recv_from: int, tag: int) -> None:
-        self.comm, self.tensor, self.tag = comm, tensor, tag
-        self.send_to, self.recv_from = send_to, recv_from
+    def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, kind: tuple) -> None:
+        self.comm, self.tensor, self.kind = comm, tensor, kind
+        self.send_to, self.recv_from, self.tag = kind[0], kind[1], kind[2]
         self.posted: list[QuickWork] = []
         self.head: _Head | None = None
         self.board: _Waiting | None = None
 
     def __enter__(self) -> tuple[Callable[[torch.Tensor], Work],
                                  Callable[[torch.Tensor], Work]]:
-        comm, tag, send_to, recv_from = self.comm, self.tag, self.send_to, self.recv_from
-        posted, rank, lanes, lane = self.posted, comm.rank, comm.lanes, comm.lane
-        # A message to a lower rank takes the lane's second connection (``Lanes``): on two
-        # ranks the ring's two directions then run at once. Both ends apply the same rule.
-        group = lanes.down(lane) if send_to < rank else comm._group()
-        source = lanes.down(lane) if recv_from > rank else comm._group()
+        comm, posted = self.comm, self.posted
+        send_to, recv_from, tag, group, source, text, line = self.kind
         head = getattr(comm._local, "sized", None)  # an enclosing sized_by checks for us
         if head is None and comm.checked:  # the envelope ahead of the data, on its connection
             head = self.head = comm._local.sized = _Head.post(comm, self.tensor, send_to,
                                                               recv_from, tag, (group, source))
         now = comm.now
-        self.board = comm.waiting(*comm.burst_text(send_to, recv_from, tag))
+        self.board = _Waiting(comm, text, line)
         self.board.__enter__()
 
         def isend(t: torch.Tensor) -> Work:

@@ -97,8 +97,8 @@ def ring_fast_unchecked(ring: RingAllReduce) -> Op:
     made: list[Any] = []  # made on first use, beside the rank's own communicator
 
     def op(comm: Any, tensor: torch.Tensor) -> None:
-        from mpgpu_edu.comm.dist import DistCommunicator
         if not made:
+            from mpgpu_edu.comm.dist import DistCommunicator
             made.append(DistCommunicator(comm.lanes, board=comm.board, check_messages=False))
         ring(made[0], tensor)
     return op
