@@ -159,21 +159,22 @@ def test_exact_sum_on_gloo_with_only_point_to_point(n: int) -> None:
 def connections_used(comm) -> dict:  # noqa: ANN001
     """Which process group each of the fast ring's torch messages went on, by direction,
     on the program's lane and on the comm stream's (a ``run_async`` job)."""
-    from mpgpu_edu.comm import dist as comm_dist
-
     lanes, seen = comm.lanes, []
-    names = {id(lanes.main): "main", id(lanes.stream): "stream",
-             id(lanes.main_down): "main_down", id(lanes.stream_down): "stream_down"}
-    saved = comm_dist.dist.isend, comm_dist.dist.irecv
+    groups = {"main": lanes.main if lanes.main is not None else dist.group.WORLD,
+              "stream": lanes.stream, "main_down": lanes.main_down,
+              "stream_down": lanes.stream_down}
+    names = {id(group): name for name, group in groups.items()}
+    group_type = dist.ProcessGroup
+    saved = group_type.__dict__["send"], group_type.__dict__["recv"]  # (restored as they were)
 
     def spy(kind, fn):  # noqa: ANN001, ANN202
-        def posted(tensor, peer, group=None, tag=0):  # noqa: ANN001, ANN202
+        def posted(group, tensors, peer, tag):  # noqa: ANN001, ANN202
             seen.append((kind, peer > comm.rank if kind == "send" else peer < comm.rank,
-                         names.get(id(group), "?"), tensor.dtype))
-            return fn(tensor, peer, group=group, tag=tag)
+                         names.get(id(group), "?"), tensors[0].dtype))
+            return fn.__get__(group)(tensors, peer, tag)
         return posted
 
-    comm_dist.dist.isend, comm_dist.dist.irecv = spy("send", saved[0]), spy("recv", saved[1])
+    group_type.send, group_type.recv = spy("send", saved[0]), spy("recv", saved[1])
     try:
         ring = RingAllReduce(segment_bytes=64)
         tensor = torch.arange(1001, dtype=torch.float64) + comm.rank
@@ -183,7 +184,7 @@ def connections_used(comm) -> dict:  # noqa: ANN001
         comm.run_async(ring, comm, tensor).wait()
         return {"program": program, "stream": list(seen), "sum": tensor[:3].tolist()}
     finally:
-        comm_dist.dist.isend, comm_dist.dist.irecv = saved
+        group_type.send, group_type.recv = saved
 
 
 @pytest.mark.gloo

@@ -251,8 +251,13 @@ class DistCommunicator(Communicator):
         Both ends apply the same rule."""
         own = self.lanes.stream if lane == STREAM else self.lanes.main
         down = self.lanes.down(lane)
-        return (send_to, recv_from, tag, down if send_to < self.rank else own,
-                down if recv_from > self.rank else own,
+        to, source = (down if send_to < self.rank else own), (down if recv_from > self.rank
+                                                               else own)
+        # The process groups themselves (the default one for None): each message is then
+        # posted with the group's own send/recv, what dist.isend/irecv end in, without their
+        # argument handling. Every lane's group spans all ranks: group rank = global rank.
+        return (send_to, recv_from, tag, dist.group.WORLD if to is None else to,
+                dist.group.WORLD if source is None else source,
                 *self.burst_text(send_to, recv_from, tag))
 
     # ---- point to point -------------------------------------------------------------------
@@ -472,14 +477,18 @@ class _Burst:
         self.board = _Waiting(comm, text, line)
         self.board.__enter__()
 
+        send, recv = group.send, source.recv
+
         def isend(t: torch.Tensor) -> Work:
-            sent = dist.isend(t, send_to, group=group, tag=sized_tag(tag, nbytes_of(t)))
+            wire = sized_tag(tag, t.numel() * t.element_size())
+            sent = send([torch.view_as_real(t) if t.is_complex() else t], send_to, wire)
             work = QuickWork(comm, sent, "send", t, send_to, tag, now(), None)
             posted.append(work)
             return work
 
         def irecv(t: torch.Tensor) -> Work:
-            got = dist.irecv(t, recv_from, group=source, tag=sized_tag(tag, nbytes_of(t)))
+            wire = sized_tag(tag, t.numel() * t.element_size())
+            got = recv([torch.view_as_real(t) if t.is_complex() else t], recv_from, wire)
             work = QuickWork(comm, got, "recv", t, recv_from, tag, now(), head)
             posted.append(work)
             return work
