@@ -177,3 +177,32 @@ def fast_ring_numel(comm, numels) -> None:
     from mpgpu_edu.collectives.ring_fast import RingAllReduce
 
     RingAllReduce()(comm, torch.ones(numels[comm.rank]))
+
+
+def fast_ring_agree_then_differ(comm) -> None:
+    """Two fast-ring calls on which the ranks agree (the second uses the size-check receive
+    the first left posted), then one on which they do not."""
+    from mpgpu_edu.collectives.ring_fast import RingAllReduce
+
+    ring = RingAllReduce()
+    for _ in range(2):
+        ring(comm, torch.ones(8))
+    ring(comm, torch.ones(8 + comm.rank))
+
+
+def fast_ring_sums(comm, numel: int, checked: bool) -> tuple[int, list]:
+    """The rank's process id, and the sums of three fast-ring calls on a communicator with
+    checks on or off (the rank's own process groups): each rank holds rank + 1."""
+    import os
+
+    from mpgpu_edu.collectives.ring_fast import RingAllReduce
+    from mpgpu_edu.comm.dist import DistCommunicator
+
+    use = comm if checked else DistCommunicator(comm.lanes, board=comm.board,
+                                                check_messages=False)
+    ring, sums = RingAllReduce(), []
+    for _ in range(3):
+        tensor = torch.full((numel,), float(comm.rank + 1))
+        ring(use, tensor)
+        sums.append(tensor.sum().item())
+    return os.getpid(), sums

@@ -46,6 +46,26 @@ def test_the_fast_ring_checks_its_tensors_once_and_names_both(segment_bytes):
     assert "runs this collective on float32 [" in message and "same shape and dtype" in message
 
 
+def test_a_fast_ring_that_disagrees_after_agreeing_is_still_named():
+    """A neighbours block's size-check receive is posted when the last one passed: the
+    third call, on tensors of different sizes, meets it and is named as the first would."""
+    with pytest.raises(MessageMismatchError) as gloo:
+        launch(dist_fns.fast_ring_agree_then_differ, 2, backend="gloo", timeout=30)
+    assert "same shape and dtype" in str(gloo.value)
+
+
+def test_size_check_receives_carry_from_job_to_job_in_a_pool():
+    """The receive a block leaves posted lives with the process groups, which a pool's
+    ranks keep from job to job: a later job (checks on, off, on again, other sizes) meets it
+    and every sum is right."""
+    pids = set()
+    for numel, checked in ((1000, True), (1000, False), (333, True), (1000, True)):
+        run = launch(dist_fns.fast_ring_sums, 2, numel, checked, backend="gloo", timeout=60)
+        assert [sums for _, sums in run.results] == [[3.0 * numel] * 3] * 2, (numel, checked)
+        pids.update(pid for pid, _ in run.results)
+    assert len(pids) == 2  # the same two ranks ran every job
+
+
 def test_a_fast_ring_on_very_different_sizes_is_named_and_aborts_no_rank():
     """A segment posted before the one envelope arrives never meets a receive of another
     size (``envelope.sized_tag``): gloo, receiving 2 MB into a 2 KB buffer, would abort that

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,10 @@ class Lanes:
     device: torch.device
     main_down: Any = None
     stream_down: Any = None
+    # (lane, peer, tag) -> (torch work, envelope): the receive of the size check of the next
+    # ``neighbours`` block from that peer, posted when the last one ended (``dist._Head``).
+    # Kept here, with the process groups, because it outlives a job's communicator.
+    checks: dict = field(default_factory=dict)
 
     def down(self, lane: int) -> Any:
         """The group for messages to a lower rank on ``lane`` (``MAIN`` or ``STREAM``)."""

@@ -51,6 +51,15 @@ def sized_tag(tag: int, nbytes: int) -> int:
     return SIZED_TAG_BIT | (nbytes % SIZE_CODES) << 20 | tag
 
 
+def block_check_tag(tag: int) -> int | None:
+    """The torch tag of a ``neighbours`` block's envelope: a size code no message size has
+    (``SIZE_CODES``), so that nothing else meets the receive posted for it ahead of time;
+    ``None`` from ``RESERVED_TAG`` on."""
+    if tag >= RESERVED_TAG:
+        return None
+    return SIZED_TAG_BIT | SIZE_CODES << 20 | tag
+
+
 def checking_from_env() -> bool:
     """Whether envelopes are on: anything but ``0``/``false``/``no``/``off`` means yes."""
     return os.environ.get(CHECK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
