@@ -28,12 +28,14 @@ recorded in ``benchmarks/RESULTS.md``:
    (``comm.envelope``), and every ``isend`` checks its arguments, names itself on the
    rank's board and keeps a handle until it is waited. Both neighbours cut the same plan
    from the same tensor size, and a ring only ever sends right and receives from the left,
-   so ``comm.neighbours`` checks the tensors once, in one envelope at the start
-   (as ``sized_by``), checks the peers and tag once, and hands back an ``isend``/``irecv``
-   bound to them that posts the torch message, nothing more; the messages are recorded
-   when the block ends, so nothing but the wait sits between a segment's arrival and its
-   addition (``MPGPU_EDU_CHECK_MESSAGES=0`` switches all envelopes off: the benchmark's
-   ``ring_fast_unchecked``; ``ring_fast_bare`` posts the same ring with no communicator).
+   so ``comm.neighbours`` checks the tensors once, in one envelope per call (as
+   ``sized_by``; its receive posted when the last call's check passed, so that it is
+   waiting when the envelope comes), checks the peers and tag once, and hands back an
+   ``isend``/``irecv`` bound to them that posts the torch message, nothing more; the
+   messages are recorded when the block ends, so nothing but the wait sits between a
+   segment's arrival and its addition (``MPGPU_EDU_CHECK_MESSAGES=0`` switches all
+   envelopes off: the benchmark's ``ring_fast_unchecked``; ``ring_fast_bare`` posts the same
+   ring with ``dist.isend``/``dist.irecv`` and no communicator).
 6. **Receives first, and one connection per direction.** On gloo a message's data moves only
    once its receive is posted (the receiver tells the sender it is ready), and a rank's
    connection to a peer takes one lock for both directions: a rank writing a segment out
@@ -41,8 +43,8 @@ recorded in ``benchmarks/RESULTS.md``:
    before the sends around it (the all-gather's too, two ahead, into place: safe, see
    ``post_gathers``), and ``comm.neighbours`` sends to a lower rank on a second connection
    (``Lanes``). On two ranks, where both links of the ring join the same two processes,
-   the two directions had taken turns; now they run at once (``RESULTS.md``: 4 MiB went
-   from 1.17 to 0.83 times gloo's own, bare).
+   the two directions had taken turns; now they run at once (``RESULTS.md``: at 4 MiB the
+   bare ring went from 1.17 to about 0.8 times gloo's own time).
 
 Messages between two neighbours match in the order they are posted (the simulator, gloo
 and MPI all keep that order per sender, receiver and tag), so many can be in flight on one
