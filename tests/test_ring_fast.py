@@ -48,6 +48,34 @@ def test_exact_sum_for_every_world_size_and_odd_sizes(n: int, segment_bytes) -> 
     assert result == [[]] * n, f"{n} ranks: (elements, op) that failed per rank: {result}"
 
 
+def sums_in_order(comm, receives_first: bool, segment_bytes: int | None) -> list:  # noqa: ANN001
+    """``exact_sums``' check, with the ring's messages posted in the given order (nccl's
+    sends first, or receives first)."""
+    n, failed = comm.world_size, []
+    ring = RingAllReduce(segment_bytes)
+    for numel in (1, n + 1, 37, 1001):
+        tensor = torch.arange(numel, dtype=torch.float64) + comm.rank + 1
+        plan = ring.reserve(comm, tensor)
+        with comm.neighbours(tensor, (comm.rank + 1) % n, (comm.rank - 1) % n) as (s, r):
+            RingAllReduce._reduce(tensor, "sum", n, plan, s, r, receives_first)
+        if not torch.equal(tensor, n * torch.arange(numel, dtype=torch.float64)
+                           + n * (n + 1) / 2):
+            failed.append(numel)
+    return failed
+
+
+@pytest.mark.parametrize("receives_first", [True, False], ids=["receives first", "sends first"])
+@pytest.mark.parametrize("backend", ["sim", pytest.param("gloo", marks=pytest.mark.gloo)])
+def test_both_orders_of_posting_give_the_exact_sum(receives_first: bool, backend: str) -> None:
+    """gloo and the simulator post receives first; nccl keeps sends first (its sends and
+    receives between two ranks share one stream). Both orders, 2 and 3 ranks, segments."""
+    kwargs = {} if backend == "sim" else {"backend": "gloo", "timeout": 60}
+    for n in (2, 3):
+        for segment_bytes in (None, 16):
+            run = launch(sums_in_order, n, receives_first, segment_bytes, **kwargs)
+            assert run.results == [[]] * n, (n, segment_bytes, run.results)
+
+
 def same_as_ring(comm, numel: int, op: str, segment_bytes: int | None) -> bool:  # noqa: ANN001
     x = torch.randn(numel, generator=torch.Generator().manual_seed(comm.rank))
     reference, fast = x.clone(), x.clone()

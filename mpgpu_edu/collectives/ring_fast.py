@@ -155,13 +155,18 @@ class RingAllReduce:
         n = comm.world_size  # both neighbours cut the same plan from the same size:
         with comm.neighbours(flat, (comm.rank + 1) % n, (comm.rank - 1) % n,
                              self.tag) as (isend, irecv):  # checked once, not per message
-            self._reduce(flat, op, n, plan, isend, irecv)
+            self._reduce(flat, op, n, plan, isend, irecv, comm.backend != "nccl")
 
     @staticmethod
     def _reduce(flat: torch.Tensor, op: str, n: int, plan: RingPlan,
                 isend: Callable[[torch.Tensor], Work],
-                irecv: Callable[[torch.Tensor], Work]) -> None:
-        """``isend(t)`` goes to the right neighbour, ``irecv(t)`` comes from the left one."""
+                irecv: Callable[[torch.Tensor], Work], receives_first: bool = True) -> None:
+        """``isend(t)`` goes to the right neighbour, ``irecv(t)`` comes from the left one.
+        ``receives_first=False`` (nccl) keeps the order of the ring before step 6: sends
+        ahead of the receives beside them, and each all-gather receive posted once the
+        reduce-scatter send from its segment has been waited. (torch's nccl process group
+        runs the sends and receives between two ranks on one stream, one after another: a
+        receive queued ahead of the send its peer waits for would never start.)"""
         segs = flat.split_with_sizes(plan.sizes)  # (Tensor.split imports torch._dynamo)
         outgoing, incoming, buffers = plan.outgoing, plan.incoming, plan.buffers
         units = len(outgoing)
@@ -178,19 +183,24 @@ class RingAllReduce:
             if len(recvs) < units:
                 return
             for v in range(len(gathered), min(upto, units)):
+                if not receives_first:
+                    sends[v].wait()
                 gathered.append(irecv(segs[outgoing[v]]))
 
         # Reduce-scatter. Every receive is posted before the sends around it, so the left
         # neighbour's data can flow while this rank's own is written out (step 6).
-        recvs = [irecv(buffers[0])]
-        post_gathers(2)  # (a ring of two with one segment per chunk: at once)
+        recvs = [irecv(buffers[0])] if receives_first else []
+        sends: list[Work] = []
+        post_gathers(2 if receives_first else 0)  # (a ring of two, one segment per chunk)
         # Step 0 sends this rank's own data: all of it can leave at once.
-        sends = [isend(segs[i]) for i in outgoing[: plan.segments]]
+        sends += [isend(segs[i]) for i in outgoing[: plan.segments]]
+        if not receives_first:
+            recvs.append(irecv(buffers[0]))
         forwards: list[Work] = []
         for u in range(units):
             if u + 1 < units:  # the next transfer runs while this segment is added
                 recvs.append(irecv(buffers[u + 1]))
-                post_gathers(2)
+                post_gathers(2 if receives_first else 0)
             recvs[u].wait()
             seg = segs[incoming[u]]
             seg.add_(buffers[u])
@@ -199,7 +209,7 @@ class RingAllReduce:
                 continue
             if op == "mean":
                 seg.div_(n)  # by the owner, once, as all_reduce_ring does
-            post_gathers(u - last + 2)
+            post_gathers(u - last + 2 if receives_first else 0)
             forwards.append(isend(seg))  # all-gather, step 0
         # All-gather: received straight into place, then passed on; two receives ahead of
         # the one waited. (Posted all at once, the all-gather's transfers are ready beside
@@ -210,7 +220,7 @@ class RingAllReduce:
             gathered[u].wait()
             if u < last:
                 forwards.append(isend(segs[outgoing[u]]))
-        for work in sends:
+        for work in sends if receives_first else ():  # (else waited above)
             work.wait()
         for work in forwards:
             work.wait()
