@@ -471,7 +471,7 @@ class _Burst:
         comm, posted = self.comm, self.posted
         send_to, recv_from, tag, group, source, text, line = self.kind
         head = getattr(comm._local, "sized", None)  # an enclosing sized_by checks for us
-        if head is None and comm.checked:  # the envelope ahead of the data, on its connection
+        if head is None and comm.checked:  # the size check (post_block: its receive ahead)
             head = self.head = comm._local.sized = _Head.post_block(comm, self.tensor, send_to,
                                                                     recv_from, tag, group,
                                                                     source)
