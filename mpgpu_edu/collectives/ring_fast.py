@@ -191,7 +191,8 @@ class RingAllReduce:
         # neighbour's data can flow while this rank's own is written out (step 6).
         recvs = [irecv(buffers[0])] if receives_first else []
         sends: list[Work] = []
-        post_gathers(2 if receives_first else 0)  # (a ring of two, one segment per chunk)
+        if receives_first:
+            post_gathers(2)  # (a ring of two, one segment per chunk: at once)
         # Step 0 sends this rank's own data: all of it can leave at once.
         sends += [isend(segs[i]) for i in outgoing[: plan.segments]]
         if not receives_first:
@@ -200,7 +201,8 @@ class RingAllReduce:
         for u in range(units):
             if u + 1 < units:  # the next transfer runs while this segment is added
                 recvs.append(irecv(buffers[u + 1]))
-                post_gathers(2 if receives_first else 0)
+                if receives_first:
+                    post_gathers(2)
             recvs[u].wait()
             seg = segs[incoming[u]]
             seg.add_(buffers[u])
@@ -209,7 +211,8 @@ class RingAllReduce:
                 continue
             if op == "mean":
                 seg.div_(n)  # by the owner, once, as all_reduce_ring does
-            post_gathers(u - last + 2 if receives_first else 0)
+            if receives_first:
+                post_gathers(u - last + 2)
             forwards.append(isend(seg))  # all-gather, step 0
         # All-gather: received straight into place, then passed on; two receives ahead of
         # the one waited. (Posted all at once, the all-gather's transfers are ready beside

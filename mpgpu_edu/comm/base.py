@@ -43,14 +43,14 @@ class CommStats:
     sent_to: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     received_from: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
-    def record_send(self, dst: int, nbytes: int) -> None:
+    def record_send(self, dst: int, nbytes: int, messages: int = 1) -> None:
         self.bytes_sent += nbytes
-        self.messages_sent += 1
+        self.messages_sent += messages
         self.sent_to[dst] += nbytes
 
-    def record_recv(self, src: int, nbytes: int) -> None:
+    def record_recv(self, src: int, nbytes: int, messages: int = 1) -> None:
         self.bytes_received += nbytes
-        self.messages_received += 1
+        self.messages_received += messages
         self.received_from[src] += nbytes
 
     def to_dict(self) -> dict:

@@ -195,14 +195,10 @@ class DistCommunicator(Communicator):
                 else:
                     into, recvs = into + nbytes, recvs + 1
                     raw.append(("recv", work.start, work.end, got, nbytes, 0.0, recv_from))
-            if sends:  # CommStats.record_send and record_recv, once for the block
-                stats.bytes_sent += out
-                stats.messages_sent += sends
-                stats.sent_to[send_to] += out
+            if sends:  # once for the block
+                stats.record_send(send_to, out, sends)
             if recvs:
-                stats.bytes_received += into
-                stats.messages_received += recvs
-                stats.received_from[recv_from] += into
+                stats.record_recv(recv_from, into, recvs)
 
     def _checks_each(self) -> bool:
         """Whether this thread's messages carry an envelope now (not inside ``sized_by``)."""
@@ -234,13 +230,11 @@ class DistCommunicator(Communicator):
         waits saw: none of ``isend``'s checks, words and bookkeeping per message, and nothing
         but the wait itself between a message's arrival and the caller's next step. A
         message left unwaited is waited on the way out."""
+        self._check("send", tensor, send_to, tag)
+        self._check("recv", tensor, recv_from, tag)
         lane = self.lane
         kind = self._bursts.get((send_to, recv_from, tag, lane))
-        if kind is None or not (isinstance(tensor, torch.Tensor) and not tensor.is_meta
-                                and tensor.device == self.device and tensor.is_contiguous()):
-            self._check("send", tensor, send_to, tag)  # raises what is wrong, if anything
-            self._check("recv", tensor, recv_from, tag)
-        if kind is None:  # peers and tag are good: what stays the same for them, made once
+        if kind is None:  # what stays the same for these peers, tag and lane: made once
             kind = _remember(self._bursts, (send_to, recv_from, tag, lane),
                              self._burst_kind(send_to, recv_from, tag, lane))
         return _Burst(self, tensor, kind)
@@ -250,10 +244,8 @@ class DistCommunicator(Communicator):
         line) of a ``neighbours`` block. A message to a lower rank takes the lane's second
         connection (``Lanes``): on two ranks the ring's two directions then run at once.
         Both ends apply the same rule."""
-        own = self.lanes.stream if lane == STREAM else self.lanes.main
-        down = self.lanes.down(lane)
-        to, source = (down if send_to < self.rank else own), (down if recv_from > self.rank
-                                                               else own)
+        to = self.lanes.between(lane, self.rank, send_to)
+        source = self.lanes.between(lane, recv_from, self.rank)
         # The process groups themselves (the default one for None): each message is then
         # posted with the group's own send/recv, what dist.isend/irecv end in, without their
         # argument handling. Every lane's group spans all ranks: group rank = global rank.

@@ -34,7 +34,7 @@ class Lanes:
 
     On gloo each lane also has a second group, ``main_down`` and ``stream_down``: a second
     TCP connection between every two ranks, which ``neighbours`` uses for its messages to a
-    lower rank (``down``). gloo's connection to a peer holds one lock for both directions, and
+    lower rank (``between``). gloo's connection to a peer holds one lock for both directions, and
     a rank writing a segment into it cannot read the segment its peer is sending until the
     write is done: on two ranks, whose ring's two links join the same two processes, the
     two directions took turns instead of running at once. ``None`` (nccl, or a process
@@ -46,15 +46,17 @@ class Lanes:
     main_down: Any = None
     stream_down: Any = None
     # (lane, peer, tag) -> (torch work, envelope): the receive of the size check of the next
-    # ``neighbours`` block from that peer, posted when the last one ended (``dist._Head``).
-    # Kept here, with the process groups, because it outlives a job's communicator.
+    # ``neighbours`` block from that peer, posted once the last one's check passed
+    # (``dist._Head``). Kept here, with the process groups: it outlives a job's communicator.
     checks: dict = field(default_factory=dict)
 
-    def down(self, lane: int) -> Any:
-        """The group for messages to a lower rank on ``lane`` (``MAIN`` or ``STREAM``)."""
-        if lane == STREAM:
-            return self.stream if self.stream_down is None else self.stream_down
-        return self.main if self.main_down is None else self.main_down
+    def between(self, lane: int, src: int, dst: int) -> Any:
+        """The group a ``neighbours`` message from rank ``src`` to rank ``dst`` goes on, on
+        ``lane`` (``MAIN`` or ``STREAM``): the lane's second one toward a lower rank, where
+        there is one. Sender and receiver both ask, with the same two ranks."""
+        own, down = ((self.stream, self.stream_down) if lane == STREAM
+                     else (self.main, self.main_down))
+        return down if dst < src and down is not None else own
 
 
 def init_lanes(backend: str) -> Lanes:
@@ -173,9 +175,8 @@ class QuickWork(Work):
             self.head.check()  # the other rank's tensor first (``sized_by``)
         self.work.wait()
         comm = self.comm
-        if comm._cuda:
-            comm.sync()
-        self.end, self.done = time.perf_counter() - comm.t0, True
+        comm.sync()
+        self.end, self.done = comm.now(), True
 
 
 def check_args(rank: int, world_size: int, device: torch.device, op: str,

@@ -83,8 +83,7 @@ def ring_fast_bare(ring: RingAllReduce) -> Op:
     def op(comm: Any, tensor: torch.Tensor) -> None:
         flat, n, lanes, tag = tensor.view(-1), comm.world_size, comm.lanes, ring.tag
         right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
-        to = lanes.down(MAIN) if right < comm.rank else lanes.main
-        source = lanes.down(MAIN) if left > comm.rank else lanes.main
+        to, source = lanes.between(MAIN, comm.rank, right), lanes.between(MAIN, left, comm.rank)
         ring._reduce(flat, "sum", n, ring.reserve(comm, flat),
                      lambda t: dist.isend(t, right, group=to, tag=tag),
                      lambda t: dist.irecv(t, left, group=source, tag=tag))

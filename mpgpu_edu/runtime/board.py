@@ -19,8 +19,9 @@ class SharedBoard:
 
     def __init__(self, path: str, slots: int) -> None:
         self.path, self.slots = path, slots
-        self._slot_bytes: dict[str, bytes] = {}  # a text as its slot's bytes: a rank writes
-        with open(path, "r+b") as handle:      # the same few lines around every message
+        # a text as its slot's bytes: a rank writes the same few lines around every message
+        self._slot_bytes: dict[str, bytes] = {}
+        with open(path, "r+b") as handle:
             self.map = mmap.mmap(handle.fileno(), slots * SLOT_BYTES)
 
     @classmethod
