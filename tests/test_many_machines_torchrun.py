@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -10,17 +11,18 @@ import pytest
 
 from mpgpu_edu.lessons.many_machines import torchrun_command, torchrun_table, two_node_torchrun
 from mpgpu_edu.runtime.torchrun import (REPORT_PREFIX, RankReport, TorchrunResult, check_reports,
-                                        read_reports)
+                                        launch_nodes, read_reports)
 
 
-def workers_alive() -> int:
+def workers_alive(module: bytes = b"mpgpu_edu.lessons.many_machines") -> int:
     count = 0
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        count += b"-m mpgpu_edu.lessons.many_machines" in text
+        # a worker, not its launcher (whose command line names torch.distributed.run)
+        count += b"-m " + module in text and b"torch.distributed.run" not in text
     return count
 
 
@@ -73,3 +75,23 @@ def test_a_timeout_stops_both_launchers_and_their_workers() -> None:
     while workers_alive() > before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert workers_alive() <= before
+
+
+@pytest.mark.gloo
+def test_a_timeout_kills_workers_that_torchrun_started_in_sessions_of_their_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchrun starts each worker with start_new_session: killing a launcher's process group
+    # alone leaves them running. These workers sleep, so all four are up when time runs out.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    monkeypatch.setenv("SLEEPER_MARKS", str(marks))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(Path(__file__).parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    with pytest.raises(RuntimeError, match="did not finish within"):
+        launch_nodes("torchrun_sleeper", nproc_per_node=2, nnodes=2, timeout=15.0)
+    pids = sorted(int(p.name) for p in marks.iterdir())
+    assert len(pids) == 4, "the workers did not all start within 15 s: nothing was tested"
+    deadline = time.monotonic() + 10.0
+    while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []

@@ -118,13 +118,64 @@ def read_reports(outputs: list[str]) -> list[RankReport]:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the launcher and every worker it started (its own process group)."""
-    if proc.poll() is None:
+    """Kill the launcher and every worker it started. torchrun starts each worker in a
+    session of its own (``start_new_session``), so killing the launcher's process group
+    alone would leave running workers behind, waiting for peers that never come. The
+    launcher is stopped first, so that it cannot start another worker while its
+    descendants are gathered; then all of them are killed."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+    doomed = _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for pid in doomed:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        proc.wait()
+    proc.wait()
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below ``root`` (children, their children, ...), from the
+    process table (``/proc`` where there is one, ``ps`` elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parent_table():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _parent_table() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process this user can see."""
+    if os.path.isdir("/proc/self"):
+        table = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            # pid (name) state ppid ...: the name may hold spaces and parentheses
+            table.append((int(entry), int(stat[stat.rindex(b")") + 2:].split()[1])))
+        return table
+    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True,
+                         check=False).stdout
+    return [(int(a), int(b)) for a, b in (line.split() for line in out.splitlines()
+                                          if len(line.split()) == 2)]
 
 
 def torchrun_table(result: TorchrunResult) -> str:
