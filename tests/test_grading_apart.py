@@ -230,10 +230,15 @@ def test_no_rank_finds_the_grader_s_secret(tmp_path: Path) -> None:
     sandbox does not hide it)."""
     from mpgpu_edu.grading.checks import _support
 
-    _support.grading_secret()
-    learner = tmp_path / "ex01_communication.py"
-    learner.write_text(_with_ring(_SECRET_HUNT.replace("SECRET_HEX", _support.SECRET.hex())))
-    graded = run_exercise("1.3", learner, judge_here=True)
+    saved = _support.SECRET
+    try:
+        _support.grading_secret()
+        learner = tmp_path / "ex01_communication.py"
+        learner.write_text(_with_ring(_SECRET_HUNT.replace("SECRET_HEX",
+                                                           _support.SECRET.hex())))
+        graded = run_exercise("1.3", learner, judge_here=True)
+    finally:  # the key stays this test's: later tests draw their inputs without one
+        _support.SECRET = saved
     text = "".join(str(getattr(c, "message", "")) for c in graded.cases)
     assert "HUNT found=[]" in text, text
 

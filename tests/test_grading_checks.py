@@ -587,6 +587,32 @@ def test_a_server_loop_that_posts_every_irecv_then_waits_in_rank_order_passes() 
     assert failing(verdicts("2.3", server_loop)) == set()
 
 
+@pytest.mark.parametrize("exercise_id", ["2.1", "2.2"])
+def test_a_drawn_zero_gradient_passes_parameters_that_did_not_move(
+        exercise_id: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a class-grading key the hidden examples draw other gradients; one can be zero,
+    and then the right step leaves the parameters where they were. A server that never
+    updates still fails (its other examples move)."""
+    from mpgpu_edu.grading.checks import _support
+
+    monkeypatch.setattr(_support, "SEED_SOURCE", lambda seed: seed + 2)
+    assert _support.rank_inputs(2, 1, 0)[1].item() == 0  # the first example: N=2, 1 number
+    hidden = "hidden: random sizes and servers"
+    module = solution("ex02_parameter_server")
+    impl = module.ps_worker_step if exercise_id == "2.1" else module.ps_server_step
+    assert verdicts(exercise_id, impl)[hidden] == ("passed", "")
+
+    def server_that_never_updates(comm: Any, params: torch.Tensor, lr: float) -> None:
+        buffer = torch.empty_like(params)
+        for worker in [r for r in range(comm.world_size) if r != comm.rank]:
+            comm.recv(buffer, worker)
+        for worker in [r for r in range(comm.world_size) if r != comm.rank]:
+            comm.send(params, worker)
+
+    if exercise_id == "2.2":
+        assert "never changed" in verdicts("2.2", server_that_never_updates)[hidden][1]
+
+
 def test_sharded_step_with_other_shard_sizes_fails_on_traffic() -> None:
     from tests.mutants.lesson_02 import sharded_last_takes_the_rest
 
