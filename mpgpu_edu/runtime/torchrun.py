@@ -18,6 +18,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from mpgpu_edu.runtime.server import children_of
+
 REPORT_PREFIX = "MPGPU_RANK_REPORT "
 
 
@@ -66,8 +68,8 @@ def launch_nodes(module: str, nproc_per_node: int = 2, nnodes: int = 2, timeout:
     """Start ``nnodes`` torchrun launchers of ``python -m module`` (a module whose ranks call
     ``report_rank``) on this machine, each as if on its own host, and collect every rank's
     report. ``visible[k]`` is node k's ``CUDA_VISIBLE_DEVICES`` (by default ``0,...,P-1`` on
-    every node: each host numbers its own GPUs from 0). Every launcher runs in its own process
-    group, killed on the way out (timeout or not); a launcher that fails or a missing report
+    every node: each host numbers its own GPUs from 0). Every launcher and the workers it
+    started are killed on the way out (timeout or not); a launcher that fails or a missing report
     raises ``RuntimeError`` with its output."""
     if nproc_per_node < 1 or nnodes < 1:
         raise ValueError(f"nproc_per_node and nnodes must be >= 1, got {nproc_per_node} and "
@@ -122,7 +124,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
     session of its own (``start_new_session``), so killing the launcher's process group
     alone would leave running workers behind, waiting for peers that never come. The
     launcher is stopped first, so that it cannot start another worker while its
-    descendants are gathered; then all of them are killed."""
+    descendants are gathered (from /proc); then all of them are killed."""
     if proc.poll() is not None:
         return
     try:
@@ -143,39 +145,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _descendants(root: int) -> list[int]:
-    """Every live process below ``root`` (children, their children, ...), from the
-    process table (``/proc`` where there is one, ``ps`` elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid in _parent_table():
-        children.setdefault(ppid, []).append(pid)
+    """Every live process below ``root``: its children, their children, ..."""
     found, todo = [], [root]
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in children_of(todo.pop()):
             if child not in found:
                 found.append(child)
                 todo.append(child)
     return found
-
-
-def _parent_table() -> list[tuple[int, int]]:
-    """(pid, parent pid) of every process this user can see."""
-    if os.path.isdir("/proc/self"):
-        table = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            # pid (name) state ppid ...: the name may hold spaces and parentheses
-            table.append((int(entry), int(stat[stat.rindex(b")") + 2:].split()[1])))
-        return table
-    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True,
-                         check=False).stdout
-    return [(int(a), int(b)) for a, b in (line.split() for line in out.splitlines()
-                                          if len(line.split()) == 2)]
 
 
 def torchrun_table(result: TorchrunResult) -> str:
