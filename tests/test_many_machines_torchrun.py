@@ -14,7 +14,7 @@ from mpgpu_edu.runtime.torchrun import (REPORT_PREFIX, RankReport, TorchrunResul
                                         launch_nodes, read_reports)
 
 
-def workers_alive(module: bytes = b"mpgpu_edu.lessons.many_machines") -> int:
+def workers_alive() -> int:
     count = 0
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -22,7 +22,8 @@ def workers_alive(module: bytes = b"mpgpu_edu.lessons.many_machines") -> int:
         except OSError:
             continue
         # a worker, not its launcher (whose command line names torch.distributed.run)
-        count += b"-m " + module in text and b"torch.distributed.run" not in text
+        count += (b"-m mpgpu_edu.lessons.many_machines" in text
+                  and b"torch.distributed.run" not in text)
     return count
 
 

@@ -8,6 +8,7 @@ library at import (a rank imports torch inside ``report_rank``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from mpgpu_edu.runtime.server import children_of
+from mpgpu_edu.runtime.server import children_of, kill_tree
 
 REPORT_PREFIX = "MPGPU_RANK_REPORT "
 
@@ -69,8 +70,8 @@ def launch_nodes(module: str, nproc_per_node: int = 2, nnodes: int = 2, timeout:
     ``report_rank``) on this machine, each as if on its own host, and collect every rank's
     report. ``visible[k]`` is node k's ``CUDA_VISIBLE_DEVICES`` (by default ``0,...,P-1`` on
     every node: each host numbers its own GPUs from 0). Every launcher and the workers it
-    started are killed on the way out (timeout or not); a launcher that fails or a missing report
-    raises ``RuntimeError`` with its output."""
+    started are killed on the way out (timeout or not); a launcher that fails or a missing
+    report raises ``RuntimeError`` with its output."""
     if nproc_per_node < 1 or nnodes < 1:
         raise ValueError(f"nproc_per_node and nnodes must be >= 1, got {nproc_per_node} and "
                          f"{nnodes}")
@@ -98,7 +99,7 @@ def launch_nodes(module: str, nproc_per_node: int = 2, nnodes: int = 2, timeout:
                                    "stopped") from None
     finally:
         for proc in procs:
-            _kill_group(proc)
+            _kill_launcher(proc)
     for k, (proc, out) in enumerate(zip(procs, outputs)):
         if proc.returncode != 0:
             raise RuntimeError(f"node {k}'s torchrun exited with status {proc.returncode}:\n"
@@ -119,28 +120,18 @@ def read_reports(outputs: list[str]) -> list[RankReport]:
             for found in re.findall(pattern, out)]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_launcher(proc: subprocess.Popen) -> None:
     """Kill the launcher and every worker it started. torchrun starts each worker in a
     session of its own (``start_new_session``), so killing the launcher's process group
     alone would leave running workers behind, waiting for peers that never come. The
     launcher is stopped first, so that it cannot start another worker while its
-    descendants are gathered (from /proc); then all of them are killed."""
+    descendants are gathered (from /proc); then each of them and its group is killed."""
     if proc.poll() is not None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGSTOP)
-    except ProcessLookupError:
-        pass
-    doomed = _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        kill_tree(pid)
     proc.wait()
 
 
