@@ -6,8 +6,8 @@
 
 A thin wrapper around ``mpgpu_edu.measure.bench.bench_allreduce`` (the same as ``mpgpu-edu bench
 allreduce``): for every world size, ``--runs K`` whole benches one after another, each
-printed as a table. Within a run, ours and torch's alternate (order rotated every repeat)
-and each run reports, per size, the median over repeats of ours / torch's in the same
+printed as a table. Within a run, ours and torch's alternate (in a balanced order: each
+operation runs right after every other equally often, ``bench.in_turn``) and each run reports, per size, the median over repeats of ours / torch's in the same
 repeat (``paired``). Over the runs: the median of those run medians, with min and max,
 which shows how much of a difference is the machine's noise.
 

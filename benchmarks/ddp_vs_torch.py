@@ -55,8 +55,9 @@ Python on a comm-stream thread; torch's is gloo's native C++ all-reduce. Both ru
 all-reduces at a time at most: torch's gloo process group has two worker threads, and ours
 runs the bucket completed last on the rank's own thread beside the stream
 (`comm.collectives_at_once`). Our rings cut 8 MiB segments on gloo
-(`dp.ddp.GLOO_DDP_SEGMENT_BYTES`): fewer messages, each of which costs CPU time that
-backward needs."""
+(`ring_fast.GLOO_SEGMENT_BYTES`): fewer messages, each of which costs CPU time that
+backward needs; and they deal them out over two connections per direction
+(`Lanes.channels`)."""
 
 
 def bench(comm, sizes: list[int], batch: int, warmup: int, repeats: int,  # noqa: ANN001

@@ -4,6 +4,7 @@ refinements of the ring, the report, and one-line errors."""
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 import json
 import subprocess
 import sys
@@ -40,10 +41,22 @@ def test_combine_takes_the_slowest_rank_then_the_median() -> None:
     assert bench.combine([rank0, rank1], across=sum) == {"ring": [4.5], "builtin": [3.0]}
 
 
-def test_repeats_rotate_the_order() -> None:
-    names = ["ring", "naive", "builtin"]
-    assert [bench.rotated(names, r)[0] for r in range(4)] == ["ring", "naive", "builtin",
-                                                              "ring"]
+@pytest.mark.parametrize("n", range(1, 8))
+def test_repeats_balance_places_and_predecessors(n: int) -> None:
+    """Over a cycle of repeats every operation runs in every place, and right after every
+    other one, equally often (turning one order round fails the second: ring would always
+    follow builtin)."""
+    names = [f"op{k}" for k in range(n)]
+    rows = 2 * n if n % 2 else n
+    orders = [bench.in_turn(names, r) for r in range(rows)]
+    assert bench.in_turn(names, rows) == orders[0]  # then it starts over
+    assert all(sorted(order) == names for order in orders)
+    for place in range(n):
+        assert Counter(order[place] for order in orders) == Counter({k: rows // n for k in names})
+    follows = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+    if n > 1:
+        assert set(follows.values()) == {rows // n}
+        assert len(follows) == n * (n - 1)
 
 
 def test_sizes_round_up_to_fp32_and_must_be_positive() -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from mpgpu_edu.collectives import all_reduce_ring
-from mpgpu_edu.collectives.ring_fast import (SEGMENT_BYTES, RingAllReduce,
+from mpgpu_edu.collectives.ring_fast import (GLOO_SEGMENT_BYTES, SEGMENT_BYTES, RingAllReduce,
                                              all_reduce_ring_fast, segment_sizes)
 from mpgpu_edu.comm import launch
 from mpgpu_edu.replica.data import make_batches
@@ -191,6 +191,9 @@ def connections_used(comm) -> dict:  # noqa: ANN001
     groups = {"main": lanes.main if lanes.main is not None else dist.group.WORLD,
               "stream": lanes.stream, "main_down": lanes.main_down,
               "stream_down": lanes.stream_down}
+    for lane in ("main", "stream"):
+        for k, (up, down) in enumerate(getattr(lanes, f"{lane}_more"), start=1):
+            groups[f"{lane}{k}"], groups[f"{lane}{k}_down"] = up, down
     names = {id(group): name for name, group in groups.items()}
     group_type = dist.ProcessGroup
     saved = group_type.__dict__["send"], group_type.__dict__["recv"]  # (restored as they were)
@@ -217,23 +220,32 @@ def connections_used(comm) -> dict:  # noqa: ANN001
 
 @pytest.mark.gloo
 @pytest.mark.parametrize("n", [2, 3])
-def test_on_gloo_each_direction_has_its_own_connection(n: int) -> None:
+def test_on_gloo_each_direction_has_its_own_connections_dealt_in_turn(n: int) -> None:
     """gloo's connection to a peer takes one lock for both directions: the fast ring sends
-    to a higher rank on the lane's group and to a lower rank on its second one, and
-    receives accordingly, so that on two ranks its two directions run at once."""
+    to a higher rank on the lane's groups and to a lower rank on its second ones, and
+    receives accordingly, so that on two ranks its two directions run at once. And it deals
+    its messages out over the lane's channels in turn: message i on channel i % 2, at
+    both ends (a wrong deal would hang or sum wrongly)."""
+    from mpgpu_edu.comm.dist_work import GLOO_CHANNELS
+
+    assert GLOO_CHANNELS == 2
     run = launch(connections_used, n, backend="gloo", timeout=120)
     want = [float(n * k + n * (n - 1) // 2) * n for k in range(3)]  # two all-reduces
     for rank, result in enumerate(run.results):
         assert result["sum"] == want
-        for lane, up, down in (("program", "main", "main_down"),
-                               ("stream", "stream", "stream_down")):
-            used = {(kind, upward, group) for kind, upward, group, dtype in result[lane]
-                    if dtype == torch.float64}  # the data, not the size check's envelope
-            assert used, (rank, lane)
-            for kind, upward, group in used:
-                assert group == (up if upward else down), (rank, lane, kind, upward, group)
-            if n == 2:  # a ring of two: both connections, one per direction
-                assert {group for _, _, group in used} == {up, down}
+        for lane, first in (("program", "main"), ("stream", "stream")):
+            data = [(kind, upward, group) for kind, upward, group, dtype in result[lane]
+                    if dtype == torch.float64]  # the data, not the size check's envelope
+            assert data, (rank, lane)
+            for kind in ("send", "recv"):
+                dealt = [(upward, group) for k, upward, group in data if k == kind]
+                channels = [first, f"{first}1"]
+                wanted = [channels[i % 2] + ("" if upward else "_down")
+                          for i, (upward, _) in enumerate(dealt)]
+                assert [group for _, group in dealt] == wanted, (rank, lane, kind, dealt)
+            if n == 2:  # a ring of two: all four connections, two per direction
+                assert {group for _, _, group in data} == {
+                    first, f"{first}1", f"{first}_down", f"{first}1_down"}
 
 
 # ---- DDP's overlapped step runs on it ---------------------------------------------------------
@@ -245,7 +257,7 @@ def counting_rings(comm, step_fn) -> dict:  # noqa: ANN001
     def counted(self, comm_, tensor, op="sum") -> None:  # noqa: ANN001
         calls.append(tensor.numel())
         lanes.append(comm_.lane)
-        segments.add(self.segment_bytes)
+        segments.add(self.segment_for(comm_))
         original(self, comm_, tensor, op)
 
     def refused(*_: object, **__: object) -> None:
@@ -279,7 +291,7 @@ def test_ddp_overlapped_all_reduces_each_bucket_with_the_fast_ring(monkeypatch) 
     def counted(self, comm, tensor, op="sum") -> None:  # noqa: ANN001
         calls.append(tensor.numel())
         threads.append(threading.current_thread().name)
-        assert self.segment_bytes == SEGMENT_BYTES and comm.backend == "sim"
+        assert self.segment_for(comm) == SEGMENT_BYTES and comm.backend == "sim"
         original(self, comm, tensor, op)
 
     def refused(*_: object, **__: object) -> None:
@@ -315,7 +327,7 @@ def test_ddp_overlapped_uses_the_fast_ring_on_gloo() -> None:
         assert here == [result["sizes"][-1]], result
         assert result["lanes"].count(STREAM) == len(result["sizes"]) - 1
         # fewer, larger messages on gloo, where each costs CPU time that backward needs
-        assert result["segments"] == [ddp.GLOO_DDP_SEGMENT_BYTES]
+        assert result["segments"] == [GLOO_SEGMENT_BYTES]
         assert result["group_backend"] == "gloo"
 
 

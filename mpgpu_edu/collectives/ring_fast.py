@@ -45,6 +45,18 @@ recorded in ``benchmarks/RESULTS.md``:
    (``Lanes``). On two ranks, where both links of the ring join the same two processes,
    the two directions had taken turns; now they run at once (``RESULTS.md``: at 4 MiB the
    bare ring went from 1.17 to about 0.8 times gloo's own time).
+7. **Two channels, and larger segments, on gloo.** A connection carries one message at a
+   time, in the order they were posted: a segment ready to travel on waits behind every
+   send posted before it, and one gloo thread reads all that the connection brings. So
+   ``comm.neighbours`` deals the messages out over two pairs of connections in turn
+   (``Lanes.channels``; the i-th send and the i-th receive on the same one), as NCCL opens
+   several sockets per peer; on two ranks a chunk's reduce-scatter and all-gather messages
+   then travel side by side. And on gloo every message costs CPU time (posting it, waking
+   for it, a handshake) that the same two cores need for the copies and additions, so its
+   segments are 8 MiB (``GLOO_SEGMENT_BYTES``) rather than NCCL's 2 MiB: fewer messages
+   win over a finer pipeline there (``RESULTS.md``, 2026-12-06: at 2 ranks from 1 to 64 MiB,
+   0.73-0.93 times gloo's time before, 0.66-0.86 after; 512 KiB segments ran 1.1-1.4; and
+   DDP, whose transfers hide behind backward, ran 1-5% faster with 8 MiB than with 2).
 
 Messages between two neighbours match in the order they are posted (the simulator, gloo
 and MPI all keep that order per sender, receiver and tag), so many can be in flight on one
@@ -65,6 +77,8 @@ from mpgpu_edu.collectives.basic import check_op, flat_view
 from mpgpu_edu.comm.base import Communicator, Work
 
 SEGMENT_BYTES = 2 * 2**20  # per message; a chunk of 12 MiB travels as 6 segments
+GLOO_SEGMENT_BYTES = 8 * 2**20  # on gloo (step 7)
+BY_BACKEND = -1  # RingAllReduce's default: GLOO_SEGMENT_BYTES on gloo, else SEGMENT_BYTES
 
 
 @dataclass
@@ -119,13 +133,21 @@ class RingAllReduce:
 
     ``ring = RingAllReduce()`` once (per rank), then ``ring(comm, tensor, op)`` for every
     all-reduce: in place, like ``all_reduce_ring``, any shape, dtype, size and world size.
-    ``segment_bytes=None`` sends each chunk as one message (step 2 above switched off)."""
+    Segments of ``SEGMENT_BYTES`` (``GLOO_SEGMENT_BYTES`` on gloo: step 7) unless
+    ``segment_bytes`` says otherwise; ``segment_bytes=None`` sends each chunk as one message
+    (step 2 above switched off)."""
 
-    def __init__(self, segment_bytes: int | None = SEGMENT_BYTES, tag: int = 0) -> None:
-        if segment_bytes is not None and segment_bytes < 1:
+    def __init__(self, segment_bytes: int | None = BY_BACKEND, tag: int = 0) -> None:
+        if segment_bytes is not None and segment_bytes < 1 and segment_bytes != BY_BACKEND:
             raise ValueError(f"segment_bytes must be positive or None, got {segment_bytes}")
         self.segment_bytes, self.tag = segment_bytes, tag
         self.plans: dict[tuple, RingPlan] = {}
+
+    def segment_for(self, comm: Communicator) -> int | None:
+        """The segment size on ``comm``'s backend: ``segment_bytes``, or by the backend."""
+        if self.segment_bytes != BY_BACKEND:
+            return self.segment_bytes
+        return GLOO_SEGMENT_BYTES if comm.backend == "gloo" else SEGMENT_BYTES
 
     def reserve(self, comm: Communicator, tensor: torch.Tensor) -> RingPlan:
         """The plan for tensors like ``tensor`` (made and recorded as ``comm_buffers`` on
@@ -133,7 +155,7 @@ class RingAllReduce:
         key = (tensor.numel(), tensor.dtype, tensor.device, comm.world_size, comm.rank)
         plan = self.plans.get(key)
         if plan is None:
-            plan = make_plan(*key, self.segment_bytes)
+            plan = make_plan(*key, self.segment_for(comm))
             self.plans[key] = plan
             scratch = 2 * max(plan.sizes) * tensor.element_size()
             comm.memory.alloc("comm_buffers", scratch, "ring scratch")

@@ -176,8 +176,11 @@ class Communicator(ABC):
         ``recv_from`` on ``tag`` (a ring): yields ``(isend, irecv)``, each taking just the
         tensor. Every message is still an ``isend``/``irecv``, counted and drawn like any
         other; a backend may check the arguments once here instead of at every message
-        (``DistCommunicator`` does: the fast ring's rounds then cost less Python). A message
-        the caller left unwaited is waited on the way out."""
+        (``DistCommunicator`` does: the fast ring's rounds then cost less Python). The
+        receives must be posted in the order ``recv_from`` sends (a ring's are): a backend may
+        deal the messages out over several connections, the i-th send and the i-th receive
+        on the same one (``DistCommunicator`` does, on gloo). A message the caller left
+        unwaited is waited on the way out."""
         posted: list[_Once] = []
 
         def isend(t: torch.Tensor) -> Work:

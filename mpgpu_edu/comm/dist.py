@@ -244,14 +244,15 @@ class DistCommunicator(Communicator):
         line) of a ``neighbours`` block. A message to a lower rank takes the lane's second
         connection (``Lanes``): on two ranks the ring's two directions then run at once.
         Both ends apply the same rule."""
-        to = self.lanes.between(lane, self.rank, send_to)
-        source = self.lanes.between(lane, recv_from, self.rank)
         # The process groups themselves (the default one for None): each message is then
         # posted with the group's own send/recv, what dist.isend/irecv end in, without their
         # argument handling. Every lane's group spans all ranks: group rank = global rank.
-        return (send_to, recv_from, tag, dist.group.WORLD if to is None else to,
-                dist.group.WORLD if source is None else source,
-                *self.burst_text(send_to, recv_from, tag))
+        # Messages are dealt out over the lane's channels in turn (``Lanes.channels``).
+        to = [dist.group.WORLD if g is None else g
+              for g in self.lanes.channels(lane, self.rank, send_to)]
+        source = [dist.group.WORLD if g is None else g
+                  for g in self.lanes.channels(lane, recv_from, self.rank)]
+        return (send_to, recv_from, tag, to, source, *self.burst_text(send_to, recv_from, tag))
 
     # ---- point to point -------------------------------------------------------------------
     def _check(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
@@ -461,22 +462,26 @@ class _Burst:
     def __enter__(self) -> tuple[Callable[[torch.Tensor], Work],
                                  Callable[[torch.Tensor], Work]]:
         comm, posted = self.comm, self.posted
-        send_to, recv_from, tag, group, source, text, line = self.kind
+        send_to, recv_from, tag, groups, sources, text, line = self.kind
         head = getattr(comm._local, "sized", None)  # an enclosing sized_by checks for us
         if head is None and comm.checked:  # the size check (post_block: its receive ahead)
             head = self.head = comm._local.sized = _Head.post_block(comm, self.tensor, send_to,
-                                                                    recv_from, tag, group,
-                                                                    source)
+                                                                    recv_from, tag, groups[0],
+                                                                    sources[0])
         now = comm.now
         self.board = _Waiting(comm, text, line)
         self.board.__enter__()
 
-        send, recv = group.send, source.recv
+        # Message i goes on channel i % k, at both ends: a ring's sends to its right
+        # neighbour are the receives it posts, one for one, in the same order.
+        sends, recvs, k = [g.send for g in groups], [g.recv for g in sources], len(groups)
+        sent_count, received_count = 0, 0
         own = self.head  # this block's envelope, sent after its first message
 
         def isend(t: torch.Tensor) -> Work:
-            nonlocal own
+            nonlocal own, sent_count
             wire = sized_tag(tag, t.numel() * t.element_size())
+            send, sent_count = sends[sent_count % k], sent_count + 1
             sent = send([torch.view_as_real(t) if t.is_complex() else t], send_to, wire)
             work = QuickWork(comm, sent, "send", t, send_to, tag, now(), None)
             posted.append(work)
@@ -486,7 +491,9 @@ class _Burst:
             return work
 
         def irecv(t: torch.Tensor) -> Work:
+            nonlocal received_count
             wire = sized_tag(tag, t.numel() * t.element_size())
+            recv, received_count = recvs[received_count % k], received_count + 1
             got = recv([torch.view_as_real(t) if t.is_complex() else t], recv_from, wire)
             work = QuickWork(comm, got, "recv", t, recv_from, tag, now(), head)
             posted.append(work)

@@ -24,6 +24,7 @@ from mpgpu_edu.cluster.trace import MemoryEvent
 
 MAIN, STREAM = 0, 1  # lanes: the rank's program, and its communication stream
 POLL_S = 1e-4  # wait_any polls its works this often
+GLOO_CHANNELS = 2  # pairs of connections per lane on gloo (``Lanes``)
 
 
 @dataclass
@@ -38,13 +39,22 @@ class Lanes:
     a rank writing a segment into it cannot read the segment its peer is sending until the
     write is done: on two ranks, whose ring's two links join the same two processes, the
     two directions took turns instead of running at once. ``None`` (nccl, or a process
-    made without them): one connection, both directions."""
+    made without them): one connection, both directions.
+
+    And on gloo each lane has ``GLOO_CHANNELS`` such pairs of connections in all (the
+    pairs after the first in ``main_more`` and ``stream_more``): ``neighbours`` deals its
+    messages out over them in turn (``channels``), so that one message can move while the
+    one posted before it still holds its connection, each connection with its own gloo
+    thread reading it (NCCL's socket transport opens several sockets per peer for the same
+    reason: ``NCCL_NSOCKS_PERTHREAD``, ``NCCL_SOCKET_NTHREADS``)."""
 
     main: Any
     stream: Any
     device: torch.device
     main_down: Any = None
     stream_down: Any = None
+    main_more: tuple = ()  # ((up, down), ...): the lane's further channels (gloo)
+    stream_more: tuple = ()
     # (lane, peer, tag) -> (torch work, envelope): the receive of the size check of the next
     # ``neighbours`` block from that peer, posted once the last one's check passed
     # (``dist._Head``). Kept here, with the process groups: it outlives a job's communicator.
@@ -58,6 +68,12 @@ class Lanes:
                      else (self.main, self.main_down))
         return down if dst < src and down is not None else own
 
+    def channels(self, lane: int, src: int, dst: int) -> list[Any]:
+        """The groups that ``neighbours`` deals the messages from rank ``src`` to rank
+        ``dst`` out over, in turn: ``between``'s first, then one per further channel."""
+        more = self.stream_more if lane == STREAM else self.main_more
+        return [self.between(lane, src, dst)] + [down if dst < src else up for up, down in more]
+
 
 def init_lanes(backend: str) -> Lanes:
     """After ``dist.init_process_group``: pick the device and make the stream's group (and,
@@ -69,8 +85,10 @@ def init_lanes(backend: str) -> Lanes:
         device = torch.device("cuda", local)
         return Lanes(None, dist.new_group(backend=backend), device)
     stream = dist.new_group(backend=backend)
-    return Lanes(None, stream, device, dist.new_group(backend=backend),
-                 dist.new_group(backend=backend))
+    main_down, stream_down = dist.new_group(backend=backend), dist.new_group(backend=backend)
+    more = [tuple((dist.new_group(backend=backend), dist.new_group(backend=backend))
+                  for _ in range(GLOO_CHANNELS - 1)) for _lane in (MAIN, STREAM)]
+    return Lanes(None, stream, device, main_down, stream_down, more[MAIN], more[STREAM])
 
 
 class OpBoard:

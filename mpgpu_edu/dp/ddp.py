@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from mpgpu_edu.collectives import all_reduce, broadcast
-from mpgpu_edu.collectives.ring_fast import SEGMENT_BYTES, RingAllReduce
+from mpgpu_edu.collectives.ring_fast import RingAllReduce
 from mpgpu_edu.comm.base import Communicator, Work, nbytes_of
 from mpgpu_edu.replica.data import Batch, shard
 from mpgpu_edu.memory.measure import track_gradients, track_parameters
@@ -42,13 +42,6 @@ from mpgpu_edu.replica.flat import flat_params, flatten_grads, load_flat_params,
 from mpgpu_edu.replica.loop import forward_backward, optimizer_step, run_steps
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb=25
-# The ring's segments in DDP on gloo (elsewhere the ring's own 2 MiB). There the ranks are CPU
-# processes and every message costs CPU time (posting it, waking for it) that backward,
-# running beside the all-reduce, needs; the transfers are hidden behind backward anyway, so
-# fewer, larger messages win over a finer pipeline: with 8 MiB instead of 2 MiB our DDP ran
-# 1-5% faster against torch's in alternated runs of benchmarks/ddp_vs_torch.py (and 32 MiB
-# no better than 8).
-GLOO_DDP_SEGMENT_BYTES = 8 * 2**20
 FIRST_BUCKET_BYTES = 2**20  # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 StepFn = Callable[..., torch.Tensor]
@@ -166,13 +159,12 @@ class GradBuckets:
             views = flat.split([p.numel() for p in bucket])
             self.views += [(p, view.view_as(p)) for p, view in zip(bucket, views)]
             self.flats.append(flat)
-        segment = GLOO_DDP_SEGMENT_BYTES if comm.backend == "gloo" else SEGMENT_BYTES
-        self.ring = RingAllReduce(segment)
+        self.ring = RingAllReduce()  # segments by backend (ring_fast.GLOO_SEGMENT_BYTES)
         for flat in self.flats:
             self.ring.reserve(comm, flat)  # scratch now, not inside the first backward
         # Where two collectives run at once (gloo), the last bucket runs on the rank's own
         # thread beside the stream's: a ring of its own, so that they share no scratch.
-        self.ring_here = RingAllReduce(segment) if comm.collectives_at_once > 1 else None
+        self.ring_here = RingAllReduce() if comm.collectives_at_once > 1 else None
         if self.ring_here is not None:
             self.ring_here.reserve(comm, self.flats[-1])
 

@@ -12,8 +12,9 @@ How it is timed, so that the comparison is fair on a busy machine:
   20 ms instead of 0.1 ms. gloo's built-in reduction is single-threaded anyway;
 - warm-up: every operation runs on known data once, checked against the exact sum (a wrong
   answer cannot look fast), then twice more before any timing;
-- interleaved repeats: repeat r runs the operations in an order rotated by r, so a burst of
-  load from another program hits every operation alike;
+- interleaved repeats: repeat r runs the operations in row r of a balanced order
+  (``in_turn``), so a burst of load from another program hits every operation alike, and
+  each follows every other equally often;
 - a barrier before each timed operation, so every rank starts together;
 - per repeat, an operation's time is the *slowest* rank's (a collective is done when its
   last rank is); over repeats, the median, which ignores a few disturbed runs;
@@ -41,6 +42,7 @@ other two columns say where the difference to gloo's own all-reduce goes.
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
@@ -76,17 +78,18 @@ def all_reduce_ring_reused(comm: Any, tensor: torch.Tensor, buffer: torch.Tensor
 
 def ring_fast_bare(ring: RingAllReduce) -> Op:
     """``ring``'s algorithm, plan and scratch, its messages posted straight with
-    ``dist.isend``/``dist.irecv`` on ``comm``'s process group: no size check, no record, no
-    board, on the same connections (a message to a lower rank on the lane's second one, as
-    ``comm.neighbours`` sends it). Not for use: it shows what the course's communicator costs
+    ``dist.isend``/``dist.irecv`` on ``comm``'s process groups: no size check, no record, no
+    board, on the same connections (a message to a lower rank on the lane's second one, and
+    messages dealt out over the lane's channels in turn, as ``comm.neighbours`` sends them). Not for use: it shows what the course's communicator costs
     on top (sum only)."""
     def op(comm: Any, tensor: torch.Tensor) -> None:
         flat, n, lanes, tag = tensor.view(-1), comm.world_size, comm.lanes, ring.tag
         right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
-        to, source = lanes.between(MAIN, comm.rank, right), lanes.between(MAIN, left, comm.rank)
+        to, source = lanes.channels(MAIN, comm.rank, right), lanes.channels(MAIN, left, comm.rank)
+        sent, received = itertools.cycle(to), itertools.cycle(source)
         ring._reduce(flat, "sum", n, ring.reserve(comm, flat),
-                     lambda t: dist.isend(t, right, group=to, tag=tag),
-                     lambda t: dist.irecv(t, left, group=source, tag=tag))
+                     lambda t: dist.isend(t, right, group=next(sent), tag=tag),
+                     lambda t: dist.irecv(t, left, group=next(received), tag=tag))
     return op
 
 
@@ -126,10 +129,21 @@ def operations(algos: Sequence[str], numel: int, world_size: int,
     return {**{name: made[name] for name in algos}, BUILTIN: builtin_all_reduce}
 
 
-def rotated(names: list[str], r: int) -> list[str]:
-    """``names`` starting at index ``r % len(names)``: the order of repeat ``r``."""
-    k = r % len(names)
-    return names[k:] + names[:k]
+def in_turn(names: list[str], r: int) -> list[str]:
+    """The order of repeat ``r``: row ``r`` of a Williams design (Williams, Aust. J. Sci.
+    Res. 1949), repeated. Over its rows (n of them for n names, 2n when n is odd) every name
+    runs in every place equally often, and *follows* every other name equally often: an
+    operation that leaves the machine slower or faster for the next one (its caches, its
+    sockets' state) favours nobody. (Turning one order round, ``names[r:] + names[:r]``,
+    gives each name the same predecessor every time.)"""
+    n = len(names)
+    first = [0]
+    for j in range(1, n):
+        first.append((j + 1) // 2 if j % 2 else n - j // 2)
+    rows = [[(k + i) % n for k in first] for i in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [names[k] for k in rows[r % len(rows)]]
 
 
 def auto_timeout(world_size: int, sizes: Sequence[int], repeats: int,
@@ -177,7 +191,7 @@ def _time_size(comm: Any, nbytes: int, repeats: int,
     out: dict[str, dict[str, list[float]]] = {"wall": {name: [] for name in ops},
                                               "cpu": {name: [] for name in ops}}
     for r in range(repeats):
-        for name in rotated(list(ops), r):
+        for name in in_turn(list(ops), r):
             wall, cpu = timed(comm, ops[name], tensor)
             out["wall"][name].append(wall)
             out["cpu"][name].append(cpu)

@@ -91,7 +91,7 @@ def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: in
     order that alternates. Returns this rank's seconds per size and repeat: ``one_way`` and
     ``exchange`` (filled on rank 0 only), ``add``, ``ring`` and ``builtin``. ``progress``:
     rank 0 tells each repeat done on stderr (``measure.progress``)."""
-    from mpgpu_edu.measure.bench import builtin_all_reduce, check_sum, rotated, timed
+    from mpgpu_edu.measure.bench import builtin_all_reduce, check_sum, in_turn, timed
     from mpgpu_edu.collectives import all_reduce_ring
     from mpgpu_edu.collectives.ring_fast import RingAllReduce
     from mpgpu_edu.measure.progress import Progress
@@ -125,7 +125,7 @@ def measure(comm: Any, sizes: list[int], allreduce_sizes: list[int], repeats: in
                 if r >= warmup:
                     out["add"][i].append(seconds)
             for i, tensor in enumerate(tensors):
-                for name in rotated(list(ops), r):
+                for name in in_turn(list(ops), r):
                     wall, _ = timed(comm, ops[name], tensor)
                     if r >= warmup:
                         out[name][i].append(wall)
