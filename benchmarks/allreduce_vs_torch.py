@@ -6,7 +6,8 @@
 
 A thin wrapper around ``mpgpu_edu.measure.bench.bench_allreduce`` (the same as ``mpgpu-edu bench
 allreduce``): for every world size, ``--runs K`` whole benches one after another, each
-printed as a table. Within a run, ours and torch's alternate (in a balanced order: each
+in worker processes of its own (a fresh pool: how fast a pair of processes runs gloo varies
+from pool to pool, so runs in one pool would not be independent), each printed as a table. Within a run, ours and torch's alternate (in a balanced order: each
 operation runs right after every other equally often, ``bench.in_turn``) and each run reports, per size, the median over repeats of ours / torch's in the same
 repeat (``paired``). Over the runs: the median of those run medians, with min and max,
 which shows how much of a difference is the machine's noise.
@@ -33,6 +34,7 @@ from mpgpu_edu.measure.bench import (DEFAULT_REPEATS, QUICK_REPEATS, QUICK_SIZES
 from mpgpu_edu.measure.recording import (MAX_LOAD_PER_CORE, load_before,  # noqa: E402
                                          replace_section)
 from mpgpu_edu.cli.bench import DEFAULT_SIZES, parse_algos, parse_sizes  # noqa: E402
+from mpgpu_edu.comm.pool import shutdown_pools  # noqa: E402
 
 MARKER = "<!-- allreduce_vs_torch runs -->"
 
@@ -98,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for world_size in world_sizes:
         reports = []
         for run in range(options.runs):
+            shutdown_pools()  # each run in processes of its own: runs independent of each other
             report = bench_allreduce(world_size, sizes, options.repeats, "gloo", algos)
             reports.append(report)
             print(f"{world_size} ranks, run {run + 1} of {options.runs}")
