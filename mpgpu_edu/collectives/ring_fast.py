@@ -54,9 +54,10 @@ recorded in ``benchmarks/RESULTS.md``:
    then travel side by side. And on gloo every message costs CPU time (posting it, waking
    for it, a handshake) that the same two cores need for the copies and additions, so its
    segments are 8 MiB (``GLOO_SEGMENT_BYTES``) rather than NCCL's 2 MiB: fewer messages
-   win over a finer pipeline there (``RESULTS.md``, 2026-12-06: at 2 ranks from 1 to 64 MiB,
-   0.73-0.93 times gloo's time before, 0.66-0.86 after; 512 KiB segments ran 1.1-1.4; and
-   DDP, whose transfers hide behind backward, ran 1-5% faster with 8 MiB than with 2).
+   win over a finer pipeline there (``RESULTS.md``, 2026-12-06, 2 ranks, checks off: from 4
+   to 64 MiB 0.89-0.98 times gloo's time before, 0.69-0.89 after; at 1 MiB, one segment
+   per chunk either way, no change; 512 KiB segments ran 1.1-1.4 times gloo's; and DDP,
+   whose transfers hide behind backward, ran 1-5% faster with 8 MiB than with 2).
 
 Messages between two neighbours match in the order they are posted (the simulator, gloo
 and MPI all keep that order per sender, receiver and tag), so many can be in flight on one
