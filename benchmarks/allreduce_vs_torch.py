@@ -7,9 +7,10 @@
 A thin wrapper around ``mpgpu_edu.measure.bench.bench_allreduce`` (the same as ``mpgpu-edu bench
 allreduce``): for every world size, ``--runs K`` whole benches one after another, each
 in worker processes of its own (a fresh pool: how fast a pair of processes runs gloo varies
-from pool to pool, so runs in one pool would not be independent), each printed as a table. Within a run, ours and torch's alternate (in a balanced order: each
-operation runs right after every other equally often, ``bench.in_turn``) and each run reports, per size, the median over repeats of ours / torch's in the same
-repeat (``paired``). Over the runs: the median of those run medians, with min and max,
+from pool to pool, so runs in one pool would not be independent), each printed as a table.
+Within a run, ours and torch's alternate (in a balanced order: each operation runs right
+after every other equally often, ``bench.in_turn``) and each run reports, per size, the
+median over repeats of ours / torch's in the same repeat (``paired``). Over the runs: the median of those run medians, with min and max,
 which shows how much of a difference is the machine's noise.
 
 The 1-minute load average is printed before and after. ``--results`` writes the summary

@@ -80,8 +80,8 @@ def ring_fast_bare(ring: RingAllReduce) -> Op:
     """``ring``'s algorithm, plan and scratch, its messages posted straight with
     ``dist.isend``/``dist.irecv`` on ``comm``'s process groups: no size check, no record, no
     board, on the same connections (a message to a lower rank on the lane's second one, and
-    messages dealt out over the lane's channels in turn, as ``comm.neighbours`` sends them). Not for use: it shows what the course's communicator costs
-    on top (sum only)."""
+    messages dealt out over the lane's channels in turn, as ``comm.neighbours`` sends
+    them). Not for use: it shows what the course's communicator costs on top (sum only)."""
     def op(comm: Any, tensor: torch.Tensor) -> None:
         flat, n, lanes, tag = tensor.view(-1), comm.world_size, comm.lanes, ring.tag
         right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
