@@ -10,8 +10,9 @@ in worker processes of its own (a fresh pool: how fast a pair of processes runs 
 from pool to pool, so runs in one pool would not be independent), each printed as a table.
 Within a run, ours and torch's alternate (in a balanced order: each operation runs right
 after every other equally often, ``bench.in_turn``) and each run reports, per size, the
-median over repeats of ours / torch's in the same repeat (``paired``). Over the runs: the median of those run medians, with min and max,
-which shows how much of a difference is the machine's noise.
+median over repeats of ours / torch's in the same repeat (``paired``). Over the runs: the
+median of those run medians, with min and max, which shows how much of a difference is the
+machine's noise.
 
 The 1-minute load average is printed before and after. ``--results`` writes the summary
 into that Markdown file (its own section, between markers), and refuses to when the load
