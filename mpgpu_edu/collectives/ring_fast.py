@@ -56,7 +56,7 @@ recorded in ``benchmarks/RESULTS.md``:
    segments are 8 MiB (``GLOO_SEGMENT_BYTES``) rather than NCCL's 2 MiB: fewer messages
    win over a finer pipeline there (``RESULTS.md``, 2026-12-06, 2 ranks, checks off: from 4
    to 64 MiB 0.89-0.98 times gloo's time before, 0.69-0.89 after; at 1 MiB, one segment
-   per chunk either way, no change; 512 KiB segments ran 1.1-1.4 times gloo's; and DDP,
+   per chunk either way, no change; 512 KiB segments ran 1.1-1.5 times gloo's; and DDP,
    whose transfers hide behind backward, ran 1-5% faster with 8 MiB than with 2).
 
 Messages between two neighbours match in the order they are posted (the simulator, gloo
