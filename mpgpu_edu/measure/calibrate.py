@@ -38,8 +38,9 @@ routes say that alpha holds them (``Route.alpha_holds``): a rank's pipelined mes
 pay it, one after another. Two ranks do part of that work side by side, on their own cores,
 and part of it competes with the copies for the cores they share: the exchanges measure how
 much (``fit_shared_alpha``: ``exchange(n) = (1 + alpha_shared) alpha + 2 n / beta``), and
-``alpha_shared`` of every alpha holds the host as the bytes do. Without that, the simulated engineered ring (2 MiB segments, many
-messages in flight) came out 19-26% faster than the measured one at 16 and 64 MiB.
+``alpha_shared`` of every alpha holds the host as the bytes do. Without that, the simulated
+engineered ring (then with 2 MiB segments, many messages in flight) came out 19-26% faster
+than the measured one at 16 and 64 MiB.
 
 Checking the model. The same job also times our two rings (the readable
 ``all_reduce_ring`` and ``RingAllReduce``, the engineered one DDP uses) and torch.distributed's
@@ -271,15 +272,17 @@ def calibrate(world_size: int = 2, sizes: Sequence[int] = DEFAULT_SIZES,
 
 def _ring_on_meta(comm: Any, numel: int, algo: str = "ring") -> None:
     from mpgpu_edu.collectives import all_reduce_ring
-    from mpgpu_edu.collectives.ring_fast import RingAllReduce
+    from mpgpu_edu.collectives.ring_fast import GLOO_SEGMENT_BYTES, RingAllReduce
 
-    ring = all_reduce_ring if algo == "ring" else RingAllReduce()
+    # the engineered ring with the segments it cuts on gloo, where it was measured
+    ring = all_reduce_ring if algo == "ring" else RingAllReduce(GLOO_SEGMENT_BYTES)
     ring(comm, torch.empty(numel, dtype=torch.float32, device="meta"))
 
 
 def predict_ring(cluster: Cluster, nbytes: int, algo: str = "ring") -> float:
     """Simulated seconds of ``all_reduce_ring`` (``algo="ring"``) or of the engineered
-    ``RingAllReduce`` (``"ring_fast"``) of ``nbytes`` (fp32) on ``cluster``."""
+    ``RingAllReduce`` (``"ring_fast"``, with its segments on gloo:
+    ``ring_fast.GLOO_SEGMENT_BYTES``) of ``nbytes`` (fp32) on ``cluster``."""
     from mpgpu_edu.comm import launch
 
     return launch(_ring_on_meta, cluster, nbytes // 4, algo).trace.makespan
