@@ -140,8 +140,8 @@ ROWS: tuple[Row, ...] = (
         "30 us, 2 GB/s), not a measurement of any machine, and no published gloo loopback "
         "all-reduce on a laptop was found. What benchmarks/RESULTS.md records on this "
         "repository's own machine (2 cores, virtualised) is not the row's quantity: "
-        "`benchmarks/calibrate_vs_measured.py --runs 3 --repeats 15` fits alpha 245-300 us and "
-        "beta 2.66-3.00 GB/s for 2 ranks (load 0.57 before, 1.02 after), and compares our "
+        "`benchmarks/calibrate_vs_measured.py --runs 3 --repeats 15` fits alpha 459-519 us and "
+        "beta 2.00-2.56 GB/s for 2 ranks (load 0.53 before, 1.24 after), and compares our "
         "rings with the simulator on that fit up to 64 MiB; no all-reduce bus bandwidth at "
         "1 GiB is recorded, and the fit set nothing in the presets. `mpgpu-edu calibrate` "
         "measures the machine it runs on instead"),
