@@ -117,11 +117,7 @@ class Server:
             self.jobs.add(pid)
             self.send({"spawned": request_id, "pid": pid})
         elif kind == "kill":
-            # Only a child still running (or not yet reaped): one that ended was killed with
-            # its group when it was reaped, and its pid may be another process's by now (pids
-            # wrap at 32768 on many machines, and a test run goes round them in minutes).
-            if request[1] in self.jobs:
-                kill_tree(request[1])
+            kill_tree(request[1])
             self.sweep_until = time.monotonic() + SWEEP_S
         for fd in fds:
             with contextlib.suppress(OSError):
