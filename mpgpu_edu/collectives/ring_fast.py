@@ -55,7 +55,7 @@ recorded in ``benchmarks/RESULTS.md``:
    for it, a handshake) that the same two cores need for the copies and additions, so its
    segments are 8 MiB (``GLOO_SEGMENT_BYTES``) rather than NCCL's 2 MiB: fewer messages
    win over a finer pipeline there (``RESULTS.md``, 2026-12-06, 2 ranks, checks off: from 4
-   to 64 MiB 0.89-0.98 times gloo's time before, 0.69-0.89 after; at 1 MiB, one segment
+   to 64 MiB 0.89-0.98 times gloo's time before, 0.69-0.91 after; at 1 MiB, one segment
    per chunk either way, no change; 512 KiB segments ran 1.1-1.5 times gloo's; and DDP,
    whose transfers hide behind backward, ran 1-5% faster with 8 MiB than with 2).
 
