@@ -63,6 +63,28 @@ def test_a_child_that_ends_takes_its_processes_and_daemons_with_it(tmp_path: Pat
         server.stop()
 
 
+def test_a_kill_for_a_child_that_has_ended_touches_no_other_process() -> None:
+    """A child's pid is free once it has ended and been reaped, and the next process may get
+    it: a kill that comes later (a pool stopped after its workers exited) must not reach
+    that process. Here the pid of an unrelated process stands for the reused one."""
+    server = ForkServer(["os"], name="test")
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child = server.spawn("time:sleep", 0.0, connections=0)
+        assert child.join(30) == 0
+        child.kill()  # as WorkerGroup.stop does after its workers have exited
+        server.kill(unrelated.pid)  # a kill for a pid that is not the server's child
+        time.sleep(1.0)
+        assert unrelated.poll() is None, "the server killed a process it did not start"
+        running = server.spawn("time:sleep", 60.0, connections=0)
+        running.kill()  # a running child is still killed
+        assert running.join(30) == -signal.SIGKILL
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+        server.stop()
+
+
 def test_a_server_whose_owner_is_killed_ends_with_its_children(tmp_path: Path) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(textwrap.dedent(f"""

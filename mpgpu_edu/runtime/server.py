@@ -68,6 +68,20 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def _exited_child() -> int:
+    """The pid of a child that has ended, left unreaped where the system allows (0: none)."""
+    if hasattr(os, "waitid") and hasattr(os, "WNOWAIT"):
+        seen = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return 0 if seen is None else seen.si_pid
+    pid, status = os.waitpid(-1, os.WNOHANG)  # reaped here: the pid is free from now
+    if pid:
+        _REAPED[pid] = status
+    return pid
+
+
+_REAPED: dict[int, int] = {}  # where there is no waitid: children reaped while looking
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group (it leads one) and ``pid`` itself."""
     for kill in (os.killpg, os.kill):
@@ -117,7 +131,11 @@ class Server:
             self.jobs.add(pid)
             self.send({"spawned": request_id, "pid": pid})
         elif kind == "kill":
-            kill_tree(request[1])
+            # Only a child still running (or not yet reaped): one that ended was killed with
+            # its group when it was reaped, and its pid may be another process's by now (pids
+            # wrap at 32768 on many machines, and a test run goes round them in minutes).
+            if request[1] in self.jobs:
+                kill_tree(request[1])
             self.sweep_until = time.monotonic() + SWEEP_S
         for fd in fds:
             with contextlib.suppress(OSError):
@@ -150,15 +168,29 @@ class Server:
 
     def reap(self) -> None:
         while True:
+            # Look before reaping (WNOWAIT): while the child is a zombie its pid is still its
+            # own, so what it started in its own group is killed before the pid can pass to
+            # another process.
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid = _exited_child()
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            status = _REAPED.pop(pid, None)
+            if pid in self.jobs:  # what it started in its own group goes with it
+                if status is None:
+                    kill_tree(pid)
+                else:  # reaped already: its group only, not a pid that may be reused
+                    with contextlib.suppress(OSError):
+                        os.killpg(pid, signal.SIGKILL)
+            if status is None:
+                try:
+                    _, status = os.waitpid(pid, 0)
+                except ChildProcessError:
+                    continue
             if pid in self.jobs:
                 self.jobs.discard(pid)
-                kill_tree(pid)  # what it started in its own group goes with it
                 self.sweep_until = time.monotonic() + SWEEP_S
                 self.send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
