@@ -418,3 +418,32 @@ def test_the_fast_ring_in_a_group_talks_to_its_group_neighbours(backend: str) ->
     results = launch(ring_in_groups, 4, **kwargs).results
     assert [r[0] for r in results] == [2.0, 4.0, 2.0, 4.0]
     assert [r[1] for r in results] == [[2], [3], [0], [1]]  # global ranks
+
+
+def neighbours_then_bad_tensors(comm) -> list:  # noqa: ANN001
+    """A block on these peers and tag (its peers and tag are now known good), then blocks
+    with tensors that must still be refused: the tensor is checked on every call."""
+    n = comm.world_size
+    right, left = (comm.rank + 1) % n, (comm.rank - 1) % n
+    good = torch.zeros(4)
+    with comm.neighbours(good, right, left, tag=3) as (isend, irecv):
+        irecv(good)
+        isend(torch.ones(4)).wait()
+    refused = []
+    for bad in (torch.zeros(4, 2).t(), torch.zeros(4, device="meta"), [0.0] * 4):
+        try:
+            comm.neighbours(bad, right, left, tag=3)
+        except (ValueError, TypeError) as error:
+            refused.append(str(error))
+        else:
+            refused.append("accepted")
+    return refused
+
+
+@pytest.mark.gloo
+def test_neighbours_checks_the_tensor_of_every_call_after_the_first() -> None:
+    results = launch(neighbours_then_bad_tensors, 2, backend="gloo", timeout=60).results
+    for refused in results:
+        assert "contiguous" in refused[0]
+        assert "meta" in refused[1]
+        assert "torch.Tensor" in refused[2]

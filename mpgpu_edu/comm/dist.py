@@ -70,7 +70,7 @@ class DistCommunicator(Communicator):
         self._local = threading.local()
         self._texts: dict[tuple, tuple[str, str]] = {}  # a message's words and board line
         self._envelopes: dict[tuple, torch.Tensor] = {}  # the envelope of a dtype and shape
-        self._bursts: dict[tuple, tuple] = {}  # a neighbours block's groups and words
+        self._bursts: dict[tuple, _BurstKind] = {}  # a neighbours block's groups and words
         self._stream: Stream | None = None
         self._on_stream_error = on_stream_error
         ledger = MemoryLedger(self.rank, device_capacity(lanes.device), str(lanes.device))
@@ -187,8 +187,7 @@ class DistCommunicator(Communicator):
         out = into = sends = recvs = 0
         with self.lock:
             for work in works:
-                t = work.tensor
-                nbytes = t.numel() * t.element_size()
+                nbytes = work.nbytes
                 if work.op == "send":
                     out, sends = out + nbytes, sends + 1
                     raw.append(("send", work.start, work.end, sent, nbytes, 0.0, send_to))
@@ -230,20 +229,25 @@ class DistCommunicator(Communicator):
         waits saw: none of ``isend``'s checks, words and bookkeeping per message, and nothing
         but the wait itself between a message's arrival and the caller's next step. A
         message left unwaited is waited on the way out."""
-        self._check("send", tensor, send_to, tag)
-        self._check("recv", tensor, recv_from, tag)
         lane = self.lane
         kind = self._bursts.get((send_to, recv_from, tag, lane))
+        # Peers and tag were checked when their kind was made; the tensor is checked every
+        # time (fully, for the error's words, when the quick look finds anything amiss).
+        if (kind is None or type(tensor) is not torch.Tensor
+                or tensor.device != self.lanes.device or not tensor.is_contiguous()):
+            self._check("send", tensor, send_to, tag)
+            self._check("recv", tensor, recv_from, tag)
         if kind is None:  # what stays the same for these peers, tag and lane: made once
             kind = _remember(self._bursts, (send_to, recv_from, tag, lane),
                              self._burst_kind(send_to, recv_from, tag, lane))
         return _Burst(self, tensor, kind)
 
-    def _burst_kind(self, send_to: int, recv_from: int, tag: int, lane: int) -> tuple:
-        """(send_to, recv_from, tag, group to send on, group to receive on, words, board
-        line) of a ``neighbours`` block. A message to a lower rank takes the lane's second
-        connection (``Lanes``): on two ranks the ring's two directions then run at once.
-        Both ends apply the same rule."""
+    def _burst_kind(self, send_to: int, recv_from: int, tag: int, lane: int) -> _BurstKind:
+        """What a ``neighbours`` block between these peers, on this tag and lane, keeps from
+        call to call: the groups to send and receive on, their send/recv, its words and
+        board line. A message to a lower rank takes the lane's second connection
+        (``Lanes``): on two ranks the ring's two directions then run at once. Both ends
+        apply the same rule."""
         # The process groups themselves (the default one for None): each message is then
         # posted with the group's own send/recv, what dist.isend/irecv end in, without their
         # argument handling. Every lane's group spans all ranks: group rank = global rank.
@@ -252,7 +256,8 @@ class DistCommunicator(Communicator):
               for g in self.lanes.channels(lane, self.rank, send_to)]
         source = [dist.group.WORLD if g is None else g
                   for g in self.lanes.channels(lane, recv_from, self.rank)]
-        return (send_to, recv_from, tag, to, source, *self.burst_text(send_to, recv_from, tag))
+        return _BurstKind(self, send_to, recv_from, tag, to, source,
+                          *self.burst_text(send_to, recv_from, tag))
 
     # ---- point to point -------------------------------------------------------------------
     def _check(self, op: str, tensor: torch.Tensor, peer: int, tag: int) -> None:
@@ -443,47 +448,63 @@ class _Waiting:
                 raise PeerLostError(self.comm.rank, self.text, str(exc)) from None
 
 
+class _BurstKind:
+    """What ``neighbours`` blocks between the same peers, on the same tag and lane, share:
+    made once (``DistCommunicator._burst_kind``), so that a block's entry does no more than
+    it must. ``groups``/``sources``: the channels' process groups to send and receive on,
+    ``sends``/``recvs`` their send and recv; ``waiting``: the board's line while the block
+    runs."""
+
+    __slots__ = ("send_to", "recv_from", "tag", "groups", "sources", "sends", "recvs",
+                 "waiting")
+
+    def __init__(self, comm: DistCommunicator, send_to: int, recv_from: int, tag: int,
+                 groups: list[Any], sources: list[Any], text: str, line: str) -> None:
+        self.send_to, self.recv_from, self.tag = send_to, recv_from, tag
+        self.groups, self.sources = groups, sources
+        self.sends, self.recvs = [g.send for g in groups], [g.recv for g in sources]
+        self.waiting = _Waiting(comm, text, line)
+
+
 class _Burst:
     """``DistCommunicator.neighbours``' block: a class, not a generator, as it runs around
     every call of the fast ring. Entering posts the envelope (when messages are checked and
     no ``sized_by`` block is open) and yields ``(isend, irecv)``; leaving waits what is left,
     checks the envelope, and records every message."""
 
-    __slots__ = ("comm", "tensor", "send_to", "recv_from", "tag", "kind", "posted", "head",
-                 "board")
+    __slots__ = ("comm", "tensor", "kind", "posted", "head", "entered")
 
-    def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, kind: tuple) -> None:
+    def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, kind: _BurstKind) -> None:
         self.comm, self.tensor, self.kind = comm, tensor, kind
-        self.send_to, self.recv_from, self.tag = kind[0], kind[1], kind[2]
         self.posted: list[QuickWork] = []
         self.head: _Head | None = None
-        self.board: _Waiting | None = None
+        self.entered = False
 
     def __enter__(self) -> tuple[Callable[[torch.Tensor], Work],
                                  Callable[[torch.Tensor], Work]]:
-        comm, posted = self.comm, self.posted
-        send_to, recv_from, tag, groups, sources, text, line = self.kind
+        comm, posted, kind = self.comm, self.posted, self.kind
+        send_to, recv_from, tag = kind.send_to, kind.recv_from, kind.tag
         head = getattr(comm._local, "sized", None)  # an enclosing sized_by checks for us
         if head is None and comm.checked:  # the size check (post_block: its receive ahead)
-            head = self.head = comm._local.sized = _Head.post_block(comm, self.tensor, send_to,
-                                                                    recv_from, tag, groups[0],
-                                                                    sources[0])
+            head = self.head = comm._local.sized = _Head.post_block(
+                comm, self.tensor, send_to, recv_from, tag, kind.groups[0], kind.sources[0])
         now = comm.now
-        self.board = _Waiting(comm, text, line)
-        self.board.__enter__()
+        kind.waiting.__enter__()
+        self.entered = True
 
         # Message i goes on channel i % k, at both ends: a ring's sends to its right
         # neighbour are the receives it posts, one for one, in the same order.
-        sends, recvs, k = [g.send for g in groups], [g.recv for g in sources], len(groups)
+        sends, recvs, k = kind.sends, kind.recvs, len(kind.sends)
         sent_count, received_count = 0, 0
         own = self.head  # this block's envelope, sent after its first message
 
         def isend(t: torch.Tensor) -> Work:
             nonlocal own, sent_count
-            wire = sized_tag(tag, t.numel() * t.element_size())
+            nbytes = t.numel() * t.element_size()
             send, sent_count = sends[sent_count % k], sent_count + 1
-            sent = send([torch.view_as_real(t) if t.is_complex() else t], send_to, wire)
-            work = QuickWork(comm, sent, "send", t, send_to, tag, now(), None)
+            sent = send([torch.view_as_real(t) if t.is_complex() else t], send_to,
+                        sized_tag(tag, nbytes))
+            work = QuickWork(comm, sent, "send", t, send_to, tag, now(), None, nbytes)
             posted.append(work)
             if own is not None:
                 own.send_mine()
@@ -492,10 +513,11 @@ class _Burst:
 
         def irecv(t: torch.Tensor) -> Work:
             nonlocal received_count
-            wire = sized_tag(tag, t.numel() * t.element_size())
+            nbytes = t.numel() * t.element_size()
             recv, received_count = recvs[received_count % k], received_count + 1
-            got = recv([torch.view_as_real(t) if t.is_complex() else t], recv_from, wire)
-            work = QuickWork(comm, got, "recv", t, recv_from, tag, now(), head)
+            got = recv([torch.view_as_real(t) if t.is_complex() else t], recv_from,
+                       sized_tag(tag, nbytes))
+            work = QuickWork(comm, got, "recv", t, recv_from, tag, now(), head, nbytes)
             posted.append(work)
             return work
 
@@ -519,13 +541,13 @@ class _Burst:
     def _close(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         """Record the messages that completed, then leave the board (where a timeout
         becomes ``MessageTimeoutError``)."""
-        comm = self.comm
+        comm, burst = self.comm, self.kind
         if self.head is not None:
             comm._local.sized = None
-        comm.record_burst([w for w in self.posted if w.done], self.send_to, self.recv_from,
-                          self.tag)
-        if self.board is not None:
-            self.board.__exit__(kind, exc, tb)
+        comm.record_burst([w for w in self.posted if w.done], burst.send_to, burst.recv_from,
+                          burst.tag)
+        if self.entered:
+            burst.waiting.__exit__(kind, exc, tb)
 
 
 class _Head:

@@ -178,13 +178,13 @@ class QuickWork(Work):
     the block when it ends, with the time the wait returned (``end``)."""
 
     __slots__ = ("comm", "work", "op", "tensor", "peer", "tag", "start", "head", "done",
-                 "end")
+                 "end", "nbytes")
 
     def __init__(self, comm: Any, work: Any, op: str, tensor: torch.Tensor, peer: int,
-                 tag: int, start: float, head: Any) -> None:
+                 tag: int, start: float, head: Any, nbytes: int) -> None:
         self.comm, self.work, self.op, self.tensor = comm, work, op, tensor
         self.peer, self.tag, self.start, self.head, self.done = peer, tag, start, head, False
-        self.end = 0.0
+        self.end, self.nbytes = 0.0, nbytes
 
     def wait(self) -> None:
         if self.done:
