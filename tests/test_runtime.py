@@ -65,24 +65,55 @@ def test_a_child_that_ends_takes_its_processes_and_daemons_with_it(tmp_path: Pat
 
 def test_a_kill_for_a_child_that_has_ended_touches_no_other_process() -> None:
     """A child's pid is free once it has ended and been reaped, and the next process may get
-    it: a kill that comes later (a pool stopped after its workers exited) must not reach
-    that process. Here the pid of an unrelated process stands for the reused one."""
+    it, even the server's next child: a kill that comes later (a pool stopped after its
+    workers exited) must reach nobody. Here an unrelated process and a later child stand
+    for the ones that could hold the pid."""
     server = ForkServer(["os"], name="test")
     unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        child = server.spawn("time:sleep", 0.0, connections=0)
-        assert child.join(30) == 0
-        child.kill()  # as WorkerGroup.stop does after its workers have exited
-        server.kill(unrelated.pid)  # a kill for a pid that is not the server's child
+        ended = server.spawn("time:sleep", 0.0, connections=0)
+        assert ended.join(30) == 0
+        later = server.spawn("time:sleep", 60.0, connections=0)
+        ended.kill()  # as WorkerGroup.stop does after its workers have exited
+        server.kill(unrelated.pid)  # no child of this server has that id
         time.sleep(1.0)
         assert unrelated.poll() is None, "the server killed a process it did not start"
-        running = server.spawn("time:sleep", 60.0, connections=0)
-        running.kill()  # a running child is still killed
-        assert running.join(30) == -signal.SIGKILL
+        assert later.is_alive(), "a kill for an ended child reached the next one"
+        later.kill()  # a running child is still killed
+        assert later.join(30) == -signal.SIGKILL
     finally:
         unrelated.kill()
         unrelated.wait()
         server.stop()
+
+
+def test_a_child_that_gets_an_ended_childs_pid_is_not_taken_for_ended() -> None:
+    """Pids wrap (at 32768 on many machines; a long test run goes round them): a new child
+    may get the pid of one that ended under the same server. The owner knows each child by
+    its request's id, so the old exit code is not the new child's. The server's messages
+    are fed to the owner's reader here, the new child given the old one's pid."""
+    import json
+    import socket
+    import threading
+
+    from mpgpu_edu.runtime.forkserver import Child
+
+    server = ForkServer(["os"], name="test")
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    reader = threading.Thread(target=server._read, args=(mine,), daemon=True)
+    reader.start()
+    try:
+        for message in ({"ready": 1}, {"spawned": 0, "pid": 4242},
+                        {"exit": 4242, "id": 0, "code": -9}, {"spawned": 1, "pid": 4242}):
+            theirs.send(json.dumps(message).encode())
+        assert wait_until(lambda: 1 in server.spawned, 10)
+        old, new = Child(server, 4242, [], 0), Child(server, 4242, [], 1)
+        assert old.exitcode == -9
+        assert new.exitcode is None, "the new child was taken for the ended one"
+    finally:
+        theirs.close()
+        reader.join(10)
+        mine.close()
 
 
 def test_a_server_whose_owner_is_killed_ends_with_its_children(tmp_path: Path) -> None:

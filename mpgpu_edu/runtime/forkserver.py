@@ -29,25 +29,29 @@ START_TIMEOUT_S = 300.0  # importing torch on a busy laptop can take a while
 
 
 class Child:
-    """A process the server forked: its ``pid`` (in the server's view), the owner's ends of
-    its connections, and its exit code once the server has seen it end."""
+    """A process the server forked: its ``pid`` (in the server's view), the number of the
+    request that made it (``id``, never reused while the server lives: a pid is, once the
+    system's pids wrap, so the owner and the server know a child by its id), the owner's
+    ends of its connections, and its exit code once the server has seen it end."""
 
-    def __init__(self, server: ForkServer, pid: int, conns: list[Connection]) -> None:
-        self.server, self.pid, self.conns = server, pid, conns
+    def __init__(self, server: ForkServer, pid: int, conns: list[Connection],
+                 child_id: int) -> None:
+        self.server, self.pid, self.conns, self.id = server, pid, conns, child_id
 
     @property
     def exitcode(self) -> int | None:
-        return self.server.exitcode(self.pid)
+        return self.server.exitcode(self.id)
 
     def is_alive(self) -> bool:
         return self.server.running() and self.exitcode is None
 
     def join(self, timeout: float) -> int | None:
-        return self.server.wait_exit(self.pid, timeout)
+        return self.server.wait_exit(self.id, timeout)
 
     def kill(self) -> None:
-        """Kill it, its process group and whatever it left behind."""
-        self.server.kill(self.pid)
+        """Kill it, its process group and whatever it left behind (nothing, once it has
+        ended: its pid may be another process's by then)."""
+        self.server.kill(self.id)
 
     def close(self) -> None:
         for conn in self.conns:
@@ -65,8 +69,8 @@ class ForkServer:
         self.cond = threading.Condition()
         self.process: subprocess.Popen | None = None
         self.control: socket.socket | None = None
-        self.spawned: dict[int, int] = {}
-        self.exits: dict[int, int] = {}
+        self.spawned: dict[int, int] = {}  # request id: pid
+        self.exits: dict[int, int] = {}  # child id (its request's): exit code
         self.server_pid = 0
         self.ids = itertools.count()
 
@@ -146,7 +150,7 @@ class ForkServer:
                 elif "spawned" in message:
                     self.spawned[int(message["spawned"])] = int(message["pid"])
                 elif "exit" in message:
-                    self.exits[int(message["exit"])] = int(message["code"])
+                    self.exits[int(message["id"])] = int(message["code"])
                 self.cond.notify_all()
         with self.cond:
             self.cond.notify_all()
@@ -170,21 +174,22 @@ class ForkServer:
             pid = self.spawned.pop(request_id, None)
         if pid is None:
             raise RuntimeStartError(f"the {self.name} fork server did not start a process")
-        return Child(self, pid, [mine for mine, _ in pairs])
+        return Child(self, pid, [mine for mine, _ in pairs], request_id)
 
-    def kill(self, pid: int) -> None:
+    def kill(self, child_id: int) -> None:
+        """Kill child ``child_id`` (``Child.id``) if it is still running."""
         with self.lock:
             if self.control is not None:
                 with contextlib.suppress(OSError):
-                    self.control.send(pickle.dumps(("kill", pid)))
+                    self.control.send(pickle.dumps(("kill", child_id)))
 
-    def exitcode(self, pid: int) -> int | None:
+    def exitcode(self, child_id: int) -> int | None:
         with self.cond:
-            return self.exits.get(pid)
+            return self.exits.get(child_id)
 
-    def wait_exit(self, pid: int, timeout: float) -> int | None:
+    def wait_exit(self, child_id: int, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
         with self.cond:
-            self.cond.wait_for(lambda: pid in self.exits or not self.running()
+            self.cond.wait_for(lambda: child_id in self.exits or not self.running()
                                or time.monotonic() >= deadline, timeout)
-            return self.exits.get(pid)
+            return self.exits.get(child_id)

@@ -92,7 +92,9 @@ def kill_tree(pid: int) -> None:
 class Server:
     def __init__(self, control: socket.socket) -> None:
         self.control = control
-        self.jobs: set[int] = set()  # children forked on request, still running
+        # Children forked on request and not yet reaped: pid -> the request's id. The owner
+        # knows a child by that id, which is never reused; its pid is, once pids wrap.
+        self.jobs: dict[int, int] = {}
         self.sweep_until = 0.0
 
     def send(self, message: dict) -> None:
@@ -128,14 +130,16 @@ class Server:
         if kind == "spawn":
             _, request_id, target, args = request
             pid = self.fork(target, args, fds)
-            self.jobs.add(pid)
+            self.jobs[pid] = request_id
             self.send({"spawned": request_id, "pid": pid})
         elif kind == "kill":
-            # Only a child still running (or not yet reaped): one that ended was killed with
-            # its group when it was reaped, and its pid may be another process's by now (pids
+            # Only the child of that request, and only while it is still running (or not yet
+            # reaped): one that ended was killed with its group when it was reaped, and its
+            # pid may be another process's by now, even another child of this server (pids
             # wrap at 32768 on many machines, and a test run goes round them in minutes).
-            if request[1] in self.jobs:
-                kill_tree(request[1])
+            for pid, child_id in list(self.jobs.items()):
+                if child_id == request[1]:
+                    kill_tree(pid)
             self.sweep_until = time.monotonic() + SWEEP_S
         for fd in fds:
             with contextlib.suppress(OSError):
@@ -190,9 +194,10 @@ class Server:
                 except ChildProcessError:
                     continue
             if pid in self.jobs:
-                self.jobs.discard(pid)
+                child_id = self.jobs.pop(pid)
                 self.sweep_until = time.monotonic() + SWEEP_S
-                self.send({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+                self.send({"exit": pid, "id": child_id,
+                           "code": os.waitstatus_to_exitcode(status)})
 
     def sweep(self) -> None:
         """Kill every child of this server that it did not fork itself: orphans of a job."""
