@@ -472,13 +472,12 @@ class _Burst:
     no ``sized_by`` block is open) and yields ``(isend, irecv)``; leaving waits what is left,
     checks the envelope, and records every message."""
 
-    __slots__ = ("comm", "tensor", "kind", "posted", "head", "entered")
+    __slots__ = ("comm", "tensor", "kind", "posted", "head")
 
     def __init__(self, comm: DistCommunicator, tensor: torch.Tensor, kind: _BurstKind) -> None:
         self.comm, self.tensor, self.kind = comm, tensor, kind
         self.posted: list[QuickWork] = []
         self.head: _Head | None = None
-        self.entered = False
 
     def __enter__(self) -> tuple[Callable[[torch.Tensor], Work],
                                  Callable[[torch.Tensor], Work]]:
@@ -490,7 +489,6 @@ class _Burst:
                 comm, self.tensor, send_to, recv_from, tag, kind.groups[0], kind.sources[0])
         now = comm.now
         kind.waiting.__enter__()
-        self.entered = True
 
         # Message i goes on channel i % k, at both ends: a ring's sends to its right
         # neighbour are the receives it posts, one for one, in the same order.
@@ -546,8 +544,7 @@ class _Burst:
             comm._local.sized = None
         comm.record_burst([w for w in self.posted if w.done], burst.send_to, burst.recv_from,
                           burst.tag)
-        if self.entered:
-            burst.waiting.__exit__(kind, exc, tb)
+        burst.waiting.__exit__(kind, exc, tb)
 
 
 class _Head:

@@ -68,18 +68,15 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def _exited_child() -> int:
-    """The pid of a child that has ended, left unreaped where the system allows (0: none)."""
+def ended_child() -> tuple[int, int | None]:
+    """``(pid, None)`` of a child that has ended, left unreaped (``waitid`` with
+    ``WNOWAIT``); where the system has no such call, ``(pid, wait status)`` of one reaped
+    here, its pid free from now on. ``(0, None)``: none has ended."""
     if hasattr(os, "waitid") and hasattr(os, "WNOWAIT"):
         seen = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        return 0 if seen is None else seen.si_pid
-    pid, status = os.waitpid(-1, os.WNOHANG)  # reaped here: the pid is free from now
-    if pid:
-        _REAPED[pid] = status
-    return pid
-
-
-_REAPED: dict[int, int] = {}  # where there is no waitid: children reaped while looking
+        return (0, None) if seen is None else (seen.si_pid, None)
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    return pid, status if pid else None
 
 
 def kill_tree(pid: int) -> None:
@@ -176,12 +173,11 @@ class Server:
             # own, so what it started in its own group is killed before the pid can pass to
             # another process.
             try:
-                pid = _exited_child()
+                pid, status = ended_child()
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            status = _REAPED.pop(pid, None)
             if pid in self.jobs:  # what it started in its own group goes with it
                 if status is None:
                     kill_tree(pid)
